@@ -1,0 +1,161 @@
+"""YAML -> typed policy config.
+
+Every bad input fails with one ``ConfigError`` whose message names the file, the key, the
+value and what would be valid. Each policy module defines its own config class (a
+``PolicyConfig`` subclass); ``parse_config`` picks it from the ``policy:`` key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
+
+from .errors import ConfigError
+
+
+class Section(BaseModel):
+    """Base of every config block: unknown keys and loose types (bool for int, "3" for 3) are errors."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class PolicyConfig(Section):
+    """Top level of a policy YAML. Subclasses add ``capacity`` and their own section."""
+
+    policy: str
+    _source: str = PrivateAttr(default="<config>")
+
+    @property
+    def source(self) -> str:
+        """The file (or description) this config came from, for error messages."""
+        return self._source
+
+    @property
+    def table_capacity(self) -> int | None:
+        """Width W of the candidate table, or None for policies that use the dense head."""
+        return getattr(self, "capacity", None)
+
+    def check_vocab(self, vocab_size: int, model_name: str = "the model") -> None:
+        """Refuse a capacity the model's vocabulary cannot fill."""
+        cap = self.table_capacity
+        if cap is not None and cap > vocab_size:
+            raise ConfigError(
+                f"{self.source}: capacity = {cap} is invalid: must be at most the vocabulary size "
+                f"{vocab_size} of {model_name}"
+            )
+
+
+def policy_names() -> list[str]:
+    from .policies import POLICIES
+
+    return sorted(POLICIES)
+
+
+def load_config(path: str | Path) -> PolicyConfig:
+    """Read and validate a policy YAML file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"cannot read config file {path}: {reason}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
+    return parse_config(data, source=str(path))
+
+
+def parse_config(data: Any, source: str = "<config>") -> PolicyConfig:
+    """Validate an already-parsed mapping (what ``yaml.safe_load`` returns)."""
+    from .policies import POLICIES
+
+    valid = ", ".join(sorted(POLICIES))
+    if data is None:
+        raise ConfigError(f"{source}: is empty; it must be a YAML mapping with at least 'policy' (one of: {valid})")
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{source}: must be a YAML mapping of keys to values, got {type(data).__name__} {_short(data)}"
+        )
+    if "policy" not in data:
+        raise ConfigError(f"{source}: missing required key 'policy' (one of: {valid})")
+    name = data["policy"]
+    if not isinstance(name, str) or name not in POLICIES:
+        raise ConfigError(f"{source}: policy = {_short(name)} is invalid: must be one of {valid}")
+    cls = POLICIES[name].config_cls
+    try:
+        cfg = cls.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc, cls, data, source, name)) from None
+    cfg._source = source
+    return cfg
+
+
+# --- error messages -------------------------------------------------------------------------
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _key(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _model_at(cls: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The Section class that owns the keys at ``loc`` (for listing valid keys)."""
+    for part in loc:
+        field = cls.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            return None
+        ann = field.annotation
+        candidates = [ann, *get_args(ann)] if get_origin(ann) is not None else [ann]
+        nxt = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if nxt is None:
+            return None
+        cls = nxt
+    return cls
+
+
+def _explain(exc: ValidationError, cls: type[BaseModel], data: dict, source: str, policy: str) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        key = _key(loc)
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            owner = _model_at(cls, loc[:-1])
+            keys = ", ".join(owner.model_fields) if owner is not None else "?"
+            under = f" under '{_key(loc[:-1])}'" if loc[:-1] else ""
+            lines.append(
+                f"{source}: unknown key '{key}' (value {_short(err['input'])}); "
+                f"valid keys{under} for policy '{policy}': {keys}"
+            )
+        elif kind == "missing":
+            field = (_model_at(cls, loc[:-1]) or cls).model_fields.get(loc[-1])
+            hint = f" ({field.description})" if field is not None and field.description else ""
+            lines.append(f"{source}: missing required key '{key}'{hint}")
+        elif kind in ("model_type", "model_attributes_type", "dict_type"):
+            owner = _model_at(cls, loc)
+            keys = f" with keys {', '.join(owner.model_fields)}" if owner is not None else ""
+            lines.append(f"{source}: {key} = {_short(err['input'])} is invalid: must be a mapping{keys}")
+        elif isinstance(err["input"], dict):  # a rule across several keys of one section
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"{source}: {msg}" if not key else f"{source}: in '{key}': {msg}")
+        else:
+            msg = err["msg"]
+            for prefix in ("Value error, ", "Assertion failed, "):
+                msg = msg.removeprefix(prefix)
+            msg = msg.replace("Input should be", "must be").replace("List should have", "must have")
+            lines.append(f"{source}: {key} = {_short(err['input'])} is invalid: {msg}")
+    return "\n".join(lines)
