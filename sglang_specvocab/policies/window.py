@@ -1,0 +1,143 @@
+"""``window``: MicroSpec's sliding window over a candidate stream (Eq. 2-4), exact.
+
+Per request, a stream of token ids grows by events:
+- prefill: the prompt ids (repeats kept), then the distinct ids of the prompt top-K in
+  position-major, rank-minor order (first occurrence kept);
+- each verify round: the distinct draft-tree tokens (first occurrence order), then the
+  distinct verified top-K ids (position-major, rank-minor).
+The active set is the set of ids among the last ``capacity`` stream entries.
+
+``sources`` is MicroSpec's ablation: ``context`` = the ids of the sequence being decoded
+(prompt ids, draft-tree tokens), ``extension`` = the target's top-K predictions (prompt
+top-K, verified top-K).
+
+State: a ring of the last ``capacity`` stream entries per request slot and the number of
+entries appended so far. An append writes each entry to slot ``(position) % capacity``,
+which evicts exactly the oldest entries; the table row is then the sorted distinct ids of
+the ring. Everything is batched over rows with fixed-shape tensor ops: no host sync, and
+memory O(R x capacity), independent of the vocabulary size.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field, field_validator, model_validator
+
+from ..config import PolicyConfig, Section
+from ..table import CandidateTable, compact, unique_first
+from .base import Policy
+
+Source = Literal["context", "extension"]
+
+
+class WindowSection(Section):
+    prefill_topk: int = Field(3, ge=0, description="K_pre: target top-K ids per prompt position")
+    verify_topk: int = Field(3, ge=0, description="K_ver: target top-K ids per verified position")
+    sources: list[Source] = Field(default_factory=lambda: ["context", "extension"])
+
+    @field_validator("sources")
+    @classmethod
+    def _distinct_sources(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("must name at least one of 'context', 'extension'")
+        if len(set(v)) != len(v):
+            raise ValueError("must not repeat a source")
+        return v
+
+    @model_validator(mode="after")
+    def _never_empty(self) -> "WindowSection":
+        if self.sources == ["extension"] and self.prefill_topk == 0:
+            raise ValueError(
+                "prefill_topk = 0 is invalid with sources = ['extension']: must be >= 1, "
+                "or the set is empty after prefill"
+            )
+        return self
+
+
+class WindowConfig(PolicyConfig):
+    policy: Literal["window"]
+    capacity: int = Field(ge=1, description="W_max, the most ids in a request's set; an integer >= 1")
+    window: WindowSection = Field(default_factory=WindowSection)
+
+
+class WindowPolicy(Policy):
+    name = "window"
+
+    def __init__(self, config: WindowConfig, table: CandidateTable) -> None:
+        super().__init__(config, table)
+        cap = config.capacity
+        if table.capacity != cap:
+            raise ValueError(f"window policy: table capacity {table.capacity} != config capacity {cap}")
+        self.capacity = cap
+        w = config.window
+        self.use_context = "context" in w.sources
+        self.use_extension = "extension" in w.sources
+        # Column ``cap`` is a write sink for entries an append does not keep.
+        self.ring = torch.full((table.num_rows, cap + 1), -1, dtype=torch.int32, device=table.device)
+        self.length = torch.zeros(table.num_rows, dtype=torch.int64, device=table.device)
+
+    @property
+    def prefill_topk(self) -> int:
+        return self.config.window.prefill_topk if self.use_extension else 0
+
+    @property
+    def verify_topk(self) -> int:
+        return self.config.window.verify_topk if self.use_extension else 0
+
+    # -- events ------------------------------------------------------------------------------
+
+    def on_reset(self, rows: torch.Tensor) -> None:
+        self.length.index_fill_(0, rows, 0)
+        self.ring.index_fill_(0, rows, -1)
+        self.table.reset(rows)
+
+    def on_prefill(self, rows: torch.Tensor, prompt_ids: torch.Tensor, prompt_topk: torch.Tensor | None) -> None:
+        if self.use_context:
+            self._append(rows, compact(prompt_ids, prompt_ids >= 0))
+        if self.prefill_topk:
+            self._append(rows, self._topk_block(prompt_topk, self.prefill_topk, "prompt_topk"))
+        self._publish(rows)
+
+    def on_verify(
+        self,
+        rows: torch.Tensor,
+        draft_tokens: torch.Tensor,
+        verify_topk: torch.Tensor | None,
+        accepted: torch.Tensor,
+    ) -> None:
+        if self.use_context:
+            self._append(rows, unique_first(draft_tokens))
+        if self.verify_topk:
+            self._append(rows, self._topk_block(verify_topk, self.verify_topk, "verify_topk"))
+        self._publish(rows)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _topk_block(topk: torch.Tensor | None, k: int, what: str) -> torch.Tensor:
+        if topk is None or topk.dim() != 3 or topk.shape[2] < k:
+            got = None if topk is None else tuple(topk.shape)
+            raise ValueError(f"window policy: {what} must have shape [B, positions, >= {k}], got {got}")
+        block = topk[:, :, :k].reshape(topk.shape[0], -1)  # position-major, rank-minor
+        return unique_first(block)
+
+    def _append(self, rows: torch.Tensor, block: torch.Tensor) -> None:
+        """Append each row's leading non-negative entries of ``block[B, n]`` to its stream."""
+        cap = self.capacity
+        n = block.shape[1]
+        if n == 0:
+            return
+        count = (block >= 0).sum(1)
+        i = torch.arange(n, device=block.device)[None, :]
+        # Of a long append only the last ``cap`` entries survive; the rest go to the sink.
+        keep = (i < count[:, None]) & (i >= (count - cap)[:, None])
+        slot = (self.length.index_select(0, rows)[:, None] + i) % cap
+        slot = torch.where(keep, slot, cap)
+        self.ring[rows[:, None].expand(-1, n), slot] = block.to(torch.int32)
+        self.length.index_add_(0, rows, count)
+
+    def _publish(self, rows: torch.Tensor) -> None:
+        # Slots never written hold -1 (rings start and reset at -1), so the ring is the stream suffix.
+        self.table.assign(rows, self.ring.index_select(0, rows)[:, : self.capacity])

@@ -1,0 +1,113 @@
+"""The candidate table: the contract between policies (writers) and the head (reader).
+
+One row per request slot (SGLang's ``req_pool_idx``): ``ids[r, :cnt[r]]`` are the token ids
+of slot r's set in ascending order, ``ids[r, cnt[r]:]`` hold ``fallback_id`` so every entry is
+a valid id to gather. Tensors are allocated once and only mutated in place, so a CUDA graph
+that captured them sees every update. Row 0 is SGLang's padding row: it, like every row,
+always holds at least one id (``cnt >= 1``), so no head row is ever all ``-inf``.
+
+All methods take ``rows`` as an int64 tensor on the table's device and do no host sync.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_EMPTY = -1  # padding in every event tensor: negative ids are "no entry"
+
+
+def compact(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Move the kept entries of each row to the front, in order; the rest become -1."""
+    order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)
+    out = values.gather(1, order)
+    return torch.where(keep.gather(1, order), out, torch.full_like(out, _EMPTY))
+
+
+def unique_first(values: torch.Tensor) -> torch.Tensor:
+    """Per row: the distinct non-negative ids in order of first occurrence, then -1 padding."""
+    if values.shape[1] == 0:
+        return values
+    key = torch.where(values >= 0, values.long(), torch.iinfo(torch.int64).max)
+    # A stable sort keeps equal ids in position order: the first of each run is the first occurrence.
+    srt, order = torch.sort(key, dim=1, stable=True)
+    first = torch.ones_like(srt, dtype=torch.bool)
+    first[:, 1:] = srt[:, 1:] != srt[:, :-1]
+    first &= srt != torch.iinfo(torch.int64).max
+    keep = torch.empty_like(first).scatter_(1, order, first)
+    return compact(values, keep)
+
+
+class CandidateTable:
+    """``ids[R, W]`` int32 and ``cnt[R]`` int32, one row per request slot."""
+
+    def __init__(
+        self,
+        num_rows: int,
+        capacity: int,
+        *,
+        device: torch.device | str | None = None,
+        fallback_id: int = 0,
+    ) -> None:
+        if num_rows < 1:
+            raise ValueError(f"CandidateTable: num_rows = {num_rows} is invalid: must be >= 1 (row 0 is padding)")
+        if capacity < 1:
+            raise ValueError(f"CandidateTable: capacity = {capacity} is invalid: must be >= 1")
+        if fallback_id < 0:
+            raise ValueError(f"CandidateTable: fallback_id = {fallback_id} is invalid: must be a token id >= 0")
+        self.fallback_id = fallback_id
+        self.ids = torch.full((num_rows, capacity), fallback_id, dtype=torch.int32, device=device)
+        self.cnt = torch.ones(num_rows, dtype=torch.int32, device=device)
+
+    @property
+    def num_rows(self) -> int:
+        return self.ids.shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.ids.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.ids.device
+
+    def reset(self, rows: torch.Tensor) -> None:
+        """Give ``rows`` the fallback set ``{fallback_id}`` (a fresh slot, before its prefill)."""
+        self.ids.index_fill_(0, rows, self.fallback_id)
+        self.cnt.index_fill_(0, rows, 1)
+
+    def assign(self, rows: torch.Tensor, candidates: torch.Tensor) -> None:
+        """Set each row to the distinct non-negative ids of its candidates row.
+
+        ``candidates[B, n]`` may repeat ids and use -1 for empty entries. The set is stored in
+        ascending order; a row with no ids gets the fallback set. More than ``capacity``
+        distinct ids is the caller's error (policies keep their sets within capacity).
+        """
+        cap = self.capacity
+        big = torch.iinfo(torch.int64).max
+        key = torch.where(candidates >= 0, candidates.long(), big)
+        srt, _ = torch.sort(key, dim=1)
+        first = torch.ones_like(srt, dtype=torch.bool)
+        first[:, 1:] = srt[:, 1:] != srt[:, :-1]
+        first &= srt != big
+        cnt = first.sum(1)
+        packed = compact(srt, first)[:, :cap]
+        if packed.shape[1] < cap:
+            packed = torch.nn.functional.pad(packed, (0, cap - packed.shape[1]), value=_EMPTY)
+        empty = cnt == 0
+        packed[:, 0] = torch.where(empty, self.fallback_id, packed[:, 0])
+        packed = torch.where(packed >= 0, packed, self.fallback_id)
+        self.ids.index_copy_(0, rows, packed.to(torch.int32))
+        self.cnt.index_copy_(0, rows, torch.where(empty, 1, cnt.clamp(max=cap)).to(torch.int32))
+
+    def contains(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """``out[b, j]``: whether ``tokens[b, j]`` is in the set of ``rows[b]``."""
+        ids = self.ids.index_select(0, rows)
+        live = torch.arange(self.capacity, device=ids.device)[None, :] < self.cnt.index_select(0, rows)[:, None]
+        ids = torch.where(live, ids, torch.iinfo(torch.int32).max)  # sorted rows for searchsorted
+        tok = tokens.to(torch.int32).contiguous()
+        pos = torch.searchsorted(ids, tok).clamp(max=self.capacity - 1)
+        return (ids.gather(1, pos) == tok) & (tokens >= 0)
+
+    def row(self, r: int) -> list[int]:
+        """Host copy of slot r's set (for tools and tests, never per step)."""
+        return self.ids[r, : int(self.cnt[r])].tolist()

@@ -1,0 +1,45 @@
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+# CI runs a fixed, reproducible set of examples; locally hypothesis explores new ones.
+settings.register_profile("ci", derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def tiny_llama(vocab_size: int = 512, layers: int = 4, seed: int = 0, dtype=torch.float64):
+    """A random Llama with spread-out logits, so greedy decoding is not one repeated token."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        initializer_range=0.2,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    return LlamaForCausalLM(cfg).to(dtype).eval()
+
+
+@pytest.fixture(scope="session")
+def llama():
+    return tiny_llama()
+
+
+@pytest.fixture(scope="session")
+def gemma():
+    """Gemma-3 270M from the PyPI GGUF (dequantized once, then cached)."""
+    from sglang_specvocab.lab.models import load_model
+
+    return load_model("gemma3-270m")

@@ -1,0 +1,117 @@
+"""Every bad config is refused with one message naming file, key, value and what is valid."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang_specvocab import ConfigError
+from sglang_specvocab.cli import main
+from sglang_specvocab.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path, text, name="c.yaml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_microspec_defaults_are_the_papers():
+    cfg = load_config(ROOT / "configs" / "microspec.yaml")
+    assert cfg.policy == "window"
+    assert cfg.capacity == 3072
+    assert cfg.window.prefill_topk == 3 and cfg.window.verify_topk == 3
+    assert cfg.window.sources == ["context", "extension"]
+
+
+def test_every_shipped_config_loads():
+    names = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
+    assert {"microspec.yaml", "full.yaml"} <= set(names)
+    for name in names:
+        load_config(ROOT / "configs" / name).check_vocab(262144)
+
+
+def test_omitted_window_section_takes_defaults(tmp_path):
+    cfg = load_config(write(tmp_path, "policy: window\ncapacity: 10\n"))
+    assert (cfg.window.prefill_topk, cfg.window.verify_topk, cfg.window.sources) == (3, 3, ["context", "extension"])
+
+
+BAD = [
+    # (yaml, the pieces the one message must contain)
+    ("policy: window\ncapacity: 64\nwindow:\n  prefil_topk: 3\n",
+     ["unknown key 'window.prefil_topk'", "value 3", "prefill_topk, verify_topk, sources"]),
+    ("policy: window\ncapacity: 64\ncolour: red\n", ["unknown key 'colour'", "'red'", "policy, capacity, window"]),
+    ("policy: window\ncapacity: '3k'\n", ["capacity = '3k'", "must be a valid integer"]),
+    ("policy: window\ncapacity: 3.5\n", ["capacity = 3.5", "must be a valid integer"]),
+    ("policy: window\ncapacity: true\n", ["capacity = True", "must be a valid integer"]),
+    ("policy: window\ncapacity: 0\n", ["capacity = 0", "greater than or equal to 1"]),
+    ("policy: window\ncapacity: -5\n", ["capacity = -5", "greater than or equal to 1"]),
+    ("policy: window\ncapacity: 8\nwindow: {prefill_topk: -1}\n", ["window.prefill_topk = -1", "greater than or equal to 0"]),
+    ("policy: window\ncapacity: 8\nwindow: {verify_topk: -2}\n", ["window.verify_topk = -2", "greater than or equal to 0"]),
+    ("policy: window\ncapacity: 8\nwindow: {verify_topk: three}\n", ["window.verify_topk = 'three'", "valid integer"]),
+    ("policy: window\ncapacity: 8\nwindow: {sources: [context, ctx]}\n", ["window.sources[1] = 'ctx'", "'context' or 'extension'"]),
+    ("policy: window\ncapacity: 8\nwindow: {sources: []}\n", ["window.sources = []", "at least one"]),
+    ("policy: window\ncapacity: 8\nwindow: {sources: [context, context]}\n", ["window.sources", "must not repeat"]),
+    ("policy: window\ncapacity: 8\nwindow: {sources: [extension], prefill_topk: 0}\n",
+     ["'window'", "prefill_topk = 0", "sources = ['extension']", ">= 1"]),
+    ("policy: window\ncapacity: 8\nwindow: 3\n", ["window = 3", "must be a mapping", "prefill_topk"]),
+    ("policy: windw\n", ["policy = 'windw'", "must be one of full, window"]),
+    ("policy: 7\n", ["policy = 7", "must be one of"]),
+    ("capacity: 8\n", ["missing required key 'policy'", "full, window"]),
+    ("policy: window\n", ["missing required key 'capacity'", "W_max"]),
+    ("policy: full\ncapacity: 8\n", ["unknown key 'capacity'", "for policy 'full'"]),
+    ("- policy\n- window\n", ["must be a YAML mapping", "got list"]),
+    ("", ["is empty", "policy"]),
+    ("policy: [window\n", ["not valid YAML", "line 2"]),
+]
+
+
+@pytest.mark.parametrize("text,pieces", BAD, ids=[b[1][0][:40] for b in BAD])
+def test_bad_config_message(tmp_path, text, pieces):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    msg = str(exc.value)
+    assert str(path) in msg
+    for piece in pieces:
+        assert piece in msg, f"{piece!r} not in {msg!r}"
+
+
+def test_capacity_larger_than_vocabulary(tmp_path):
+    cfg = load_config(write(tmp_path, "policy: window\ncapacity: 5000\n"))
+    with pytest.raises(ConfigError, match=r"c\.yaml: capacity = 5000 is invalid: must be at most the vocabulary size 4096 of tiny"):
+        cfg.check_vocab(4096, "tiny")
+    cfg.check_vocab(5000, "exact")  # equal is fine
+
+
+def test_unreadable_files(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config file .*missing.yaml: No such file or directory"):
+        load_config(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="cannot read config file .*: Is a directory"):
+        load_config(tmp_path)
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(binary)
+
+
+@pytest.mark.parametrize("text,pieces", BAD[:6], ids=[b[1][0][:40] for b in BAD[:6]])
+def test_cli_refuses_bad_config_without_traceback(tmp_path, capsys, text, pieces):
+    path = write(tmp_path, text)
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err
+    assert all(p in err for p in pieces)
+
+
+def test_cli_subprocess_exit_code_and_single_message(tmp_path):
+    path = write(tmp_path, "policy: window\ncapacity: 0\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "sglang_specvocab", "replay", "--config", str(path), "--trace", "t", "--out", "o"],
+        capture_output=True, text=True,
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip() == f"error: {path}: capacity = 0 is invalid: must be greater than or equal to 1"
