@@ -1,0 +1,325 @@
+"""A small CPU speculative decoder over Hugging Face models, using the same policies and head.
+
+It is the oracle for tests (greedy output must equal target-only greedy decoding, for every
+policy) and the engine of the policy lab. Per round:
+
+1. draft: EAGLE-2-style tree from the root (the last committed token): each of ``steps``
+   draft passes expands every beam by its ``topk`` best tokens under the draft head (over
+   the request's candidate set), keeps the ``topk`` best cumulative log-probabilities as the
+   next beams, and the ``draft_tokens - 1`` best nodes overall form the tree (a chain when
+   ``topk == 1``);
+2. verify: the target scores every root-to-leaf path at once (one batch row per path, on a
+   shared KV-cache prefix) and accepts the longest path prefix that equals its own greedy
+   choice, plus the bonus token;
+3. the policy gets the same events as in SGLang: the draft-tree tokens (root first), the
+   target's top-K ids at the verified positions, and the committed tokens.
+
+Prefill gives the policy the prompt ids and the target's top-K ids after every prompt
+position (computed in chunks from the final hidden states).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from .config import PolicyConfig
+from .errors import SpecVocabError
+from .head import DraftHead
+from .policies import build_policy
+
+
+class CausalLM:
+    """A Hugging Face decoder-only LM as body (ids -> final hidden states, KV cache) + head weight.
+
+    ``num_layers`` makes a layer-truncated self-draft: the model's first ``num_layers``
+    decoder layers, its final norm and its LM head, sharing the model's parameters.
+    """
+
+    def __init__(self, model, num_layers: int | None = None, name: str | None = None) -> None:
+        self.model = model
+        body = model.get_decoder()
+        total = body.config.num_hidden_layers
+        if num_layers is not None:
+            if not 1 <= num_layers <= total:
+                raise SpecVocabError(f"draft layers = {num_layers} is invalid: must be in [1, {total}]")
+            body = copy.copy(body)  # shares every submodule and parameter; only the config differs
+            cfg = copy.deepcopy(body.config)
+            cfg.num_hidden_layers = num_layers
+            if getattr(cfg, "layer_types", None):
+                cfg.layer_types = list(cfg.layer_types)[:num_layers]
+            body.config = cfg
+        self.body = body
+        self.num_layers = body.config.num_hidden_layers
+        head = model.get_output_embeddings()
+        if getattr(head, "bias", None) is not None:
+            raise SpecVocabError("LM heads with a bias are not supported")
+        self.weight = head.weight
+        self.softcap = getattr(model.config, "final_logit_softcapping", None)
+        self.vocab_size = self.weight.shape[0]
+        self.name = name or type(model).__name__
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        # Full (non-sliding) layers for every layer, so the cache can be cropped after a
+        # rejected draft; sliding-window attention is still applied by the model's masks.
+        return DynamicCache()
+
+    @torch.no_grad()
+    def hidden(self, input_ids: torch.Tensor, cache) -> torch.Tensor:
+        """Final (normed) hidden states ``[B, n, d]`` of ``input_ids[B, n]``, appended to ``cache``."""
+        out = self.body(input_ids=input_ids, past_key_values=cache, use_cache=True)
+        return out.last_hidden_state
+
+    @torch.no_grad()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary logits of final hidden states, in fp32 (fp64 for an fp64 model)."""
+        logits = hidden.to(self.weight.dtype) @ self.weight.T
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    @torch.no_grad()
+    def topk_ids(self, hidden: torch.Tensor, k: int, chunk: int = 256) -> torch.Tensor:
+        """Top-k token ids ``[n, k]`` after each of ``hidden[n, d]``, in chunks (no ``[n, V]`` tensor)."""
+        return torch.cat([self.logits(h).topk(k, dim=-1).indices for h in hidden.split(chunk)])
+
+
+def _trim(cache, length: int) -> None:
+    """Drop cache entries past ``length`` tokens."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    """How much the draft proposes per round (SGLang's steps / topk / num_draft_tokens)."""
+
+    steps: int = 4
+    topk: int = 1
+    draft_tokens: int | None = None  # tree nodes per round, root included; default steps + 1 (chain)
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise SpecVocabError(f"draft steps = {self.steps} is invalid: must be >= 1")
+        if self.topk < 1:
+            raise SpecVocabError(f"draft topk = {self.topk} is invalid: must be >= 1")
+        most = 1 + self.topk + (self.steps - 1) * self.topk * self.topk
+        n = self.num_draft_tokens
+        if not 2 <= n <= most:
+            raise SpecVocabError(
+                f"draft tokens = {n} is invalid: must be in [2, {most}] for steps={self.steps}, topk={self.topk}"
+            )
+
+    @property
+    def num_draft_tokens(self) -> int:
+        if self.draft_tokens is not None:
+            return self.draft_tokens
+        return self.steps + 1 if self.topk == 1 else min(8, 1 + self.topk + (self.steps - 1) * self.topk**2)
+
+
+@dataclass
+class RoundStats:
+    set_size: int  # ids in the request's set while this round drafted (vocabulary size when dense)
+    accepted: int  # draft tokens the target accepted
+    committed: int  # tokens the round added to the output (accepted + bonus, cut at EOS / the limit)
+    in_set: int  # of the committed tokens, how many were in the set
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    rounds: list[RoundStats] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def accept_length(self) -> float:
+        """Committed tokens per verify round, bonus included (0 when no round ran)."""
+        return sum(r.committed for r in self.rounds) / len(self.rounds) if self.rounds else 0.0
+
+    @property
+    def coverage(self) -> float:
+        """Share of the target's tokens that were in the set the draft used (1.0 when no round ran)."""
+        total = sum(r.committed for r in self.rounds)
+        return sum(r.in_set for r in self.rounds) / total if total else 1.0
+
+
+@dataclass
+class _Tree:
+    tokens: list[int]  # selected nodes, best first
+    parents: list[int]  # index into ``tokens`` or -1 for the root
+
+
+class SpeculativeDecoder:
+    """Greedy speculative decoding of one request at a time through a policy and the draft head."""
+
+    SLOT = 1  # the request's table row; row 0 is the padding row, as in SGLang
+
+    def __init__(
+        self,
+        target: CausalLM,
+        draft: CausalLM,
+        config: PolicyConfig,
+        shape: DraftShape = DraftShape(),
+        *,
+        eos_token_ids: Sequence[int] = (),
+    ) -> None:
+        if draft.vocab_size != target.vocab_size:
+            raise SpecVocabError(
+                f"draft vocabulary ({draft.vocab_size}) differs from the target's ({target.vocab_size})"
+            )
+        config.check_vocab(draft.vocab_size, draft.name)
+        cap = config.table_capacity
+        if cap is not None and shape.topk > cap:
+            raise SpecVocabError(f"draft topk = {shape.topk} is larger than the set capacity {cap} of {config.source}")
+        self.target, self.draft, self.config, self.shape = target, draft, config, shape
+        self.eos = set(int(t) for t in eos_token_ids)
+        fallback = min(self.eos) if self.eos else 0
+        self.policy = build_policy(config, num_rows=2, fallback_id=fallback)
+        self.head = DraftHead(draft.weight, self.policy.table, logit_softcap=draft.softcap)
+        self.rows = torch.tensor([self.SLOT])
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Generation:
+        if len(prompt_ids) == 0:
+            raise SpecVocabError("prompt is empty: give at least one token (e.g. BOS)")
+        start = time.perf_counter()
+        pol, rows = self.policy, self.rows
+        prompt = torch.tensor([list(prompt_ids)])
+        tcache, dcache = self.target.new_cache(), self.draft.new_cache()
+
+        pol.on_reset(rows)
+        hidden = self.target.hidden(prompt, tcache)[0]
+        topk = self.target.topk_ids(hidden, pol.prefill_topk)[None] if pol.prefill_topk else None
+        pol.on_prefill(rows, prompt, topk)
+        self.draft.hidden(prompt, dcache)
+        root = int(self.target.logits(hidden[-1]).argmax())
+
+        gen = Generation(tokens=[root])
+        pending = [root]  # committed tokens the draft has not seen; the last is the root
+        while not self._finished(gen.tokens, max_new_tokens):
+            set_size = self.target.vocab_size if pol.dense else int(pol.table.cnt[self.SLOT])
+            tree = self._draft_tree(pending, dcache)
+            accepted, bonus, verified_logits = self._verify(root, tree, tcache)
+            committed = self._cut(accepted + [bonus], gen.tokens, max_new_tokens)
+            committed_t = torch.tensor([committed])
+            in_set = len(committed) if pol.dense else int(pol.table.contains(rows, committed_t).sum())
+            vtopk = verified_logits.topk(pol.verify_topk, dim=-1).indices[None] if pol.verify_topk else None
+            pol.on_verify(rows, torch.tensor([[root] + tree.tokens]), vtopk, committed_t)
+            gen.rounds.append(RoundStats(set_size, len(accepted), len(committed), in_set))
+            gen.tokens.extend(committed)
+            pending, root = accepted + [bonus], bonus
+        gen.tokens = gen.tokens[:max_new_tokens]
+        gen.seconds = time.perf_counter() - start
+        return gen
+
+    def _finished(self, tokens: list[int], limit: int) -> bool:
+        return len(tokens) >= limit or tokens[-1] in self.eos
+
+    def _cut(self, new: list[int], done: list[int], limit: int) -> list[int]:
+        new = new[: max(limit - len(done), 0)]
+        for i, t in enumerate(new):
+            if t in self.eos:
+                return new[: i + 1]
+        return new
+
+    def _draft_logprobs(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k (log-prob, token id) of each hidden row under the draft head over the request's set."""
+        slots = torch.full((hidden.shape[0],), self.SLOT, dtype=torch.int32)
+        out = self.head(hidden, slots)
+        out.logits = torch.log_softmax(out.logits, dim=-1)
+        return out.topk(k)
+
+    def _draft_tree(self, pending: list[int], dcache) -> _Tree:
+        steps, k = self.shape.steps, self.shape.topk
+        h = self.draft.hidden(torch.tensor([pending]), dcache)[:, -1]
+        base = dcache.get_seq_length()
+        scores, tokens = self._draft_logprobs(h, k)
+        beam_scores, beam_tokens = scores[0], tokens[0]
+        node_tok, node_score, node_parent, node_depth = tokens[0].tolist(), scores[0].tolist(), [-1] * k, [1] * k
+        beam_nodes = list(range(k))
+        for step in range(1, steps):
+            if step == 1 and k > 1:
+                dcache.batch_repeat_interleave(k)
+            h = self.draft.hidden(beam_tokens[:, None], dcache)[:, -1]
+            scores, tokens = self._draft_logprobs(h, k)
+            cand = (beam_scores[:, None] + scores).reshape(-1)
+            first = len(node_tok)
+            node_tok += tokens.reshape(-1).tolist()
+            node_score += cand.tolist()
+            node_parent += [beam_nodes[i // k] for i in range(k * k)]
+            node_depth += [step + 1] * (k * k)
+            best = torch.sort(cand, descending=True, stable=True).indices[:k]
+            if k > 1:
+                dcache.batch_select_indices(best // k)
+            beam_nodes = [first + int(i) for i in best]
+            beam_scores, beam_tokens = cand[best], tokens.reshape(-1)[best]
+        if k > 1 and steps > 1:
+            dcache.batch_select_indices(torch.tensor([0]))
+        _trim(dcache, base)
+        # Best nodes first; a parent never scores below its child, and ties go to the
+        # shallower node, so the chosen nodes always include their ancestors.
+        live = [i for i in range(len(node_tok)) if node_score[i] != float("-inf")]
+        live.sort(key=lambda i: (-node_score[i], node_depth[i], i))
+        chosen = live[: self.shape.num_draft_tokens - 1]
+        where = {node: j for j, node in enumerate(chosen)}
+        return _Tree(
+            tokens=[node_tok[i] for i in chosen],
+            parents=[where[node_parent[i]] if node_parent[i] >= 0 else -1 for i in chosen],
+        )
+
+    def _verify(self, root: int, tree: _Tree, tcache) -> tuple[list[int], int, torch.Tensor]:
+        """Greedy verification of every root-to-leaf path; returns (accepted, bonus, logits at the accepted path)."""
+        inner = set(tree.parents)
+        paths = []
+        for leaf in (i for i in range(len(tree.tokens)) if i not in inner):
+            path = []
+            while leaf >= 0:
+                path.append(leaf)
+                leaf = tree.parents[leaf]
+            paths.append([tree.tokens[i] for i in reversed(path)])
+        paths = paths or [[]]
+        width = max(len(p) for p in paths)
+        batch = torch.tensor([[root] + p + [root] * (width - len(p)) for p in paths])
+        base = tcache.get_seq_length()
+        if len(paths) > 1:
+            tcache.batch_repeat_interleave(len(paths))
+        logits = self.target.logits(self.target.hidden(batch, tcache))
+        pred = logits.argmax(-1)
+        match = pred[:, :width] == batch[:, 1:]
+        lengths = torch.tensor([len(p) for p in paths])
+        valid = torch.arange(width)[None, :] < lengths[:, None]
+        accepted_n = (match & valid).int().cumprod(1).sum(1)
+        best = int(accepted_n.argmax())
+        n = int(accepted_n[best])
+        if len(paths) > 1:
+            tcache.batch_select_indices(torch.tensor([best]))
+        _trim(tcache, base + 1 + n)
+        return paths[best][:n], int(pred[best, n]), logits[best, : n + 1]
+
+
+@torch.no_grad()
+def greedy_generate(
+    target: CausalLM, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_ids: Sequence[int] = ()
+) -> list[int]:
+    """Target-only greedy decoding, one token per forward: what speculative decoding must reproduce."""
+    if len(prompt_ids) == 0:
+        raise SpecVocabError("prompt is empty: give at least one token (e.g. BOS)")
+    eos = set(int(t) for t in eos_token_ids)
+    cache = target.new_cache()
+    hidden = target.hidden(torch.tensor([list(prompt_ids)]), cache)
+    out: list[int] = []
+    while len(out) < max_new_tokens:
+        token = int(target.logits(hidden[0, -1]).argmax())
+        out.append(token)
+        if token in eos:
+            break
+        hidden = target.hidden(torch.tensor([[token]]), cache)
+    return out
