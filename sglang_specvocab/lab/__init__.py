@@ -1,0 +1,1 @@
+"""The policy lab: the reference decoder on a real model over a prompt set (CPU)."""

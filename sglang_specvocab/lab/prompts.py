@@ -1,0 +1,79 @@
+"""Prompt sets for the lab: Spec-Bench's question format, and how turns become a prompt."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from ..errors import SpecVocabError
+
+#: Spec-Bench reports its eight MT-Bench categories together as one.
+MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+DEFAULT_PROMPTS = "the lab's own prompts (sglang_specvocab/lab/prompts.jsonl)"
+
+
+@dataclass(frozen=True)
+class Question:
+    qid: str
+    category: str  # MT-Bench categories folded into "mt_bench"
+    turns: tuple[str, ...]
+
+
+def load_questions(path: str | Path | None = None, per_category: int | None = None) -> list[Question]:
+    """Questions of a Spec-Bench jsonl (default: the lab's own set), the first ``per_category`` of each."""
+    if path is None:
+        text = resources.files("sglang_specvocab.lab").joinpath("prompts.jsonl").read_text(encoding="utf-8")
+        where = "lab prompts"
+    else:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SpecVocabError(f"cannot read questions file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        where = str(path)
+    out: list[Question] = []
+    seen: dict[str, int] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SpecVocabError(f"{where} line {n}: not valid JSON: {exc.msg}") from None
+        if not isinstance(item, dict):
+            raise SpecVocabError(f"{where} line {n}: must be a JSON object with 'category' and 'turns'")
+        cat, turns = item.get("category"), item.get("turns")
+        if not isinstance(cat, str) or not cat:
+            raise SpecVocabError(f"{where} line {n}: 'category' must be a non-empty string, got {cat!r}")
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t for t in turns):
+            raise SpecVocabError(f"{where} line {n}: 'turns' must be a non-empty list of non-empty strings")
+        cat = "mt_bench" if cat in MT_BENCH else cat
+        seen[cat] = seen.get(cat, 0) + 1
+        if per_category is not None and seen[cat] > per_category:
+            continue
+        out.append(Question(str(item.get("question_id", n)), cat, tuple(turns)))
+    if not out:
+        raise SpecVocabError(f"{where}: no questions")
+    return out
+
+
+def format_prompt(tokenizer, turns: list[str], answers: list[str]) -> str:
+    """The conversation so far (``len(answers) == len(turns) - 1``), ready for the next answer.
+
+    Uses the tokenizer's chat template when it has one; base models (Gemma-3 270M) get a
+    plain "Question:/Answer:" transcript.
+    """
+    if getattr(tokenizer, "chat_template", None):
+        messages = []
+        for i, turn in enumerate(turns):
+            messages.append({"role": "user", "content": turn})
+            if i < len(answers):
+                messages.append({"role": "assistant", "content": answers[i]})
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    parts = []
+    for i, turn in enumerate(turns):
+        parts.append(f"Question: {turn}\nAnswer:")
+        if i < len(answers):
+            parts[-1] += f" {answers[i].strip()}\n"
+    return "".join(parts)

@@ -1,0 +1,71 @@
+"""Lab results as JSON, Markdown and a plot of coverage against set size."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def markdown(result: dict) -> str:
+    head = [
+        f"# Policy lab: {result['model']} (vocabulary {result['vocab_size']:,})",
+        "",
+        f"- draft: {result['draft']}; steps {result['draft_shape']['steps']}, topk "
+        f"{result['draft_shape']['topk']}, {result['draft_shape']['num_draft_tokens']} draft tokens per round",
+        f"- prompts: {result['prompts']}"
+        + (f" (first {result['per_category']} per category)" if result.get("per_category") else "")
+        + f"; at most {result['max_new_tokens']} new tokens, greedy",
+        f"- lossless (every config produced the same tokens): {'yes' if result['lossless'] else 'NO'}",
+        f"- versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()),
+        f"- command: `{result['command']}`",
+        "",
+        "| config | policy | category | accept length | coverage | mean set | max set | tokens/s | prompts |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    body = [
+        f"| {r['config']} | {r['policy']} | {r['category']} | {r['accept_length']:.2f} | {r['coverage']:.3f} "
+        f"| {r['mean_set_size']:,.0f} | {r['max_set_size']:,} | {r['tokens_per_s']:.2f} | {r['n_prompts']} |"
+        for r in result["rows"]
+    ]
+    tail = [""] + [f"- mismatch: {m}" for m in result["mismatches"]]
+    return "\n".join(head + body + tail) + "\n"
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    overall = [r for r in result["rows"] if r["category"] == "overall"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in overall:
+        ax.scatter(r["mean_set_size"], r["coverage"], s=40)
+        ax.annotate(
+            f"{r['config']} (τ={r['accept_length']:.2f})",
+            (r["mean_set_size"], r["coverage"]),
+            textcoords="offset points",
+            xytext=(5, 5),
+            fontsize=8,
+        )
+    ax.set_xscale("log")
+    xs = [r["mean_set_size"] for r in overall if r["mean_set_size"] > 0]
+    if xs:  # room for the labels of the rightmost points
+        ax.set_xlim(min(xs) / 2, max(xs) * 8)
+    ax.set_xlabel("mean active-set size (tokens, log scale)")
+    ax.set_ylabel("coverage (target tokens in the set)")
+    ax.set_ylim(0, 1.05)
+    ax.set_title(f"Coverage vs set size: {result['model']}")
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write(result: dict, out_dir: Path, stem: str = "lab") -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md", out_dir / f"{stem}.png"]
+    paths[0].write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    paths[1].write_text(markdown(result), encoding="utf-8")
+    plot(result, paths[2])
+    return paths

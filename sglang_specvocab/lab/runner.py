@@ -1,0 +1,142 @@
+"""The policy lab: every config (plus the ``full`` baseline) over one prompt set, in one run.
+
+For each question (all turns, the conversation carried forward as in Spec-Bench) and each
+config, the reference decoder generates greedily; the lab collects per round the set size,
+the accepted length and whether the target's tokens were in the set, and checks that every
+config produced the same tokens (lossless).
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .. import __version__
+from ..config import PolicyConfig, load_config, parse_config
+from ..errors import SpecVocabError
+from ..reference import CausalLM, DraftShape, Generation, SpeculativeDecoder
+from .models import GEMMA3_270M, load_model
+from .prompts import DEFAULT_PROMPTS, format_prompt, load_questions
+
+FULL = "full"
+
+
+@dataclass
+class LabSettings:
+    configs: list[str]
+    model: str = GEMMA3_270M
+    draft_layers: int | None = 12  # self-draft depth; None: the draft is the target itself
+    shape: DraftShape = field(default_factory=DraftShape)
+    max_new_tokens: int = 48
+    questions: str | None = None
+    per_category: int | None = None
+    command: str = ""
+
+
+def _named_configs(paths: list[str]) -> list[tuple[str, PolicyConfig]]:
+    named = [(Path(p).stem, load_config(p)) for p in paths]
+    names = [n for n, _ in named]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise SpecVocabError(f"config names must differ (file stems are used as names): {', '.join(dupes)}")
+    if not any(cfg.policy == FULL for _, cfg in named):
+        named.insert(0, (FULL, parse_config({"policy": FULL}, source="<built-in full baseline>")))
+    return named
+
+
+def versions() -> dict[str, str]:
+    import transformers
+
+    return {
+        "sglang_specvocab": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "platform": platform.platform(),
+        "cpu": platform.processor() or platform.machine(),
+        "threads": str(torch.get_num_threads()),
+    }
+
+
+def run_lab(settings: LabSettings, progress: bool = True) -> dict:
+    from tqdm import tqdm
+
+    named = _named_configs(settings.configs)  # bad configs fail before the model loads
+    questions = load_questions(settings.questions, settings.per_category)
+    lm = load_model(settings.model)
+    for _, cfg in named:
+        cfg.check_vocab(lm.vocab_size, settings.model)
+    target = CausalLM(lm.model, name=settings.model)
+    draft = target if settings.draft_layers is None else CausalLM(lm.model, num_layers=settings.draft_layers)
+    decoders = {
+        name: SpeculativeDecoder(target, draft, cfg, settings.shape, eos_token_ids=lm.eos_token_ids)
+        for name, cfg in named
+    }
+
+    gens: dict[tuple[str, str], list[Generation]] = defaultdict(list)  # (config, category) -> turns
+    mismatches: list[str] = []
+    total = sum(len(q.turns) for q in questions) * len(named)
+    bar = tqdm(total=total, desc="lab", unit="gen", disable=not progress, file=sys.stderr)
+    for q in questions:
+        answers: list[str] = []
+        for t in range(len(q.turns)):
+            ids = lm.encode(format_prompt(lm.tokenizer, list(q.turns[: t + 1]), answers))
+            outputs = {}
+            for name, dec in decoders.items():
+                bar.set_postfix_str(f"{q.category} q{q.qid} {name}")
+                gen = dec.generate(ids, settings.max_new_tokens)
+                gens[(name, q.category)].append(gen)
+                outputs[name] = gen.tokens
+                bar.update()
+            first = next(iter(outputs.values()))
+            mismatches += [f"question {q.qid} turn {t + 1}: {n}" for n, toks in outputs.items() if toks != first]
+            answers.append(lm.decode(first))
+    bar.close()
+
+    policy_of = {name: cfg.policy for name, cfg in named}
+    categories = sorted({q.category for q in questions})
+    rows = []
+    for name, _ in named:
+        for cat in [*categories, "overall"]:
+            turns = [g for c in categories if cat in (c, "overall") for g in gens[(name, c)]]
+            rows.append(_row(name, policy_of[name], cat, turns))
+    return {
+        "rows": rows,
+        "model": settings.model,
+        "vocab_size": lm.vocab_size,
+        "draft": "target" if settings.draft_layers is None else f"self-draft, first {settings.draft_layers} layers",
+        "draft_shape": {
+            "steps": settings.shape.steps,
+            "topk": settings.shape.topk,
+            "num_draft_tokens": settings.shape.num_draft_tokens,
+        },
+        "max_new_tokens": settings.max_new_tokens,
+        "prompts": settings.questions or DEFAULT_PROMPTS,
+        "per_category": settings.per_category,
+        "lossless": not mismatches,
+        "mismatches": mismatches,
+        "versions": versions(),
+        "command": settings.command,
+    }
+
+
+def _row(config: str, policy: str, category: str, turns: list[Generation]) -> dict:
+    rounds = [r for g in turns for r in g.rounds]
+    committed = sum(r.committed for r in rounds)
+    speeds = [len(g.tokens) / g.seconds for g in turns if g.seconds > 0]
+    return {
+        "config": config,
+        "policy": policy,
+        "category": category,
+        "accept_length": committed / len(rounds) if rounds else 0.0,
+        "coverage": sum(r.in_set for r in rounds) / committed if committed else 1.0,
+        "mean_set_size": sum(r.set_size for r in rounds) / len(rounds) if rounds else 0.0,
+        "max_set_size": max((r.set_size for r in rounds), default=0),
+        "tokens_per_s": sum(speeds) / len(speeds) if speeds else 0.0,  # Spec-Bench: mean of per-prompt speeds
+        "n_prompts": len(turns),
+    }

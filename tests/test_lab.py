@@ -1,0 +1,96 @@
+"""The lab end to end on a tiny local checkpoint (a trained BPE tokenizer + a random Llama)."""
+
+import json
+
+import pytest
+import torch
+from conftest import tiny_llama
+
+from sglang_specvocab.cli import main
+from sglang_specvocab.lab.prompts import format_prompt, load_questions
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from sglang_specvocab.lab.prompts import load_questions
+
+    corpus = [t for q in load_questions() for t in q.turns] * 3
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=["<pad>", "<s>", "</s>", "<unk>"]))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
+    path = tmp_path_factory.mktemp("tiny-ckpt")
+    fast.save_pretrained(path)
+    model = tiny_llama(vocab_size=len(fast), dtype=torch.float32)
+    model.save_pretrained(path)
+    return path
+
+
+def test_lab_writes_table_json_markdown_and_plot(tiny_checkpoint, tmp_path, capsys):
+    cfg = tmp_path / "small-window.yaml"
+    cfg.write_text("policy: window\ncapacity: 64\n")
+    out = tmp_path / "out"
+    rc = main(["lab", "--config", str(cfg), "--model", str(tiny_checkpoint), "--draft-layers", "2",
+               "--per-category", "1", "--max-new-tokens", "6", "--topk", "2", "--steps", "3", "--draft-tokens", "5",
+               "--out", str(out), "--no-progress"])
+    printed = capsys.readouterr().out
+    assert rc == 0
+    result = json.loads((out / "lab.json").read_text())
+    assert result["lossless"] is True and result["mismatches"] == []
+    assert result["model"] == str(tiny_checkpoint) and "command" in result and result["versions"]["torch"]
+    cats = ["math_reasoning", "mt_bench", "qa", "rag", "summarization", "translation", "overall"]
+    assert [(r["config"], r["category"]) for r in result["rows"]] == [(c, k) for c in ("full", "small-window") for k in cats]
+    keys = {"config", "policy", "category", "accept_length", "coverage", "mean_set_size", "max_set_size",
+            "tokens_per_s", "n_prompts"}
+    for r in result["rows"]:
+        assert keys <= set(r)
+        assert r["accept_length"] >= 1.0 and 0.0 <= r["coverage"] <= 1.0 and r["tokens_per_s"] > 0
+    overall = {r["config"]: r for r in result["rows"] if r["category"] == "overall"}
+    assert overall["full"]["coverage"] == 1.0 and overall["full"]["mean_set_size"] == result["vocab_size"]
+    assert overall["small-window"]["max_set_size"] <= 64
+    assert overall["full"]["n_prompts"] == 7  # 6 questions, the MT-Bench one with two turns
+    assert "| small-window | window | overall |" in printed
+    assert (out / "lab.md").read_text().count("\n|") >= 15
+    assert (out / "lab.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_lab_refuses_a_capacity_larger_than_the_vocabulary(tiny_checkpoint, tmp_path, capsys):
+    rc = main(["lab", "--config", "configs/microspec.yaml", "--model", str(tiny_checkpoint), "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "configs/microspec.yaml: capacity = 3072 is invalid: must be at most the vocabulary size" in err
+
+
+@pytest.mark.parametrize("args,piece", [
+    (["--config", "nope.yaml"], "cannot read config file nope.yaml"),
+    (["--config", "configs/full.yaml", "--model", "/nonexistent"], "not 'gemma3-270m' and not a directory"),
+    (["--config", "configs/full.yaml", "--draft-layers", "x"], "--draft-layers = 'x' is invalid"),
+    (["--config", "configs/full.yaml", "--max-new-tokens", "0"], "--max-new-tokens = 0 is invalid"),
+    (["--config", "configs/full.yaml", "--topk", "0"], "draft topk = 0 is invalid"),
+    (["--config", "configs/full.yaml", "--questions", "/nonexistent.jsonl"], "cannot read questions file"),
+])
+def test_lab_argument_errors(args, piece, capsys, tmp_path):
+    assert main(["lab", *args, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and piece in err, err
+
+
+def test_question_files(tmp_path):
+    qs = load_questions()
+    assert {q.category for q in qs} == {"mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"}
+    p = tmp_path / "q.jsonl"
+    p.write_text('{"question_id": 1, "category": "writing", "turns": ["a", "b"]}\n{"category": "qa", "turns": []}\n')
+    with pytest.raises(Exception, match="line 2: 'turns' must be a non-empty list"):
+        load_questions(p)
+    p.write_text('{"question_id": 1, "category": "writing", "turns": ["a", "b"]}\n' * 3)
+    assert [q.category for q in load_questions(p, per_category=2)] == ["mt_bench", "mt_bench"]
+
+
+def test_prompt_format_without_chat_template():
+    class Plain:
+        chat_template = None
+
+    assert format_prompt(Plain(), ["Hi?"], []) == "Question: Hi?\nAnswer:"
+    assert format_prompt(Plain(), ["Hi?", "More?"], [" Hello. "]) == "Question: Hi?\nAnswer: Hello.\nQuestion: More?\nAnswer:"
