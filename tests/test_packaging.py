@@ -1,0 +1,22 @@
+import re
+from importlib import resources
+from pathlib import Path
+
+from sglang_specvocab.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_configs_ship_inside_the_package():
+    shipped = resources.files("sglang_specvocab.configs")
+    names = sorted(p.name for p in shipped.iterdir() if p.name.endswith(".yaml"))
+    assert names == sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
+    with resources.as_file(shipped / "microspec.yaml") as path:
+        assert load_config(path).capacity == 3072
+
+
+def test_readme_has_the_two_commands_and_ci_runs_the_test_one():
+    readme = (ROOT / "README.md").read_text()
+    commands = re.findall(r"```bash\n(.*?)\n```", readme.split("## Policy configs")[0], flags=re.S)
+    assert commands == ["./scripts/main.sh", "./scripts/test.sh"]
+    assert "exec ./scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
