@@ -104,6 +104,8 @@ def _lab(args, argv) -> int:
     paths = report.write(result, Path(args.out))
     print(report.markdown(result))
     print("wrote " + ", ".join(map(str, paths)))
+    if not result["complete"]:
+        return 130
     return 0 if result["lossless"] else 1
 
 

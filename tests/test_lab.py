@@ -94,3 +94,29 @@ def test_prompt_format_without_chat_template():
 
     assert format_prompt(Plain(), ["Hi?"], []) == "Question: Hi?\nAnswer:"
     assert format_prompt(Plain(), ["Hi?", "More?"], [" Hello. "]) == "Question: Hi?\nAnswer: Hello.\nQuestion: More?\nAnswer:"
+
+
+def test_interrupted_lab_keeps_the_finished_turns(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    from sglang_specvocab.reference import SpeculativeDecoder
+
+    real = SpeculativeDecoder.generate
+    calls = {"n": 0}
+
+    def generate(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 6:  # in the middle of the third turn (two configs per turn)
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(SpeculativeDecoder, "generate", generate)
+    cfg = tmp_path / "w.yaml"
+    cfg.write_text("policy: window\ncapacity: 64\n")
+    out = tmp_path / "out"
+    rc = main(["lab", "--config", str(cfg), "--model", str(tiny_checkpoint), "--draft-layers", "1",
+               "--max-new-tokens", "4", "--out", str(out), "--no-progress"])
+    assert rc == 130
+    result = json.loads((out / "lab.json").read_text())
+    assert result["complete"] is False
+    overall = {r["config"]: r for r in result["rows"] if r["category"] == "overall"}
+    assert overall["full"]["n_prompts"] == overall["w"]["n_prompts"] == 2
+    assert "INTERRUPTED" in (out / "lab.md").read_text()

@@ -16,6 +16,7 @@ def markdown(result: dict) -> str:
         + (f" (first {result['per_category']} per category)" if result.get("per_category") else "")
         + f"; at most {result['max_new_tokens']} new tokens, greedy",
         f"- lossless (every config produced the same tokens): {'yes' if result['lossless'] else 'NO'}",
+        *([] if result["complete"] else ["- INTERRUPTED: the table covers only the turns that finished"]),
         f"- versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()),
         f"- command: `{result['command']}`",
         "",

@@ -82,24 +82,30 @@ def run_lab(settings: LabSettings, progress: bool = True) -> dict:
     mismatches: list[str] = []
     total = sum(len(q.turns) for q in questions) * len(named)
     bar = tqdm(total=total, desc="lab", unit="gen", disable=not progress, file=sys.stderr)
-    for q in questions:
-        answers: list[str] = []
-        for t in range(len(q.turns)):
-            ids = lm.encode(format_prompt(lm.tokenizer, list(q.turns[: t + 1]), answers))
-            outputs = {}
-            for name, dec in decoders.items():
-                bar.set_postfix_str(f"{q.category} q{q.qid} {name}")
-                gen = dec.generate(ids, settings.max_new_tokens)
-                gens[(name, q.category)].append(gen)
-                outputs[name] = gen.tokens
-                bar.update()
-            first = next(iter(outputs.values()))
-            mismatches += [f"question {q.qid} turn {t + 1}: {n}" for n, toks in outputs.items() if toks != first]
-            answers.append(lm.decode(first))
-    bar.close()
+    complete = True
+    try:
+        for q in questions:
+            answers: list[str] = []
+            for t in range(len(q.turns)):
+                ids = lm.encode(format_prompt(lm.tokenizer, list(q.turns[: t + 1]), answers))
+                turn: dict[str, Generation] = {}
+                for name, dec in decoders.items():
+                    bar.set_postfix_str(f"{q.category} q{q.qid} {name}")
+                    turn[name] = dec.generate(ids, settings.max_new_tokens)
+                    bar.update()
+                for name, gen in turn.items():  # a turn counts once every config has run it
+                    gens[(name, q.category)].append(gen)
+                first = next(iter(turn.values())).tokens
+                mismatches += [f"question {q.qid} turn {t + 1}: {n}" for n, g in turn.items() if g.tokens != first]
+                answers.append(lm.decode(first))
+    except KeyboardInterrupt:
+        complete = False
+        print("\n[lab] interrupted: reporting the turns that finished", file=sys.stderr)
+    finally:
+        bar.close()
 
     policy_of = {name: cfg.policy for name, cfg in named}
-    categories = sorted({q.category for q in questions})
+    categories = sorted({cat for _, cat in gens})
     rows = []
     for name, _ in named:
         for cat in [*categories, "overall"]:
@@ -118,6 +124,7 @@ def run_lab(settings: LabSettings, progress: bool = True) -> dict:
         "max_new_tokens": settings.max_new_tokens,
         "prompts": settings.questions or DEFAULT_PROMPTS,
         "per_category": settings.per_category,
+        "complete": complete,
         "lossless": not mismatches,
         "mismatches": mismatches,
         "versions": versions(),
