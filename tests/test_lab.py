@@ -84,8 +84,11 @@ def test_question_files(tmp_path):
     p.write_text('{"question_id": 1, "category": "writing", "turns": ["a", "b"]}\n{"category": "qa", "turns": []}\n')
     with pytest.raises(Exception, match="line 2: 'turns' must be a non-empty list"):
         load_questions(p)
-    p.write_text('{"question_id": 1, "category": "writing", "turns": ["a", "b"]}\n' * 3)
-    assert [q.category for q in load_questions(p, per_category=2)] == ["mt_bench", "mt_bench"]
+    lines = [("writing", 1), ("writing", 2), ("writing", 3), ("coding", 4), ("qa", 5), ("coding", 6), ("qa", 7)]
+    p.write_text("".join(f'{{"question_id": {i}, "category": "{c}", "turns": ["t"]}}\n' for c, i in lines))
+    got = [(q.category, q.qid) for q in load_questions(p, per_category=3)]
+    # MT-Bench subcategories fold into one and are sampled in turn
+    assert got == [("mt_bench", "1"), ("mt_bench", "4"), ("mt_bench", "2"), ("qa", "5"), ("qa", "7")]
 
 
 def test_prompt_format_without_chat_template():

@@ -22,7 +22,7 @@ class Question:
 
 
 def load_questions(path: str | Path | None = None, per_category: int | None = None) -> list[Question]:
-    """Questions of a Spec-Bench jsonl (default: the lab's own set), the first ``per_category`` of each."""
+    """Questions of a Spec-Bench jsonl (default: the lab's own set), at most ``per_category`` of each."""
     if path is None:
         text = resources.files("sglang_specvocab.lab").joinpath("prompts.jsonl").read_text(encoding="utf-8")
         where = "lab prompts"
@@ -32,8 +32,9 @@ def load_questions(path: str | Path | None = None, per_category: int | None = No
         except (OSError, UnicodeDecodeError) as exc:
             raise SpecVocabError(f"cannot read questions file {path}: {getattr(exc, 'strerror', None) or exc}") from None
         where = str(path)
-    out: list[Question] = []
-    seen: dict[str, int] = {}
+    groups: dict[str, list[tuple[int, int, Question]]] = {}  # folded category -> (rank, subcategory, question)
+    ranks: dict[str, int] = {}
+    subcats: dict[str, int] = {}
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -48,11 +49,14 @@ def load_questions(path: str | Path | None = None, per_category: int | None = No
             raise SpecVocabError(f"{where} line {n}: 'category' must be a non-empty string, got {cat!r}")
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t for t in turns):
             raise SpecVocabError(f"{where} line {n}: 'turns' must be a non-empty list of non-empty strings")
-        cat = "mt_bench" if cat in MT_BENCH else cat
-        seen[cat] = seen.get(cat, 0) + 1
-        if per_category is not None and seen[cat] > per_category:
-            continue
-        out.append(Question(str(item.get("question_id", n)), cat, tuple(turns)))
+        folded = "mt_bench" if cat in MT_BENCH else cat
+        ranks[cat] = ranks.get(cat, -1) + 1
+        subcats.setdefault(cat, len(subcats))
+        q = Question(str(item.get("question_id", n)), folded, tuple(turns))
+        groups.setdefault(folded, []).append((ranks[cat], subcats[cat], q))
+    # Within a folded category take the subcategories in turn (writing, roleplay, ... then again),
+    # so a subset of MT-Bench samples all eight, not only the first.
+    out = [q for g in groups.values() for _, _, q in sorted(g, key=lambda x: x[:2])[:per_category]]
     if not out:
         raise SpecVocabError(f"{where}: no questions")
     return out
