@@ -37,7 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     lab.add_argument("--questions", default=None, metavar="JSONL",
                      help="a Spec-Bench question file (default: the lab's own prompts)")
     lab.add_argument("--per-category", type=int, default=None, metavar="N", help="first N questions per category")
-    lab.add_argument("--out", default="lab-results", metavar="DIR", help="writes lab.json, lab.md, lab.png here")
+    lab.add_argument("--out", default="lab-results", metavar="DIR", help="writes NAME.json, NAME.md, NAME.png here")
+    lab.add_argument("--name", default="lab", help="file name stem of the results (default lab)")
     lab.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     lab.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -101,7 +102,7 @@ def _lab(args, argv) -> int:
         command=_command(argv),
     )
     result = run_lab(settings, progress=not args.no_progress)
-    paths = report.write(result, Path(args.out))
+    paths = report.write(result, Path(args.out), args.name)
     print(report.markdown(result))
     print("wrote " + ", ".join(map(str, paths)))
     if not result["complete"]:
@@ -111,16 +112,15 @@ def _lab(args, argv) -> int:
 
 def _replay(args, argv) -> int:
     from .config import load_config
-    from .policies import build_policy
-    from .replay import read_trace, replay
+    from .replay import read_trace, replay, replay_policy
 
     cfg = load_config(args.config)
     if args.vocab_size is not None:
         _positive("--vocab-size", args.vocab_size)
         cfg.check_vocab(args.vocab_size, f"--vocab-size {args.vocab_size}")
-    probe = build_policy(cfg, num_rows=1)
-    requests = read_trace(args.trace, probe.prefill_topk, probe.verify_topk, args.vocab_size)
-    lines = sorted(replay(cfg, requests, args.batch_size), key=lambda d: (d["request"], d["round"]))
+    policy = replay_policy(cfg, args.batch_size)
+    requests = read_trace(args.trace, policy.prefill_topk, policy.verify_topk, args.vocab_size)
+    lines = sorted(replay(policy, requests), key=lambda d: (d["request"], d["round"]))
     try:
         with open(args.out, "w", encoding="utf-8") as f:
             for line in lines:

@@ -26,7 +26,7 @@ import torch
 
 from .config import PolicyConfig
 from .errors import TraceError
-from .policies import build_policy
+from .policies import Policy, build_policy
 
 _REQUEST_KEYS = {"prompt_ids", "prompt_topk", "rounds"}
 _ROUND_KEYS = {"draft_tokens", "verify_topk", "accepted"}
@@ -135,14 +135,20 @@ def _pad3(rows: list[list[list[int]]], k: int) -> torch.Tensor | None:
     ).reshape(len(rows), width, k)
 
 
-def replay(config: PolicyConfig, requests: list[Request], batch_size: int = 8) -> Iterator[dict]:
-    """Yield the active set of every request after prefill and after every round."""
+def replay_policy(config: PolicyConfig, batch_size: int = 8) -> Policy:
+    """The policy to replay ``config`` with: ``batch_size`` request rows plus the padding row."""
     if batch_size < 1:
         raise TraceError(f"batch size = {batch_size} is invalid: must be >= 1")
     policy = build_policy(config, num_rows=batch_size + 1)
     if policy.dense:
         raise TraceError(f"policy '{config.policy}' has no candidate set to replay")
+    return policy
+
+
+def replay(policy: Policy, requests: list[Request]) -> Iterator[dict]:
+    """Yield the active set of every request after prefill and after every round."""
     table, kpre, kver = policy.table, policy.prefill_topk, policy.verify_topk
+    batch_size = table.num_rows - 1
     for start in range(0, len(requests), batch_size):
         group = requests[start : start + batch_size]
         rows = torch.arange(1, len(group) + 1)

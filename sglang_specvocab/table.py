@@ -23,16 +23,24 @@ def compact(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return torch.where(keep.gather(1, order), out, torch.full_like(out, _EMPTY))
 
 
+_NONE = torch.iinfo(torch.int64).max  # sort key of empty entries: after every id
+
+
+def _sorted_runs(values: torch.Tensor, stable: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sort each row's ids (empty entries last): (sorted keys, order, mask of each run's first entry)."""
+    key = torch.where(values >= 0, values.long(), _NONE)
+    srt, order = torch.sort(key, dim=1, stable=stable)
+    first = torch.ones_like(srt, dtype=torch.bool)
+    first[:, 1:] = srt[:, 1:] != srt[:, :-1]
+    return srt, order, first & (srt != _NONE)
+
+
 def unique_first(values: torch.Tensor) -> torch.Tensor:
     """Per row: the distinct non-negative ids in order of first occurrence, then -1 padding."""
     if values.shape[1] == 0:
         return values
-    key = torch.where(values >= 0, values.long(), torch.iinfo(torch.int64).max)
     # A stable sort keeps equal ids in position order: the first of each run is the first occurrence.
-    srt, order = torch.sort(key, dim=1, stable=True)
-    first = torch.ones_like(srt, dtype=torch.bool)
-    first[:, 1:] = srt[:, 1:] != srt[:, :-1]
-    first &= srt != torch.iinfo(torch.int64).max
+    _, order, first = _sorted_runs(values, stable=True)
     keep = torch.empty_like(first).scatter_(1, order, first)
     return compact(values, keep)
 
@@ -83,12 +91,7 @@ class CandidateTable:
         distinct ids is the caller's error (policies keep their sets within capacity).
         """
         cap = self.capacity
-        big = torch.iinfo(torch.int64).max
-        key = torch.where(candidates >= 0, candidates.long(), big)
-        srt, _ = torch.sort(key, dim=1)
-        first = torch.ones_like(srt, dtype=torch.bool)
-        first[:, 1:] = srt[:, 1:] != srt[:, :-1]
-        first &= srt != big
+        srt, _, first = _sorted_runs(candidates)
         cnt = first.sum(1)
         packed = compact(srt, first)[:, :cap]
         if packed.shape[1] < cap:

@@ -39,23 +39,16 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     overall = [r for r in result["rows"] if r["category"] == "overall"]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for r in overall:
-        ax.scatter(r["mean_set_size"], r["coverage"], s=40)
-        ax.annotate(
-            f"{r['config']} (τ={r['accept_length']:.2f})",
-            (r["mean_set_size"], r["coverage"]),
-            textcoords="offset points",
-            xytext=(5, 5),
-            fontsize=8,
-        )
+        label = f"{r['config']}: coverage {r['coverage']:.3f}, accept length {r['accept_length']:.2f}"
+        ax.scatter(r["mean_set_size"], r["coverage"], s=50, label=label)
     ax.set_xscale("log")
-    xs = [r["mean_set_size"] for r in overall if r["mean_set_size"] > 0]
-    if xs:  # room for the labels of the rightmost points
-        ax.set_xlim(min(xs) / 2, max(xs) * 8)
+    lowest = min((r["coverage"] for r in overall), default=0.0)
+    ax.set_ylim(max(0.0, lowest - 0.1), 1.02)
+    ax.legend(fontsize=7, loc="lower center")
     ax.set_xlabel("mean active-set size (tokens, log scale)")
     ax.set_ylabel("coverage (target tokens in the set)")
-    ax.set_ylim(0, 1.05)
     ax.set_title(f"Coverage vs set size: {result['model']}")
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
