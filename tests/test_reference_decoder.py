@@ -107,7 +107,7 @@ def test_policy_receives_sglang_events(models, prompts):
     out = gen.tokens[1:]
     root = gen.tokens[0]
     for kind, (rows, draft_tokens, verify_topk, accepted) in calls[1:]:
-        assert kind == "verify"
+        assert kind == "verify" and rows.tolist() == [1]
         assert int(draft_tokens[0, 0]) == root and draft_tokens.shape[1] <= 8
         committed = accepted[0].tolist()
         assert verify_topk.shape == (1, len(committed), 3)

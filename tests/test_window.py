@@ -64,7 +64,7 @@ def test_interleaved_events_on_many_rows_match_literal(data, setup):
             prompts = [data.draw(ids(vocab, 1, 3 * cap + 2)) for _ in rows]
             ptopk = [data.draw(topk(vocab, kpre, len(p), len(p))) for p in prompts]
             pol.on_prefill(t_rows, pad(prompts), pad3([[x[:kpre] for x in t] for t in ptopk], kpre) if kpre else None)
-            for r, p, t in zip(rows, prompts, ptopk):
+            for r, p, t in zip(rows, prompts, ptopk, strict=True):
                 lit[r].prefill(p, t)
         else:
             drafts = [data.draw(ids(vocab, 0, 12)) for _ in rows]
@@ -73,7 +73,7 @@ def test_interleaved_events_on_many_rows_match_literal(data, setup):
             kgive = max([len(p) for v in vtopk for p in v] + [kver])
             vt = pad3([[x + [x[0] if x else 0] * (kgive - len(x)) for x in v] for v in vtopk], kgive) if kver else None
             pol.on_verify(t_rows, pad(drafts), vt, pad(accepted))
-            for r, d, v in zip(rows, drafts, vtopk):
+            for r, d, v in zip(rows, drafts, vtopk, strict=True):
                 lit[r].verify(d, [x[:kver] for x in v])
         for r in range(rows_n):
             assert table.row(r) == lit[r].active(), f"row {r} after {kind}"

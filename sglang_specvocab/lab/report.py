@@ -17,7 +17,7 @@ def markdown(result: dict) -> str:
         + f"; at most {result['max_new_tokens']} new tokens, greedy",
         f"- lossless (every config produced the same tokens): {'yes' if result['lossless'] else 'NO'}",
         *([] if result["complete"] else ["- INTERRUPTED: the table covers only the turns that finished"]),
-        f"- versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()),
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()),
         f"- command: `{result['command']}`",
         "",
         "| config | policy | category | accept length | coverage | mean set | max set | tokens/s | prompts |",
