@@ -26,8 +26,7 @@ class HeadOutput:
     def topk(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(values ``[M, k]``, token ids int64 ``[M, k]``), best first."""
         if self.ids is None:
-            values, tokens = self.logits.topk(k, dim=1)
-            return values, tokens
+            return self.logits.topk(k, dim=1)
         return ops.compact_topk(self.logits, self.ids, self.row_to_slot, k)
 
 

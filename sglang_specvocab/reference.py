@@ -91,6 +91,12 @@ class CausalLM:
         return torch.cat([self.logits(h).topk(k, dim=-1).indices for h in hidden.split(chunk)])
 
 
+def _prompt_tensor(prompt_ids: Sequence[int]) -> torch.Tensor:
+    if len(prompt_ids) == 0:
+        raise SpecVocabError("prompt is empty: give at least one token (e.g. BOS)")
+    return torch.tensor([list(prompt_ids)])
+
+
 def _trim(cache, length: int) -> None:
     """Drop cache entries past ``length`` tokens."""
     extra = cache.get_seq_length() - length
@@ -188,11 +194,9 @@ class SpeculativeDecoder:
 
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Generation:
-        if len(prompt_ids) == 0:
-            raise SpecVocabError("prompt is empty: give at least one token (e.g. BOS)")
+        prompt = _prompt_tensor(prompt_ids)
         start = time.perf_counter()
         pol, rows = self.policy, self.rows
-        prompt = torch.tensor([list(prompt_ids)])
         tcache, dcache = self.target.new_cache(), self.draft.new_cache()
 
         pol.on_reset(rows)
@@ -310,11 +314,10 @@ def greedy_generate(
     target: CausalLM, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_ids: Sequence[int] = ()
 ) -> list[int]:
     """Target-only greedy decoding, one token per forward: what speculative decoding must reproduce."""
-    if len(prompt_ids) == 0:
-        raise SpecVocabError("prompt is empty: give at least one token (e.g. BOS)")
+    prompt = _prompt_tensor(prompt_ids)
     eos = set(int(t) for t in eos_token_ids)
     cache = target.new_cache()
-    hidden = target.hidden(torch.tensor([list(prompt_ids)]), cache)
+    hidden = target.hidden(prompt, cache)
     out: list[int] = []
     while len(out) < max_new_tokens:
         token = int(target.logits(hidden[0, -1]).argmax())

@@ -96,8 +96,7 @@ class CandidateTable:
         packed = compact(srt, first)[:, :cap]
         if packed.shape[1] < cap:
             packed = torch.nn.functional.pad(packed, (0, cap - packed.shape[1]), value=_EMPTY)
-        empty = cnt == 0
-        packed[:, 0] = torch.where(empty, self.fallback_id, packed[:, 0])
+        empty = cnt == 0  # its row becomes all fallback: the set {fallback_id}
         packed = torch.where(packed >= 0, packed, self.fallback_id)
         self.ids.index_copy_(0, rows, packed.to(torch.int32))
         self.cnt.index_copy_(0, rows, torch.where(empty, 1, cnt.clamp(max=cap)).to(torch.int32))
