@@ -27,6 +27,7 @@ class PolicyConfig(Section):
 
     policy: str
     _source: str = PrivateAttr(default="<config>")
+    _base: str | None = PrivateAttr(default=None)  # the file relative paths start from (members of a union)
 
     @property
     def source(self) -> str:
@@ -37,6 +38,15 @@ class PolicyConfig(Section):
     def table_capacity(self) -> int | None:
         """Width W of the candidate table, or None for policies that use the dense head."""
         return getattr(self, "capacity", None)
+
+    def resolve(self, path: str) -> Path:
+        """A path from this config: relative paths are relative to the config file's folder."""
+        p = Path(path).expanduser()
+        src = Path(self._base or self.source)
+        return p if p.is_absolute() or not src.is_file() else src.parent / p
+
+    def finish(self) -> None:
+        """Checks that need ``source`` (called by ``parse_config`` after validation)."""
 
     def check_vocab(self, vocab_size: int, model_name: str = "the model") -> None:
         """Refuse a capacity the model's vocabulary cannot fill."""
@@ -94,6 +104,7 @@ def parse_config(data: Any, source: str = "<config>") -> PolicyConfig:
     except ValidationError as exc:
         raise ConfigError(_explain(exc, cls, data, source, name)) from None
     cfg._source = source
+    cfg.finish()
     return cfg
 
 

@@ -23,14 +23,15 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
+from .align import OnlineLoRA
 from .config import PolicyConfig
 from .errors import SpecVocabError
 from .head import DraftHead
-from .policies import build_policy
+from .policies import ModelContext, build_policy
 
 
 class CausalLM:
@@ -59,6 +60,7 @@ class CausalLM:
         if getattr(head, "bias", None) is not None:
             raise SpecVocabError("LM heads with a bias are not supported")
         self.weight = head.weight
+        self.embedding = model.get_input_embeddings().weight
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
         self.vocab_size = self.weight.shape[0]
         self.name = name or type(model).__name__
@@ -133,10 +135,16 @@ class DraftShape:
 
 @dataclass
 class RoundStats:
-    set_size: int  # ids in the request's set while this round drafted (vocabulary size when dense)
+    set_size: float  # ids in the request's set while this round drafted (mean over draft steps for
+    # ranker policies; the vocabulary size when dense)
     accepted: int  # draft tokens the target accepted
     committed: int  # tokens the round added to the output (accepted + bonus, cut at EOS / the limit)
-    in_set: int  # of the committed tokens, how many were in the set
+    in_set: int  # of the checked committed tokens, how many were in the set used at their position
+    checked: int = -1  # committed tokens checked for coverage (-1: all of them)
+
+    def __post_init__(self) -> None:
+        if self.checked < 0:
+            self.checked = self.committed
 
 
 @dataclass
@@ -153,7 +161,7 @@ class Generation:
     @property
     def coverage(self) -> float:
         """Share of the target's tokens that were in the set the draft used (1.0 when no round ran)."""
-        total = sum(r.committed for r in self.rounds)
+        total = sum(r.checked for r in self.rounds)
         return sum(r.in_set for r in self.rounds) / total if total else 1.0
 
 
@@ -176,6 +184,7 @@ class SpeculativeDecoder:
         shape: DraftShape = DraftShape(),
         *,
         eos_token_ids: Sequence[int] = (),
+        recorder: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
     ) -> None:
         if draft.vocab_size != target.vocab_size:
             raise SpecVocabError(
@@ -185,12 +194,24 @@ class SpeculativeDecoder:
         cap = config.table_capacity
         if cap is not None and shape.topk > cap:
             raise SpecVocabError(f"draft topk = {shape.topk} is larger than the set capacity {cap} of {config.source}")
+        align = getattr(config, "align", None)
+        self.aligner = OnlineLoRA(draft, align) if align is not None else None
+        if self.aligner is not None:
+            draft = self.aligner.draft  # a private LoRA'd copy: the target stays untouched
         self.target, self.draft, self.config, self.shape = target, draft, config, shape
         self.eos = set(int(t) for t in eos_token_ids)
         fallback = min(self.eos) if self.eos else 0
-        self.policy = build_policy(config, num_rows=2, fallback_id=fallback)
+        model = ModelContext(
+            weight=draft.weight.detach(),
+            embedding=draft.embedding.detach(),
+            vocab_size=draft.vocab_size,
+            eos_token_ids=tuple(sorted(self.eos)),
+        )
+        self.policy = build_policy(config, num_rows=2, fallback_id=fallback, model=model)
         self.head = DraftHead(draft.weight, self.policy.table, logit_softcap=draft.softcap)
         self.rows = torch.tensor([self.SLOT])
+        self.recorder = recorder  # gets (draft hidden states [n, d], their input tokens [n]) per draft step
+        self._sets: list[tuple[torch.Tensor, int]] = []  # ranker policies: the set of each draft step
 
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Generation:
@@ -208,16 +229,32 @@ class SpeculativeDecoder:
 
         gen = Generation(tokens=[root])
         pending = [root]  # committed tokens the draft has not seen; the last is the root
+        late: int | None = None  # ranker policies: a bonus token to check at the next round
         while not self._finished(gen.tokens, max_new_tokens):
             set_size = self.target.vocab_size if pol.dense else int(pol.table.cnt[self.SLOT])
-            tree = self._draft_tree(pending, dcache)
+            tree = self._draft_tree(pending, dcache, late)
+            if late is not None:
+                gen.rounds[-1].in_set += self._late_hit
+                gen.rounds[-1].checked += 1
             accepted, bonus, verified_logits = self._verify(root, tree, tcache)
             committed = self._cut(accepted + [bonus], gen.tokens, max_new_tokens)
             committed_t = torch.tensor([committed])
-            in_set = len(committed) if pol.dense else int(pol.table.contains(rows, committed_t).sum())
+            in_set, checked, late = len(committed), len(committed), None
+            if pol.stepwise:
+                # Position j was drafted from step j's set; a bonus past the last step is checked
+                # against the set its position gets at the next round (from the same hidden state).
+                set_size = sum(n for _, n in self._sets) / len(self._sets)
+                checked = min(len(committed), len(self._sets))
+                in_set = sum(int(t in self._sets[j][0]) for j, t in enumerate(committed[:checked]))
+                if checked < len(committed):
+                    late = len(accepted)
+            elif not pol.dense:
+                in_set = int(pol.table.contains(rows, committed_t).sum())
             vtopk = verified_logits.topk(pol.verify_topk, dim=-1).indices[None] if pol.verify_topk else None
             pol.on_verify(rows, torch.tensor([[root] + tree.tokens]), vtopk, committed_t)
-            gen.rounds.append(RoundStats(set_size, len(accepted), len(committed), in_set))
+            if self.aligner is not None:
+                self.aligner.update(dcache, root, accepted, verified_logits)
+            gen.rounds.append(RoundStats(set_size, len(accepted), len(committed), in_set, checked))
             gen.tokens.extend(committed)
             pending, root = accepted + [bonus], bonus
         gen.tokens = gen.tokens[:max_new_tokens]
@@ -234,18 +271,34 @@ class SpeculativeDecoder:
                 return new[: i + 1]
         return new
 
-    def _draft_logprobs(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _select(self, step: int, hidden: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Ranker policies choose the set of draft step ``step`` from the beams' hidden states."""
+        pol = self.policy
+        pol.select(self.rows, step, hidden[None], tokens[None])
+        n = int(pol.table.cnt[self.SLOT])
+        self._sets.append((set(pol.table.ids[self.SLOT, :n].tolist()), n))
+
+    def _draft_logprobs(self, hidden: torch.Tensor, tokens: torch.Tensor, step: int, k: int):
         """Top-k (log-prob, token id) of each hidden row under the draft head over the request's set."""
+        if self.recorder is not None:
+            self.recorder(hidden, tokens)
+        if self.policy.stepwise:
+            self._select(step, hidden, tokens)
         slots = torch.full((hidden.shape[0],), self.SLOT, dtype=torch.int32)
         out = self.head(hidden, slots)
         out.logits = torch.log_softmax(out.logits, dim=-1)
         return out.topk(k)
 
-    def _draft_tree(self, pending: list[int], dcache) -> _Tree:
+    def _draft_tree(self, pending: list[int], dcache, late: int | None = None) -> _Tree:
         steps, k = self.shape.steps, self.shape.topk
-        h = self.draft.hidden(torch.tensor([pending]), dcache)[:, -1]
+        hs = self.draft.hidden(torch.tensor([pending]), dcache)[0]
+        self._sets = []
+        if late is not None:  # the hidden state before the last round's bonus token predicted it
+            self._select(late, hs[-2:-1], torch.tensor(pending[-2:-1]))
+            self._late_hit = int(pending[-1] in self._sets.pop()[0])
+        h = hs[-1:]
         base = dcache.get_seq_length()
-        scores, tokens = self._draft_logprobs(h, k)
+        scores, tokens = self._draft_logprobs(h, torch.tensor(pending[-1:]), 0, k)
         beam_scores, beam_tokens = scores[0], tokens[0]
         node_tok, node_score, node_parent, node_depth = tokens[0].tolist(), scores[0].tolist(), [-1] * k, [1] * k
         beam_nodes = list(range(k))
@@ -253,7 +306,7 @@ class SpeculativeDecoder:
             if step == 1 and k > 1:
                 dcache.batch_repeat_interleave(k)
             h = self.draft.hidden(beam_tokens[:, None], dcache)[:, -1]
-            scores, tokens = self._draft_logprobs(h, k)
+            scores, tokens = self._draft_logprobs(h, beam_tokens, step, k)
             cand = (beam_scores[:, None] + scores).reshape(-1)
             first = len(node_tok)
             node_tok += tokens.reshape(-1).tolist()

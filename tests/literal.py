@@ -1,5 +1,7 @@
 """Literal, per-request Python statements of the policies' selection rules (test oracles)."""
 
+from collections import OrderedDict
+
 
 def unique_first(ids):
     seen, out = set(), []
@@ -31,3 +33,108 @@ class LiteralWindow:
 
     def active(self):
         return sorted(set(self.stream[-self.cap :])) or [self.fallback]
+
+
+def frequent_set(freq_ids, size, eos):
+    """FR-Spec: the ``size`` most frequent ids; missing EOS ids replace the rarest of them."""
+    eos = list(dict.fromkeys(eos))[:size]
+    top = list(freq_ids[:size])
+    if all(e in top for e in eos):
+        return sorted(top)
+    others = [t for t in top if t not in eos]
+    return sorted(others[: size - len(eos)] + eos)
+
+
+def lowrank_set(approx_rows, topk):
+    """SpecVocab, rows of one request share a set: top-k ids of the per-id maximum over rows."""
+    best = [max(row[v] for row in approx_rows) for v in range(len(approx_rows[0]))]
+    return sorted(sorted(range(len(best)), key=lambda v: -best[v])[:topk])
+
+
+def cluster_budget(k0, k1, t):
+    return k0 if t == 0 else k1 if t == 1 else max(1, (k1 + t) // (2 * t))
+
+
+def cluster_set(score_rows, members, budget, capacity):
+    """DynaSpec: the best ``budget`` clusters by the rows' maximum score, members in that order, cut at capacity."""
+    best = [max(row[c] for row in score_rows) for c in range(len(members))]
+    chosen = sorted(range(len(best)), key=lambda c: -best[c])[:budget]
+    ids = [t for c in chosen for t in members[c]]
+    return sorted(ids[:capacity])
+
+
+def union_set(member_sets, capacity):
+    return sorted(unique_first([t for s in member_sets for t in s])[:capacity])
+
+
+class LiteralRetrieval:
+    """EvoSpec for one request: static core + ARC-held retrieved ids (``arc`` is a LiteralARC)."""
+
+    def __init__(self, core, arc, neighbours, successors):
+        self.core, self.arc, self.nn, self.succ = set(core), arc, neighbours, successors
+
+    def active(self):
+        return sorted(self.core | set(self.arc.members()))
+
+    def verify(self, verify_topk, accepted):
+        active = set(self.active())
+        for j, tok in enumerate(accepted):
+            refs = [tok]
+            if tok not in active:  # a miss: the token, its nearest rows, its successors
+                refs += list(verify_topk[j][: self.nn]) if j < len(verify_topk) else []
+                refs += [s for s in self.succ.get(tok, [])]
+            for r in unique_first([r for r in refs if r >= 0 and r not in self.core]):
+                self.arc.access(r)
+
+
+class LiteralARC:
+    """ARC(c) of Megiddo & Modha (FAST 2003), Fig. 4, for one request. Lists are LRU -> MRU."""
+
+    def __init__(self, c):
+        self.c = c
+        self.p = 0.0
+        self.T1, self.T2, self.B1, self.B2 = OrderedDict(), OrderedDict(), OrderedDict(), OrderedDict()
+
+    def replace(self, x):
+        if self.T1 and ((x in self.B2 and len(self.T1) == self.p) or len(self.T1) > self.p):
+            old, _ = self.T1.popitem(last=False)
+            self.B1[old] = None
+        else:
+            old, _ = self.T2.popitem(last=False)
+            self.B2[old] = None
+
+    def access(self, x):
+        c = self.c
+        if x in self.T1 or x in self.T2:  # Case I
+            (self.T1 if x in self.T1 else self.T2).pop(x)
+            self.T2[x] = None
+        elif x in self.B1:  # Case II
+            self.p = min(self.p + max(len(self.B2) / len(self.B1), 1), c)
+            self.replace(x)
+            self.B1.pop(x)
+            self.T2[x] = None
+        elif x in self.B2:  # Case III
+            self.p = max(self.p - max(len(self.B1) / len(self.B2), 1), 0)
+            self.replace(x)
+            self.B2.pop(x)
+            self.T2[x] = None
+        else:  # Case IV
+            l1 = len(self.T1) + len(self.B1)
+            total = l1 + len(self.T2) + len(self.B2)
+            if l1 == c:  # (A)
+                if len(self.T1) < c:
+                    self.B1.popitem(last=False)
+                    self.replace(x)
+                else:
+                    self.T1.popitem(last=False)
+            elif total >= c:  # (B)
+                if total == 2 * c:
+                    self.B2.popitem(last=False)
+                self.replace(x)
+            self.T1[x] = None
+
+    def lists(self):
+        return {"T1": list(self.T1), "T2": list(self.T2), "B1": list(self.B1), "B2": list(self.B2)}
+
+    def members(self):
+        return set(self.T1) | set(self.T2)

@@ -34,6 +34,16 @@ def test_every_shipped_config_loads():
         load_config(ROOT / "configs" / name).check_vocab(262144)
 
 
+def test_shipped_configs_with_data_files_build_for_gemma3_270m():
+    """Their frequency tables and graphs exist, fit the 262k vocabulary and hold enough ids."""
+    from sglang_specvocab.policies import ModelContext, build_policy
+
+    for name in ("frspec", "vocabtrim", "evospec"):
+        cfg = load_config(ROOT / "configs" / f"{name}.yaml")
+        pol = build_policy(cfg, 2, fallback_id=1, model=ModelContext(vocab_size=262144, eos_token_ids=(1, 106)))
+        assert {1, 106} <= set(pol.table.row(1)), name
+
+
 def test_omitted_window_section_takes_defaults(tmp_path):
     cfg = load_config(write(tmp_path, "policy: window\ncapacity: 10\n"))
     assert (cfg.window.prefill_topk, cfg.window.verify_topk, cfg.window.sources) == (3, 3, ["context", "extension"])
@@ -58,9 +68,9 @@ BAD = [
     ("policy: window\ncapacity: 8\nwindow: {sources: [extension], prefill_topk: 0}\n",
      ["'window'", "prefill_topk = 0", "sources = ['extension']", ">= 1"]),
     ("policy: window\ncapacity: 8\nwindow: 3\n", ["window = 3", "must be a mapping", "prefill_topk"]),
-    ("policy: windw\n", ["policy = 'windw'", "must be one of full, window"]),
+    ("policy: windw\n", ["policy = 'windw'", "must be one of cluster, full, lowrank, retrieval, static, union, window"]),
     ("policy: 7\n", ["policy = 7", "must be one of"]),
-    ("capacity: 8\n", ["missing required key 'policy'", "full, window"]),
+    ("capacity: 8\n", ["missing required key 'policy'", "cluster, full, lowrank, retrieval, static, union, window"]),
     ("policy: window\n", ["missing required key 'capacity'", "W_max"]),
     ("policy: full\ncapacity: 8\n", ["unknown key 'capacity'", "for policy 'full'"]),
     ("- policy\n- window\n", ["must be a YAML mapping", "got list"]),

@@ -13,6 +13,8 @@ def test_configs_ship_inside_the_package():
     assert names == sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
     with resources.as_file(shipped / "microspec.yaml") as path:
         assert load_config(path).capacity == 3072
+    data = sorted(p.name for p in shipped.joinpath("data").iterdir() if p.name.endswith(".npz"))
+    assert data == sorted(p.name for p in (ROOT / "configs" / "data").glob("*.npz"))
 
 
 def test_readme_has_the_two_commands_and_ci_runs_the_test_one():

@@ -18,15 +18,12 @@ from pathlib import Path
 
 import torch
 
+from ..cache import cache_dir
 from ..errors import SpecVocabError
 
 GEMMA3_270M = "gemma3-270m"
 _GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
 _CACHE_NAME = "gemma-3-270m-f32"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("SGLANG_SPECVOCAB_CACHE", Path.home() / ".cache" / "sglang_specvocab"))
 
 
 @dataclass

@@ -25,7 +25,7 @@ def markdown(result: dict) -> str:
     ]
     body = [
         f"| {r['config']} | {r['policy']} | {r['category']} | {r['accept_length']:.2f} | {r['coverage']:.3f} "
-        f"| {r['mean_set_size']:,.0f} | {r['max_set_size']:,} | {r['tokens_per_s']:.2f} | {r['n_prompts']} |"
+        f"| {r['mean_set_size']:,.0f} | {r['max_set_size']:,.0f} | {r['tokens_per_s']:.2f} | {r['n_prompts']} |"
         for r in result["rows"]
     ]
     tail = [""] + [f"- mismatch: {m}" for m in result["mismatches"]]

@@ -141,7 +141,7 @@ def _row(config: str, policy: str, category: str, turns: list[Generation]) -> di
         "policy": policy,
         "category": category,
         "accept_length": committed / len(rounds) if rounds else 0.0,
-        "coverage": sum(r.in_set for r in rounds) / committed if committed else 1.0,
+        "coverage": sum(r.in_set for r in rounds) / checked if (checked := sum(r.checked for r in rounds)) else 1.0,
         "mean_set_size": sum(r.set_size for r in rounds) / len(rounds) if rounds else 0.0,
         "max_set_size": max((r.set_size for r in rounds), default=0),
         "tokens_per_s": sum(speeds) / len(speeds) if speeds else 0.0,  # Spec-Bench: mean of per-prompt speeds

@@ -6,8 +6,13 @@ from typing import NamedTuple
 
 from ..config import PolicyConfig
 from ..table import CandidateTable
-from .base import Policy
+from .base import ModelContext, Policy
+from .cluster import ClusterConfig, ClusterPolicy
 from .full import FullConfig, FullPolicy
+from .lowrank import LowRankConfig, LowRankPolicy
+from .retrieval import RetrievalConfig, RetrievalPolicy
+from .static import StaticConfig, StaticPolicy
+from .union import UnionConfig, UnionPolicy
 from .window import WindowConfig, WindowPolicy
 
 
@@ -19,6 +24,11 @@ class PolicyEntry(NamedTuple):
 POLICIES: dict[str, PolicyEntry] = {
     "full": PolicyEntry(FullConfig, FullPolicy),
     "window": PolicyEntry(WindowConfig, WindowPolicy),
+    "static": PolicyEntry(StaticConfig, StaticPolicy),
+    "lowrank": PolicyEntry(LowRankConfig, LowRankPolicy),
+    "cluster": PolicyEntry(ClusterConfig, ClusterPolicy),
+    "retrieval": PolicyEntry(RetrievalConfig, RetrievalPolicy),
+    "union": PolicyEntry(UnionConfig, UnionPolicy),
 }
 
 
@@ -28,12 +38,17 @@ def build_policy(
     *,
     device=None,
     fallback_id: int = 0,
+    model: ModelContext | None = None,
 ) -> Policy:
-    """The policy of ``config`` with its own table of ``num_rows`` request slots (None if dense)."""
+    """The policy of ``config`` with its own table of ``num_rows`` request slots (None if dense).
+
+    ``model`` gives what ranker and file-based policies need (LM head, embeddings, vocabulary
+    size, EOS ids); policies that need a missing part say so.
+    """
     entry = POLICIES[config.policy]
     cap = config.table_capacity
     table = None if cap is None else CandidateTable(num_rows, cap, device=device, fallback_id=fallback_id)
-    return entry.policy_cls(config, table)
+    return entry.policy_cls(config, table, model)
 
 
-__all__ = ["POLICIES", "Policy", "PolicyEntry", "build_policy"]
+__all__ = ["POLICIES", "ModelContext", "Policy", "PolicyEntry", "build_policy"]

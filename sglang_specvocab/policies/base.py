@@ -9,28 +9,62 @@ Events carry batched, padded tensors keyed by request slot; negative ids are pad
   ``verify_topk[B, P, K]`` the target's top-K ids at the verified positions (the accepted
   tokens and the bonus token, in order), ``accepted[B, A]`` the tokens the round committed.
 
+Ranker policies (``stepwise = True``) also write the table inside every draft step, from the
+draft's hidden states: ``select(rows, step, hidden[B, n, d], tokens[B, n])``, where the n
+rows of a request are its beams (tree branches) at draft step ``step`` (0 = the root step)
+and ``tokens`` the ids they consumed. A request's rows share one set.
+
 Per-round code is tensor code only: no Python loop over tokens or requests, no ``.item()``,
 ``.cpu()`` or ``.tolist()``, so it runs unchanged on CUDA tensors and inside the decode loop.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import torch
 
 from ..config import PolicyConfig
+from ..errors import SpecVocabError
 from ..table import CandidateTable
 
 
+@dataclass(frozen=True)
+class ModelContext:
+    """What some policies need from the draft model (None where the caller has no model, e.g. replay)."""
+
+    weight: torch.Tensor | None = None  # the draft's LM head [V, d]
+    embedding: torch.Tensor | None = None  # the draft's input embeddings [V, d]
+    vocab_size: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    cache_dir: Path | None = None  # where derived data (clusters, rankers) is cached
+
+
 class Policy:
-    """Base class; context policies override the ``on_*`` events."""
+    """Base class; context policies override the ``on_*`` events, ranker policies ``select``."""
 
     name = "base"
     #: True when the head must use the whole vocabulary (no table).
     dense = False
+    #: True when the set is chosen inside each draft step by ``select``.
+    stepwise = False
 
-    def __init__(self, config: PolicyConfig, table: CandidateTable | None) -> None:
+    def __init__(self, config: PolicyConfig, table: CandidateTable | None, model: ModelContext | None = None) -> None:
         self.config = config
         self.table = table
+        self.model = model or ModelContext()
+
+    def require(self, what: str) -> torch.Tensor:
+        """The model tensor ``what`` ('weight' or 'embedding'), or a clear error if the caller gave none."""
+        value = getattr(self.model, what)
+        if value is None:
+            desc = {"weight": "the draft's LM head", "embedding": "the draft's input embeddings"}[what]
+            raise SpecVocabError(
+                f"{self.config.source}: policy '{self.name}' needs {desc}; it cannot run without the model "
+                "(e.g. in replay, which only has trace events)"
+            )
+        return value
 
     @property
     def prefill_topk(self) -> int:
@@ -57,3 +91,6 @@ class Policy:
         accepted: torch.Tensor,
     ) -> None:
         pass
+
+    def select(self, rows: torch.Tensor, step: int, hidden: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Ranker policies: write the sets of ``rows`` for draft step ``step`` (see the module doc)."""

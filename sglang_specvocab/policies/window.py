@@ -27,7 +27,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ..config import PolicyConfig, Section
 from ..table import CandidateTable, compact, unique_first
-from .base import Policy
+from .base import ModelContext, Policy
 
 Source = Literal["context", "extension"]
 
@@ -65,8 +65,8 @@ class WindowConfig(PolicyConfig):
 class WindowPolicy(Policy):
     name = "window"
 
-    def __init__(self, config: WindowConfig, table: CandidateTable) -> None:
-        super().__init__(config, table)
+    def __init__(self, config: WindowConfig, table: CandidateTable, model: ModelContext | None = None) -> None:
+        super().__init__(config, table, model)
         cap = config.capacity
         if table.capacity != cap:
             raise ValueError(f"window policy: table capacity {table.capacity} != config capacity {cap}")

@@ -1,0 +1,47 @@
+"""A disk cache for data derived from model weights (clusters, rankers), keyed by the weights' hash."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SGLANG_SPECVOCAB_CACHE", Path.home() / ".cache" / "sglang_specvocab"))
+
+
+def weights_key(*tensors: torch.Tensor, **params) -> str:
+    """A short hash of the tensors' shapes, dtypes and bytes plus ``params`` (the build settings)."""
+    h = hashlib.sha256()
+    for t in tensors:
+        t = t.detach().cpu().contiguous()
+        h.update(f"{tuple(t.shape)}{t.dtype}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.dtype != torch.bool else t.numpy().tobytes())
+    h.update(repr(sorted(params.items())).encode())
+    return h.hexdigest()[:20]
+
+
+def cached(kind: str, key: str, build: Callable[[], dict[str, torch.Tensor]], root: Path | None = None) -> dict:
+    """``build()``'s tensors, computed once per ``(kind, key)`` and kept under the cache folder."""
+    path = (root or cache_dir()) / kind / f"{key}.pt"
+    if path.is_file():
+        try:
+            return torch.load(path, weights_only=True)
+        except Exception:  # a damaged entry is rebuilt, never trusted
+            pass
+    data = build()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(data, tmp)
+        os.replace(tmp, path)  # atomic: readers never see half a file
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return data

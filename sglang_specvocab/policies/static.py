@@ -1,0 +1,60 @@
+"""``static``: FR-Spec / VocabTrim, a fixed set of the most frequent token ids, EOS forced in.
+
+The frequency table comes from ``scripts/build_frequency_table.py``: counted over local text
+(FR-Spec) or over text the target model generated (VocabTrim). Every row holds the same set
+from the start; events never change it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from ..config import PolicyConfig, Section
+from ..table import CandidateTable
+from .base import ModelContext, Policy
+
+
+class StaticSection(Section):
+    table: str = Field(description="a frequency table (.npz) from scripts/build_frequency_table.py")
+    size: int = Field(ge=1, description="how many of the most frequent ids form the set")
+
+
+class StaticConfig(PolicyConfig):
+    policy: Literal["static"]
+    static: StaticSection
+
+    @property
+    def table_capacity(self) -> int:
+        return self.static.size
+
+
+def frequent_ids(config: PolicyConfig, path: str, size: int, model: ModelContext, fallback: int) -> torch.Tensor:
+    """The ``size`` most frequent ids of a table, with every EOS id forced in (replacing the rarest).
+
+    One-time set-up on the host, never per step.
+    """
+    from ..vocab_data import load_frequency_ids, table_vocab_size
+
+    file = config.resolve(path)
+    vocab = model.vocab_size if model.vocab_size is not None else table_vocab_size(file)
+    ids = load_frequency_ids(file, vocab, size).tolist()
+    eos = set(list(dict.fromkeys(model.eos_token_ids or (fallback,)))[:size])
+    others = [i for i in ids if i not in eos]  # most frequent first
+    others = others[: size - len(eos)] if len(eos - set(ids)) else others
+    return torch.tensor(sorted(set(others) | eos), dtype=torch.int64)
+
+
+class StaticPolicy(Policy):
+    name = "static"
+
+    def __init__(self, config: StaticConfig, table: CandidateTable, model: ModelContext | None = None) -> None:
+        super().__init__(config, table, model)
+        ids = frequent_ids(config, config.static.table, config.static.size, self.model, table.fallback_id)
+        self.ids = ids.to(table.device)
+        self.on_reset(torch.arange(table.num_rows, device=table.device))
+
+    def on_reset(self, rows: torch.Tensor) -> None:
+        self.table.assign(rows, self.ids[None, :].expand(rows.shape[0], -1))

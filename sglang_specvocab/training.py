@@ -1,0 +1,168 @@
+"""Training for the policies' trained modes: record draft hidden states, fit a ranker or a router.
+
+Both fit on hidden states recorded from the reference decoder while it drafts (the states the
+policy sees at serve time), against the draft's own full-vocabulary head as the teacher.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+from .config import parse_config
+from .reference import CausalLM, DraftShape, SpeculativeDecoder
+
+
+@torch.no_grad()
+def record_draft_states(
+    target: CausalLM,
+    draft: CausalLM,
+    prompts: Iterable[Sequence[int]],
+    max_new_tokens: int,
+    shape: DraftShape = DraftShape(),
+    eos_token_ids: Sequence[int] = (),
+    progress: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hidden ``[N, d]``, input tokens ``[N]``) of every draft step while decoding ``prompts``."""
+    from tqdm import tqdm
+
+    hidden, tokens = [], []
+    dec = SpeculativeDecoder(
+        target, draft, parse_config({"policy": "full"}, source="<recording>"), shape,
+        eos_token_ids=eos_token_ids, recorder=lambda h, t: (hidden.append(h.detach().cpu()), tokens.append(t.cpu())),
+    )
+    for prompt in tqdm(list(prompts), desc="record", unit="prompt", disable=not progress):
+        dec.generate(prompt, max_new_tokens)
+    return torch.cat(hidden), torch.cat(tokens)
+
+
+def _batches(n: int, batch_size: int, steps: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        yield torch.randint(0, n, (min(batch_size, n),), generator=g)
+
+
+def train_ranker(
+    weight: torch.Tensor,
+    hidden: torch.Tensor,
+    rank: int,
+    *,
+    steps: int = 200,
+    lr: float = 1e-3,
+    batch_size: int = 64,
+    seed: int = 0,
+    init: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
+    """Fit ``(W_down [rank, d], W_vocab [V, rank])`` so that softmax of the approximate logits
+    matches the head's (KL(teacher || ranker), SpecVocab's distillation objective).
+
+    Starts from the truncated SVD (or ``init``); returns the weights and the loss per step.
+    """
+    from .policies.lowrank import svd_ranker
+
+    w = weight.detach().float()
+    w_down, w_vocab = init if init is not None else svd_ranker(w, rank)
+    w_down = w_down.float().clone().requires_grad_(True)
+    w_vocab = w_vocab.float().clone().requires_grad_(True)
+    opt = torch.optim.Adam([w_down, w_vocab], lr=lr)
+    x = hidden.float()
+    losses = []
+    for idx in _batches(len(x), batch_size, steps, seed):
+        h = x[idx]
+        with torch.no_grad():
+            teacher = torch.log_softmax(h @ w.T, dim=-1)
+        student = torch.log_softmax((h @ w_down.T) @ w_vocab.T, dim=-1)
+        loss = torch.nn.functional.kl_div(student, teacher, log_target=True, reduction="batchmean")
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return w_down.detach(), w_vocab.detach(), losses
+
+
+def cluster_targets(weight: torch.Tensor, hidden: torch.Tensor, perm: torch.Tensor, offsets: torch.Tensor,
+                    top_l: int) -> torch.Tensor:
+    """Multi-hot ``[N, C]``: the clusters holding the head's top-L tokens of each hidden state."""
+    cluster_of = torch.empty_like(perm)
+    cluster_of[perm] = torch.repeat_interleave(torch.arange(len(offsets) - 1), offsets.diff())
+    top = (hidden.float() @ weight.detach().float().T).topk(top_l, dim=-1).indices
+    out = torch.zeros(len(hidden), len(offsets) - 1)
+    return out.scatter_(1, cluster_of[top], 1.0)
+
+
+def train_router(
+    weight: torch.Tensor,
+    embedding: torch.Tensor,
+    hidden: torch.Tensor,
+    tokens: torch.Tensor,
+    perm: torch.Tensor,
+    offsets: torch.Tensor,
+    *,
+    top_l: int = 8,
+    width: int = 512,
+    steps: int = 200,
+    lr: float = 1e-3,
+    batch_size: int = 64,
+    seed: int = 0,
+):
+    """DynaSpec's router, fitted with multi-label BCE; returns (router, loss per step)."""
+    from .policies.cluster import Router
+
+    torch.manual_seed(seed)
+    targets = torch.cat([cluster_targets(weight, h, perm, offsets, top_l) for h in hidden.split(1024)])
+    router = Router(hidden.shape[1], width, len(offsets) - 1)
+    opt = torch.optim.Adam(router.parameters(), lr=lr)
+    emb = embedding.detach().float()
+    x = hidden.float()
+    losses = []
+    for idx in _batches(len(x), batch_size, steps, seed):
+        logits = router(emb[tokens[idx]], x[idx])
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, targets[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return router.eval(), losses
+
+
+# --- the scripts' shared command line -----------------------------------------------------------
+
+
+def add_recording_args(parser) -> None:
+    """Arguments of ``scripts/train_ranker.py`` and ``scripts/train_router.py`` that choose the data."""
+    parser.add_argument("--model", default="gemma3-270m", help="'gemma3-270m' or a local Hugging Face checkpoint dir")
+    parser.add_argument("--draft-layers", type=int, default=12, help="self-draft depth (the lab's default: 12)")
+    parser.add_argument("--prompts", type=int, default=32, help="ShareGPT conversations to decode (never Spec-Bench)")
+    parser.add_argument("--skip", type=int, default=1000, help="ShareGPT conversations to skip first")
+    parser.add_argument("--prompt-tokens", type=int, default=256, help="prompt length cap")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--states", help="cache of recorded states (.pt): read if it exists, else written")
+    parser.add_argument("--steps", type=int, default=300, help="optimiser steps")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def recorded_states(args, lm=None):
+    """(loaded model, draft CausalLM, hidden [N, d], tokens [N]) for the scripts' arguments."""
+    from itertools import islice
+    from pathlib import Path
+
+    from .lab.models import load_model
+    from .lab.prompts import format_prompt, sharegpt_conversations
+
+    lm = lm or load_model(args.model)
+    target = CausalLM(lm.model)
+    draft = CausalLM(lm.model, num_layers=args.draft_layers)
+    if args.states and Path(args.states).is_file():
+        data = torch.load(args.states, weights_only=True)
+        return lm, draft, data["hidden"], data["tokens"]
+    convs = islice(sharegpt_conversations(), args.skip, args.skip + args.prompts)
+    prompts = [lm.encode(format_prompt(lm.tokenizer, [turns[0]], []))[: args.prompt_tokens] for turns in convs]
+    hidden, tokens = record_draft_states(target, draft, prompts, args.max_new_tokens,
+                                         eos_token_ids=lm.eos_token_ids, progress=True)
+    if args.states:
+        Path(args.states).parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"hidden": hidden, "tokens": tokens}, args.states)
+    return lm, draft, hidden, tokens
