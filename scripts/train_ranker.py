@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-import torch
-
-from sglang_specvocab.training import add_recording_args, recorded_states, train_ranker
+from sglang_specvocab.training import add_recording_args, recorded_states, save_trained, train_ranker
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,12 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     _, draft, hidden, _ = recorded_states(args)
     print(f"[train_ranker] {len(hidden)} recorded draft states", file=sys.stderr)
     w_down, w_vocab, losses = train_ranker(draft.weight, hidden, args.rank, steps=args.steps, lr=args.lr,
-                                           batch_size=args.batch_size, seed=args.seed)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"w_down": w_down, "w_vocab": w_vocab}, args.out)
-    k = max(1, len(losses) // 10)
-    print(f"[train_ranker] KL first {k} steps {sum(losses[:k]) / k:.4f} -> last {k} steps {sum(losses[-k:]) / k:.4f}")
-    print(f"[train_ranker] wrote {args.out}")
+                                           batch_size=args.batch_size, seed=args.seed, progress=True)
+    save_trained(args.out, {"w_down": w_down, "w_vocab": w_vocab}, losses, "train_ranker", "KL")
     return 0
 
 

@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-
-import torch
 
 from sglang_specvocab.config import load_config
 from sglang_specvocab.errors import SpecVocabError
 from sglang_specvocab.policies import ModelContext, build_policy
-from sglang_specvocab.training import add_recording_args, recorded_states, train_router
+from sglang_specvocab.training import add_recording_args, recorded_states, save_trained, train_router
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,13 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[train_router] {len(hidden)} recorded draft states, {len(policy.offsets) - 1} clusters", file=sys.stderr)
     router, losses = train_router(draft.weight, draft.embedding, hidden, tokens, policy.perm, policy.offsets,
                                   top_l=args.top_l, width=args.width, steps=args.steps, lr=args.lr,
-                                  batch_size=args.batch_size, seed=args.seed)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"state": router.state_dict(), "clusters_key": policy.clusters_key, "width": args.width,
-                "clusters": len(policy.offsets) - 1}, args.out)
-    k = max(1, len(losses) // 10)
-    print(f"[train_router] BCE first {k} steps {sum(losses[:k]) / k:.4f} -> last {k} steps {sum(losses[-k:]) / k:.4f}")
-    print(f"[train_router] wrote {args.out}")
+                                  batch_size=args.batch_size, seed=args.seed, progress=True)
+    data = {"state": router.state_dict(), "clusters_key": policy.clusters_key, "width": args.width,
+            "clusters": len(policy.offsets) - 1}
+    save_trained(args.out, data, losses, "train_router", "BCE")
     return 0
 
 

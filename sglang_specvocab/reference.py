@@ -211,7 +211,8 @@ class SpeculativeDecoder:
         self.head = DraftHead(draft.weight, self.policy.table, logit_softcap=draft.softcap)
         self.rows = torch.tensor([self.SLOT])
         self.recorder = recorder  # gets (draft hidden states [n, d], their input tokens [n]) per draft step
-        self._sets: list[tuple[torch.Tensor, int]] = []  # ranker policies: the set of each draft step
+        self._sets: list[tuple[set[int], int]] = []  # ranker policies: (set, size) of each draft step
+        self._late_hit = 0  # whether the last round's late-checked bonus token was in its set
 
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Generation:

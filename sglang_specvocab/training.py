@@ -37,9 +37,11 @@ def record_draft_states(
     return torch.cat(hidden), torch.cat(tokens)
 
 
-def _batches(n: int, batch_size: int, steps: int, seed: int):
+def _batches(n: int, batch_size: int, steps: int, seed: int, desc: str, progress: bool):
+    from tqdm import tqdm
+
     g = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
+    for _ in tqdm(range(steps), desc=desc, unit="step", disable=not progress):
         yield torch.randint(0, n, (min(batch_size, n),), generator=g)
 
 
@@ -53,6 +55,7 @@ def train_ranker(
     batch_size: int = 64,
     seed: int = 0,
     init: tuple[torch.Tensor, torch.Tensor] | None = None,
+    progress: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
     """Fit ``(W_down [rank, d], W_vocab [V, rank])`` so that softmax of the approximate logits
     matches the head's (KL(teacher || ranker), SpecVocab's distillation objective).
@@ -68,7 +71,7 @@ def train_ranker(
     opt = torch.optim.Adam([w_down, w_vocab], lr=lr)
     x = hidden.float()
     losses = []
-    for idx in _batches(len(x), batch_size, steps, seed):
+    for idx in _batches(len(x), batch_size, steps, seed, "ranker", progress):
         h = x[idx]
         with torch.no_grad():
             teacher = torch.log_softmax(h @ w.T, dim=-1)
@@ -105,6 +108,7 @@ def train_router(
     lr: float = 1e-3,
     batch_size: int = 64,
     seed: int = 0,
+    progress: bool = False,
 ):
     """DynaSpec's router, fitted with multi-label BCE; returns (router, loss per step)."""
     from .policies.cluster import Router
@@ -116,7 +120,7 @@ def train_router(
     emb = embedding.detach().float()
     x = hidden.float()
     losses = []
-    for idx in _batches(len(x), batch_size, steps, seed):
+    for idx in _batches(len(x), batch_size, steps, seed, "router", progress):
         logits = router(emb[tokens[idx]], x[idx])
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, targets[idx])
         opt.zero_grad()
@@ -166,3 +170,14 @@ def recorded_states(args, lm=None):
         Path(args.states).parent.mkdir(parents=True, exist_ok=True)
         torch.save({"hidden": hidden, "tokens": tokens}, args.states)
     return lm, draft, hidden, tokens
+
+
+def save_trained(path, data: dict, losses: list[float], name: str, loss_name: str) -> None:
+    """Write a trained file and print how the loss moved (mean of the first and last tenth of steps)."""
+    from pathlib import Path
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    torch.save(data, path)
+    k = max(1, len(losses) // 10)
+    print(f"[{name}] {loss_name} first {k} steps {sum(losses[:k]) / k:.4f} -> last {k} steps {sum(losses[-k:]) / k:.4f}")
+    print(f"[{name}] wrote {path}")

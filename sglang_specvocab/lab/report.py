@@ -39,14 +39,18 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     overall = [r for r in result["rows"] if r["category"] == "overall"]
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for r in overall:
+    fig, ax = plt.subplots(figsize=(9.6, 4.8))
+    markers = "osD^vP*Xhp<>"
+    for i, r in enumerate(overall):  # a marker and colour per config; names beside the points
         label = f"{r['config']}: coverage {r['coverage']:.3f}, accept length {r['accept_length']:.2f}"
-        ax.scatter(r["mean_set_size"], r["coverage"], s=50, label=label)
+        ax.scatter(r["mean_set_size"], r["coverage"], s=50, label=label, marker=markers[i % len(markers)],
+                   color=plt.cm.tab20(i % 20))
+        ax.annotate(r["config"], (r["mean_set_size"], r["coverage"]), textcoords="offset points", xytext=(5, 4),
+                    fontsize=7)
     ax.set_xscale("log")
     lowest = min((r["coverage"] for r in overall), default=0.0)
     ax.set_ylim(max(0.0, lowest - 0.1), 1.02)
-    ax.legend(fontsize=7, loc="lower center")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_xlabel("mean active-set size (tokens, log scale)")
     ax.set_ylabel("coverage (target tokens in the set)")
     ax.set_title(f"Coverage vs set size: {result['model']}")

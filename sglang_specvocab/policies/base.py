@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from ..config import PolicyConfig
-from ..errors import SpecVocabError
+from ..errors import ConfigError, SpecVocabError
 from ..table import CandidateTable
 
 
@@ -94,3 +94,14 @@ class Policy:
 
     def select(self, rows: torch.Tensor, step: int, hidden: torch.Tensor, tokens: torch.Tensor) -> None:
         """Ranker policies: write the sets of ``rows`` for draft step ``step`` (see the module doc)."""
+
+
+def load_trained(path, keys: tuple[str, ...], what: str, script: str, where: str) -> dict:
+    """The tensors/values ``keys`` of a trained file written by ``scripts/<script>``, or a clear error."""
+    try:
+        data = torch.load(path, weights_only=True, map_location="cpu")
+        return {k: data[k] for k in keys}
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: {what} file {path} does not exist (train one with scripts/{script})") from None
+    except Exception as exc:  # any unreadable file gets the same clear message
+        raise ConfigError(f"{where}: {what} file {path} is not a {what} from scripts/{script} ({exc!r})") from None

@@ -27,7 +27,7 @@ from ..cache import cached, weights_key
 from ..config import PolicyConfig, Section
 from ..errors import ConfigError
 from ..table import CandidateTable
-from .base import ModelContext, Policy
+from .base import ModelContext, Policy, load_trained
 
 
 class ClusterSection(Section):
@@ -97,13 +97,8 @@ class Router(torch.nn.Module):
 
 
 def load_router(path, hidden_size: int, clusters_key: str, where: str) -> Router:
-    try:
-        data = torch.load(path, weights_only=True, map_location="cpu")
-        state, key, width, n = data["state"], data["clusters_key"], data["width"], data["clusters"]
-    except FileNotFoundError:
-        raise ConfigError(f"{where}: router file {path} does not exist (train one with scripts/train_router.py)") from None
-    except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same clear message
-        raise ConfigError(f"{where}: router file {path} is not a router from scripts/train_router.py ({exc})") from None
+    data = load_trained(path, ("state", "clusters_key", "width", "clusters"), "router", "train_router.py", where)
+    state, key, width, n = data["state"], data["clusters_key"], data["width"], data["clusters"]
     if key != clusters_key:
         raise ConfigError(
             f"{where}: router file {path} was trained for other clusters (another model or other "

@@ -26,7 +26,7 @@ from ..cache import cached, weights_key
 from ..config import PolicyConfig, Section
 from ..errors import ConfigError
 from ..table import CandidateTable
-from .base import ModelContext, Policy
+from .base import ModelContext, Policy, load_trained
 
 
 class LowRankSection(Section):
@@ -54,13 +54,8 @@ def svd_ranker(weight: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Ten
 
 def load_ranker(path, vocab_size: int, hidden_size: int, rank: int, where: str) -> tuple[torch.Tensor, torch.Tensor]:
     """A trained ranker file, checked against the model and the config."""
-    try:
-        data = torch.load(path, weights_only=True, map_location="cpu")
-        w_down, w_vocab = data["w_down"], data["w_vocab"]
-    except FileNotFoundError:
-        raise ConfigError(f"{where}: ranker file {path} does not exist (train one with scripts/train_ranker.py)") from None
-    except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same clear message
-        raise ConfigError(f"{where}: ranker file {path} is not a ranker from scripts/train_ranker.py ({exc})") from None
+    data = load_trained(path, ("w_down", "w_vocab"), "ranker", "train_ranker.py", where)
+    w_down, w_vocab = data["w_down"], data["w_vocab"]
     want = {"w_down": (rank, hidden_size), "w_vocab": (vocab_size, rank)}
     for name, t in (("w_down", w_down), ("w_vocab", w_vocab)):
         if tuple(t.shape) != want[name]:
