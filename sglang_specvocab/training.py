@@ -29,8 +29,12 @@ def record_draft_states(
 
     hidden, tokens = [], []
     dec = SpeculativeDecoder(
-        target, draft, parse_config({"policy": "full"}, source="<recording>"), shape,
-        eos_token_ids=eos_token_ids, recorder=lambda h, t: (hidden.append(h.detach().cpu()), tokens.append(t.cpu())),
+        target,
+        draft,
+        parse_config({"policy": "full"}, source="<recording>"),
+        shape,
+        eos_token_ids=eos_token_ids,
+        recorder=lambda h, t: (hidden.append(h.detach().cpu()), tokens.append(t.cpu())),
     )
     for prompt in tqdm(list(prompts), desc="record", unit="prompt", disable=not progress):
         dec.generate(prompt, max_new_tokens)
@@ -84,8 +88,9 @@ def train_ranker(
     return w_down.detach(), w_vocab.detach(), losses
 
 
-def cluster_targets(weight: torch.Tensor, hidden: torch.Tensor, perm: torch.Tensor, offsets: torch.Tensor,
-                    top_l: int) -> torch.Tensor:
+def cluster_targets(
+    weight: torch.Tensor, hidden: torch.Tensor, perm: torch.Tensor, offsets: torch.Tensor, top_l: int
+) -> torch.Tensor:
     """Multi-hot ``[N, C]``: the clusters holding the head's top-L tokens of each hidden state."""
     cluster_of = torch.empty_like(perm)
     cluster_of[perm] = torch.repeat_interleave(torch.arange(len(offsets) - 1), offsets.diff())
@@ -164,8 +169,9 @@ def recorded_states(args, lm=None):
         return lm, draft, data["hidden"], data["tokens"]
     convs = islice(sharegpt_conversations(), args.skip, args.skip + args.prompts)
     prompts = [lm.encode(format_prompt(lm.tokenizer, [turns[0]], []))[: args.prompt_tokens] for turns in convs]
-    hidden, tokens = record_draft_states(target, draft, prompts, args.max_new_tokens,
-                                         eos_token_ids=lm.eos_token_ids, progress=True)
+    hidden, tokens = record_draft_states(
+        target, draft, prompts, args.max_new_tokens, eos_token_ids=lm.eos_token_ids, progress=True
+    )
     if args.states:
         Path(args.states).parent.mkdir(parents=True, exist_ok=True)
         torch.save({"hidden": hidden, "tokens": tokens}, args.states)
@@ -179,5 +185,7 @@ def save_trained(path, data: dict, losses: list[float], name: str, loss_name: st
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     torch.save(data, path)
     k = max(1, len(losses) // 10)
-    print(f"[{name}] {loss_name} first {k} steps {sum(losses[:k]) / k:.4f} -> last {k} steps {sum(losses[-k:]) / k:.4f}")
+    print(
+        f"[{name}] {loss_name} first {k} steps {sum(losses[:k]) / k:.4f} -> last {k} steps {sum(losses[-k:]) / k:.4f}"
+    )
     print(f"[{name}] wrote {path}")

@@ -45,7 +45,7 @@ def run_ops(arc, lit, rows_n, ops):
         else:
             width = max(len(col) for col in cols)
             arc.access(t_rows, pad(cols, width))
-            for r, col in zip(rows, cols):
+            for r, col in zip(rows, cols, strict=True):
                 for t in col + [-1] * (width - len(col)):
                     if t >= 0:
                         lit[r].access(t)
@@ -121,7 +121,7 @@ def test_negative_tokens_are_no_ops_and_reset_empties():
     assert arc.lists(0) == {"T1": [], "T2": [], "B1": [], "B2": []}
     before = (arc.ids.clone(), arc.key.clone(), arc.cnt.clone(), arc.p.clone())
     arc.access(rows, torch.full((2, 3), -1))
-    for a, b in zip(before, (arc.ids, arc.key, arc.cnt, arc.p)):
+    for a, b in zip(before, (arc.ids, arc.key, arc.cnt, arc.p), strict=True):
         assert torch.equal(a, b)
     arc.access(torch.tensor([2]), torch.tensor([[2]]))  # 2 is a B1 ghost: p = 0 + max(0/1, 1)
     assert arc.p[2].item() == 1.0
@@ -248,7 +248,7 @@ def test_seeded_fuzz_reaches_every_case():
         rng = random.Random(1000 + cap)
         lit = {r: Probe(cap) for r in range(4)}
         for kind, rows, cols in random_ops(rng, 4, cap, 500):
-            for r, col in zip(rows, cols or []):
+            for r, col in zip(rows, cols or [], strict=False):
                 if kind == "access":
                     for t in col:
                         if t >= 0:

@@ -39,8 +39,9 @@ def cache(tmp_path_factory):
 
 
 def model_ctx(weight, cache, embedding=None):
-    return ModelContext(weight=weight, embedding=embedding, vocab_size=weight.shape[0], eos_token_ids=(2,),
-                        cache_dir=cache)
+    return ModelContext(
+        weight=weight, embedding=embedding, vocab_size=weight.shape[0], eos_token_ids=(2,), cache_dir=cache
+    )
 
 
 def freq_ids(path):
@@ -70,7 +71,9 @@ def test_static_paths_are_relative_to_the_config_file(files, tmp_path):
 
     cfg = load_config(tmp_path / "frspec.yaml")
     assert cfg.resolve(cfg.static.table) == tmp_path / ".." / files.name / "freq.npz"
-    cfg = parse_config({"policy": "static", "static": {"table": "missing.npz", "size": 8}}, source=str(tmp_path / "x.yaml"))
+    cfg = parse_config(
+        {"policy": "static", "static": {"table": "missing.npz", "size": 8}}, source=str(tmp_path / "x.yaml")
+    )
     with pytest.raises(ConfigError, match="missing.npz"):
         build_policy(cfg, 2, model=ModelContext(vocab_size=V))
 
@@ -121,7 +124,9 @@ def test_lowrank_set_is_the_top_k_of_the_rows_maximum(cache, beams, topk):
 def test_lowrank_errors(cache):
     w = torch.randn(V, 16)
     with pytest.raises(ConfigError, match="lowrank.rank = 17 is invalid: must be at most the hidden size 16"):
-        build_policy(parse_config({"policy": "lowrank", "lowrank": {"rank": 17, "topk": 4}}), 2, model=model_ctx(w, cache))
+        build_policy(
+            parse_config({"policy": "lowrank", "lowrank": {"rank": 17, "topk": 4}}), 2, model=model_ctx(w, cache)
+        )
     with pytest.raises(SpecVocabError, match="needs the draft's LM head"):
         build_policy(parse_config({"policy": "lowrank", "lowrank": {"rank": 4, "topk": 4}}), 2)
     cfg = parse_config({"policy": "lowrank", "lowrank": {"rank": 4, "topk": 4, "ranker": "nope.pt"}})
@@ -208,7 +213,9 @@ def test_union_keeps_members_in_order_and_caps(files, cache):
         rows = torch.tensor([1, 2])
         pol.on_reset(rows)
         pol.on_prefill(rows, torch.tensor([[7, 8, 7, 9], [20, 21, -1, -1]]), None)
-        pol.select(rows, 0, torch.randn(2, 2, 16, generator=g, dtype=torch.float64), torch.zeros(2, 2, dtype=torch.long))
+        pol.select(
+            rows, 0, torch.randn(2, 2, 16, generator=g, dtype=torch.float64), torch.zeros(2, 2, dtype=torch.long)
+        )
         for r in (1, 2):
             sets = [m.table.row(r) for m in pol.members]
             assert pol.table.row(r) == union_set(sets, cap or 31)
@@ -225,9 +232,19 @@ def test_union_member_errors_name_the_member():
 
 
 def retrieval_cfg(files, static_size=40, dynamic_size=6, neighbours=3, successors=2):
-    return parse_config({"policy": "retrieval", "retrieval": {
-        "table": str(files / "freq.npz"), "static_size": static_size, "dynamic_size": dynamic_size,
-        "neighbours": neighbours, "graph": str(files / "succ.npz"), "successors": successors}})
+    return parse_config(
+        {
+            "policy": "retrieval",
+            "retrieval": {
+                "table": str(files / "freq.npz"),
+                "static_size": static_size,
+                "dynamic_size": dynamic_size,
+                "neighbours": neighbours,
+                "graph": str(files / "succ.npz"),
+                "successors": successors,
+            },
+        }
+    )
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -240,7 +257,7 @@ def test_retrieval_matches_the_literal_rule(files, seed):
     pol = build_policy(cfg, 4, fallback_id=2, model=ModelContext(vocab_size=V, eos_token_ids=(2,)))
     core = frequent_set(freq_ids(files / "freq.npz"), 40, [2])
     with np.load(files / "succ.npz") as f:
-        succ = {int(r): [int(s) for s in row[:ns] if s >= 0] for r, row in zip(f["rows"], f["table"])}
+        succ = {int(r): [int(s) for s in row[:ns] if s >= 0] for r, row in zip(f["rows"], f["table"], strict=True)}
     rows = torch.tensor([3, 1])
     lit = [LiteralRetrieval(core, LiteralARC(dyn), nn, succ) for _ in rows]
     pol.on_reset(rows)
@@ -248,7 +265,7 @@ def test_retrieval_matches_the_literal_rule(files, seed):
     for _ in range(40):
         a = int(g.integers(1, 5))
         accepted = torch.tensor(g.integers(0, 120, (2, a)))  # a small range: hits, ghost hits and core ids
-        accepted[1, int(g.integers(1, a + 1)):] = -1
+        accepted[1, int(g.integers(1, a + 1)) :] = -1
         vtopk = torch.tensor(g.integers(0, 150, (2, a, max(nn, 1))))
         pol.on_verify(rows, torch.zeros(2, 3, dtype=torch.long), vtopk if nn else None, accepted)
         for b, r in enumerate(rows.tolist()):
@@ -274,15 +291,30 @@ def all_configs(files):
         "frspec": {"policy": "static", "static": {"table": str(files / "freq.npz"), "size": 64}},
         "specvocab": {"policy": "lowrank", "lowrank": {"rank": 8, "topk": 48}},
         "dynaspec": {"policy": "cluster", "capacity": 64, "cluster": {"clusters": 16, "budget": [4, 2]}},
-        "evospec": {"policy": "retrieval", "retrieval": {"table": str(files / "freq.npz"), "static_size": 32,
-                    "dynamic_size": 16, "graph": str(files / "succ.npz")}},
-        "hybrid": {"policy": "union", "capacity": 40, "members": [
-            {"policy": "window", "capacity": 32}, {"policy": "lowrank", "lowrank": {"rank": 8, "topk": 16}}]},
+        "evospec": {
+            "policy": "retrieval",
+            "retrieval": {
+                "table": str(files / "freq.npz"),
+                "static_size": 32,
+                "dynamic_size": 16,
+                "graph": str(files / "succ.npz"),
+            },
+        },
+        "hybrid": {
+            "policy": "union",
+            "capacity": 40,
+            "members": [
+                {"policy": "window", "capacity": 32},
+                {"policy": "lowrank", "lowrank": {"rank": 8, "topk": 16}},
+            ],
+        },
     }
 
 
 @pytest.mark.parametrize("config", ["frspec", "specvocab", "dynaspec", "evospec", "hybrid"])
-@pytest.mark.parametrize("shape", [DraftShape(steps=3), DraftShape(steps=3, topk=3, draft_tokens=7)], ids=["chain", "tree"])
+@pytest.mark.parametrize(
+    "shape", [DraftShape(steps=3), DraftShape(steps=3, topk=3, draft_tokens=7)], ids=["chain", "tree"]
+)
 def test_greedy_output_equals_target_only(files, cache, monkeypatch, config, shape):
     monkeypatch.setenv("SGLANG_SPECVOCAB_CACHE", str(cache))
     target = tiny_llama()
@@ -316,12 +348,28 @@ def test_replay_runs_event_policies_and_refuses_rankers(files, tmp_path, capsys)
     from sglang_specvocab.cli import main
 
     trace = tmp_path / "t.jsonl"
-    trace.write_text(json.dumps({"prompt_ids": [1, 5, 6], "prompt_topk": [[5, 6, 7]] * 3, "rounds": [
-        {"draft_tokens": [6, 300], "verify_topk": [list(range(300, 308)), list(range(9, 17))], "accepted": [300, 9]}]}) + "\n")
+    trace.write_text(
+        json.dumps(
+            {
+                "prompt_ids": [1, 5, 6],
+                "prompt_topk": [[5, 6, 7]] * 3,
+                "rounds": [
+                    {
+                        "draft_tokens": [6, 300],
+                        "verify_topk": [list(range(300, 308)), list(range(9, 17))],
+                        "accepted": [300, 9],
+                    }
+                ],
+            }
+        )
+        + "\n"
+    )
     cfgs, out = all_configs(files), tmp_path / "o.jsonl"
     for name in ("frspec", "evospec"):
         (tmp_path / f"{name}.yaml").write_text(json.dumps(cfgs[name]))
-        assert main(["replay", "--config", str(tmp_path / f"{name}.yaml"), "--trace", str(trace), "--out", str(out)]) == 0
+        assert (
+            main(["replay", "--config", str(tmp_path / f"{name}.yaml"), "--trace", str(trace), "--out", str(out)]) == 0
+        )
         sets = [json.loads(line) for line in out.read_text().splitlines()]
         assert len(sets) == 2
     new = set(sets[1]["ids"]) - set(sets[0]["ids"])  # evospec retrieved the last missed token and its neighbours

@@ -130,7 +130,7 @@ class BatchedARC:
     def lists(self, row: int) -> dict[str, list[int]]:
         """Debug/test helper (host sync): row's lists T1, T2, B1, B2 as id lists, LRU -> MRU."""
         out: dict[str, list[int]] = {name: [] for name in _LIST_NAMES.values()}
-        for k, t in sorted(zip(self.key[row].tolist(), self.ids[row].tolist())):
+        for k, t in sorted(zip(self.key[row].tolist(), self.ids[row].tolist(), strict=True)):
             if k >> _SHIFT != EMPTY:
                 out[_LIST_NAMES[k >> _SHIFT]].append(t)
         return out

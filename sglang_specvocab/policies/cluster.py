@@ -33,13 +33,15 @@ from .base import ModelContext, Policy, load_trained
 class ClusterSection(Section):
     clusters: int = Field(ge=2, description="number of k-means clusters of the vocabulary")
     budget: list[int] = Field(min_length=2, max_length=2, description="[k0, k1]: clusters for draft tokens 1 and 2")
-    router: str = Field("centroid", description="'centroid' (training-free) or a router file from scripts/train_router.py")
+    router: str = Field(
+        "centroid", description="'centroid' (training-free) or a router file from scripts/train_router.py"
+    )
     iterations: int = Field(20, ge=1, description="k-means iterations")
     seed: int = Field(0, ge=0, description="k-means seed")
 
     @model_validator(mode="after")
     def _budget(self) -> "ClusterSection":
-        for name, k in zip(("k0", "k1"), self.budget):
+        for name, k in zip(("k0", "k1"), self.budget, strict=True):
             if not 1 <= k <= self.clusters:
                 raise ValueError(f"cluster.budget {name} = {k} is invalid: must be in [1, clusters = {self.clusters}]")
         return self
@@ -69,8 +71,15 @@ def spherical_kmeans(weight: torch.Tensor, clusters: int, iterations: int, seed:
     x = torch.nn.functional.normalize(weight.detach().float().cpu(), dim=1).numpy()
     if clusters > x.shape[0]:
         raise ConfigError(f"cluster.clusters = {clusters} is invalid: must be at most the vocabulary size {x.shape[0]}")
-    km = faiss.Kmeans(x.shape[1], clusters, niter=iterations, seed=seed, spherical=True, verbose=False,
-                      max_points_per_centroid=max(256, -(-x.shape[0] // clusters)))
+    km = faiss.Kmeans(
+        x.shape[1],
+        clusters,
+        niter=iterations,
+        seed=seed,
+        spherical=True,
+        verbose=False,
+        max_points_per_centroid=max(256, -(-x.shape[0] // clusters)),
+    )
     km.train(x)
     sim, assign = km.index.search(x, 1)
     assign = torch.from_numpy(assign[:, 0]).long()
@@ -123,8 +132,12 @@ class ClusterPolicy(Policy):
                 f"size {weight.shape[0]}"
             )
         self.clusters_key = weights_key(weight, clusters=c.clusters, iterations=c.iterations, seed=c.seed)
-        data = cached("clusters", self.clusters_key,
-                      lambda: spherical_kmeans(weight, c.clusters, c.iterations, c.seed), self.model.cache_dir)
+        data = cached(
+            "clusters",
+            self.clusters_key,
+            lambda: spherical_kmeans(weight, c.clusters, c.iterations, c.seed),
+            self.model.cache_dir,
+        )
         dev = table.device
         self.perm = data["perm"].to(dev)
         self.offsets = data["offsets"].to(dev)
@@ -132,7 +145,9 @@ class ClusterPolicy(Policy):
         self.router = None
         if c.router != "centroid":
             self.embedding = self.require("embedding")
-            self.router = load_router(config.resolve(c.router), weight.shape[1], self.clusters_key, config.source).to(dev)
+            self.router = load_router(config.resolve(c.router), weight.shape[1], self.clusters_key, config.source).to(
+                dev
+            )
         self.k0, self.k1 = c.budget
         self.capacity = config.capacity
 

@@ -76,11 +76,17 @@ class LowRankPolicy(Policy):
         vocab, hidden = weight.shape
         c = config.lowrank
         if c.rank > hidden:
-            raise ConfigError(f"{config.source}: lowrank.rank = {c.rank} is invalid: must be at most the hidden size {hidden}")
+            raise ConfigError(
+                f"{config.source}: lowrank.rank = {c.rank} is invalid: must be at most the hidden size {hidden}"
+            )
         if c.ranker == "svd":
             key = weights_key(weight, rank=c.rank)
-            data = cached("lowrank-svd", key, lambda: dict(zip(("w_down", "w_vocab"), svd_ranker(weight, c.rank))),
-                          self.model.cache_dir)
+            data = cached(
+                "lowrank-svd",
+                key,
+                lambda: dict(zip(("w_down", "w_vocab"), svd_ranker(weight, c.rank), strict=True)),
+                self.model.cache_dir,
+            )
             w_down, w_vocab = data["w_down"], data["w_vocab"]
         else:
             w_down, w_vocab = load_ranker(config.resolve(c.ranker), vocab, hidden, c.rank, config.source)

@@ -54,7 +54,8 @@ class UnionPolicy(Policy):
 
         self.members = [
             POLICIES[c.policy].policy_cls(
-                c, CandidateTable(table.num_rows, c.table_capacity, device=table.device, fallback_id=table.fallback_id),
+                c,
+                CandidateTable(table.num_rows, c.table_capacity, device=table.device, fallback_id=table.fallback_id),
                 self.model,
             )
             for c in config.member_configs
@@ -82,7 +83,9 @@ class UnionPolicy(Policy):
 
     def on_verify(self, rows, draft_tokens, verify_topk, accepted) -> None:
         for m in self.members:
-            m.on_verify(rows, draft_tokens, None if verify_topk is None else verify_topk[:, :, : m.verify_topk], accepted)
+            m.on_verify(
+                rows, draft_tokens, None if verify_topk is None else verify_topk[:, :, : m.verify_topk], accepted
+            )
         self._publish(rows)
 
     def select(self, rows, step, hidden, tokens) -> None:
