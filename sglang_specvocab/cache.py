@@ -21,7 +21,7 @@ def weights_key(*tensors: torch.Tensor, **params) -> str:
     for t in tensors:
         t = t.detach().cpu().contiguous()
         h.update(f"{tuple(t.shape)}{t.dtype}".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.dtype != torch.bool else t.numpy().tobytes())
+        h.update(t.view(torch.uint8).numpy().tobytes())
     h.update(repr(sorted(params.items())).encode())
     return h.hexdigest()[:20]
 

@@ -212,7 +212,6 @@ class SpeculativeDecoder:
         self.rows = torch.tensor([self.SLOT])
         self.recorder = recorder  # gets (draft hidden states [n, d], their input tokens [n]) per draft step
         self._sets: list[tuple[set[int], int]] = []  # ranker policies: (set, size) of each draft step
-        self._late_hit = 0  # whether the last round's late-checked bonus token was in its set
 
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Generation:
@@ -233,9 +232,9 @@ class SpeculativeDecoder:
         late: int | None = None  # ranker policies: a bonus token to check at the next round
         while not self._finished(gen.tokens, max_new_tokens):
             set_size = self.target.vocab_size if pol.dense else int(pol.table.cnt[self.SLOT])
-            tree = self._draft_tree(pending, dcache, late)
-            if late is not None:
-                gen.rounds[-1].in_set += self._late_hit
+            tree, late_hit = self._draft_tree(pending, dcache, late)
+            if late_hit is not None:
+                gen.rounds[-1].in_set += late_hit
                 gen.rounds[-1].checked += 1
             accepted, bonus, verified_logits = self._verify(root, tree, tcache)
             committed = self._cut(accepted + [bonus], gen.tokens, max_new_tokens)
@@ -290,13 +289,15 @@ class SpeculativeDecoder:
         out.logits = torch.log_softmax(out.logits, dim=-1)
         return out.topk(k)
 
-    def _draft_tree(self, pending: list[int], dcache, late: int | None = None) -> _Tree:
+    def _draft_tree(self, pending: list[int], dcache, late: int | None = None) -> tuple[_Tree, int | None]:
+        """The round's draft tree, and whether the last round's late bonus (at step ``late``) was in its set."""
         steps, k = self.shape.steps, self.shape.topk
         hs = self.draft.hidden(torch.tensor([pending]), dcache)[0]
         self._sets = []
+        late_hit = None
         if late is not None:  # the hidden state before the last round's bonus token predicted it
             self._select(late, hs[-2:-1], torch.tensor(pending[-2:-1]))
-            self._late_hit = int(pending[-1] in self._sets.pop()[0])
+            late_hit = int(pending[-1] in self._sets.pop()[0])
         h = hs[-1:]
         base = dcache.get_seq_length()
         scores, tokens = self._draft_logprobs(h, torch.tensor(pending[-1:]), 0, k)
@@ -328,10 +329,11 @@ class SpeculativeDecoder:
         live.sort(key=lambda i: (-node_score[i], node_depth[i], i))
         chosen = live[: self.shape.num_draft_tokens - 1]
         where = {node: j for j, node in enumerate(chosen)}
-        return _Tree(
+        tree = _Tree(
             tokens=[node_tok[i] for i in chosen],
             parents=[where[node_parent[i]] if node_parent[i] >= 0 else -1 for i in chosen],
         )
+        return tree, late_hit
 
     def _verify(self, root: int, tree: _Tree, tcache) -> tuple[list[int], int, torch.Tensor]:
         """Greedy verification of every root-to-leaf path; returns (accepted, bonus, logits at the accepted path)."""

@@ -94,7 +94,9 @@ def cluster_targets(
     """Multi-hot ``[N, C]``: the clusters holding the head's top-L tokens of each hidden state."""
     cluster_of = torch.empty_like(perm)
     cluster_of[perm] = torch.repeat_interleave(torch.arange(len(offsets) - 1), offsets.diff())
-    top = (hidden.float() @ weight.detach().float().T).topk(top_l, dim=-1).indices
+    w = weight.detach().float()
+    # In chunks: no [N, V] logits tensor.
+    top = torch.cat([(h.float() @ w.T).topk(top_l, dim=-1).indices for h in hidden.split(1024)])
     out = torch.zeros(len(hidden), len(offsets) - 1)
     return out.scatter_(1, cluster_of[top], 1.0)
 
@@ -119,7 +121,7 @@ def train_router(
     from .policies.cluster import Router
 
     torch.manual_seed(seed)
-    targets = torch.cat([cluster_targets(weight, h, perm, offsets, top_l) for h in hidden.split(1024)])
+    targets = cluster_targets(weight, hidden, perm, offsets, top_l)
     router = Router(hidden.shape[1], width, len(offsets) - 1)
     opt = torch.optim.Adam(router.parameters(), lr=lr)
     emb = embedding.detach().float()

@@ -69,8 +69,6 @@ def spherical_kmeans(weight: torch.Tensor, clusters: int, iterations: int, seed:
     import faiss
 
     x = torch.nn.functional.normalize(weight.detach().float().cpu(), dim=1).numpy()
-    if clusters > x.shape[0]:
-        raise ConfigError(f"cluster.clusters = {clusters} is invalid: must be at most the vocabulary size {x.shape[0]}")
     km = faiss.Kmeans(
         x.shape[1],
         clusters,

@@ -90,9 +90,8 @@ class LowRankPolicy(Policy):
             w_down, w_vocab = data["w_down"], data["w_vocab"]
         else:
             w_down, w_vocab = load_ranker(config.resolve(c.ranker), vocab, hidden, c.rank, config.source)
-        dtype = weight.dtype if weight.dtype.is_floating_point else torch.float32
-        self.w_down = w_down.to(table.device, dtype)
-        self.w_vocab = w_vocab.to(table.device, dtype)
+        self.w_down = w_down.to(table.device, weight.dtype)
+        self.w_vocab = w_vocab.to(table.device, weight.dtype)
         self.topk = c.topk
 
     def scores(self, hidden: torch.Tensor) -> torch.Tensor:

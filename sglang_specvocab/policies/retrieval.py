@@ -31,7 +31,7 @@ from ..config import PolicyConfig, Section
 from ..table import CandidateTable, unique_first
 from .arc import BatchedARC
 from .base import ModelContext, Policy
-from .static import frequent_ids
+from .static import frequent_ids, vocab_size
 
 
 class RetrievalSection(Section):
@@ -58,12 +58,12 @@ class RetrievalPolicy(Policy):
 
     def __init__(self, config: RetrievalConfig, table: CandidateTable, model: ModelContext | None = None) -> None:
         super().__init__(config, table, model)
-        from ..vocab_data import load_successors, table_vocab_size
+        from ..vocab_data import load_successors
 
         c = config.retrieval
         dev = table.device
         self.core = frequent_ids(config, c.table, c.static_size, self.model, table.fallback_id).to(dev)
-        vocab = self.model.vocab_size or table_vocab_size(config.resolve(c.table))
+        vocab = vocab_size(self.model, config.resolve(c.table))
         self.in_core = torch.zeros(vocab, dtype=torch.bool, device=dev)
         self.in_core[self.core] = True
         self.successors = None

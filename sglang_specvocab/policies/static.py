@@ -31,20 +31,26 @@ class StaticConfig(PolicyConfig):
         return self.static.size
 
 
+def vocab_size(model: ModelContext, table_file) -> int:
+    """The model's vocabulary size, or (without a model, e.g. in replay) the one a data file was built for."""
+    from ..vocab_data import table_vocab_size
+
+    return model.vocab_size if model.vocab_size is not None else table_vocab_size(table_file)
+
+
 def frequent_ids(config: PolicyConfig, path: str, size: int, model: ModelContext, fallback: int) -> torch.Tensor:
     """The ``size`` most frequent ids of a table, with every EOS id forced in (replacing the rarest).
 
     One-time set-up on the host, never per step.
     """
-    from ..vocab_data import load_frequency_ids, table_vocab_size
+    from ..vocab_data import load_frequency_ids
 
     file = config.resolve(path)
-    vocab = model.vocab_size if model.vocab_size is not None else table_vocab_size(file)
-    ids = load_frequency_ids(file, vocab, size).tolist()
-    eos = set(list(dict.fromkeys(model.eos_token_ids or (fallback,)))[:size])
-    others = [i for i in ids if i not in eos]  # most frequent first
-    others = others[: size - len(eos)] if len(eos - set(ids)) else others
-    return torch.tensor(sorted(set(others) | eos), dtype=torch.int64)
+    ids = load_frequency_ids(file, vocab_size(model, file), size).tolist()  # most frequent first
+    eos = list(dict.fromkeys(model.eos_token_ids or (fallback,)))[:size]
+    if not set(eos) <= set(ids):
+        ids = [i for i in ids if i not in eos][: size - len(eos)] + eos
+    return torch.tensor(sorted(ids), dtype=torch.int64)
 
 
 class StaticPolicy(Policy):
