@@ -21,7 +21,7 @@ case "$mode" in cpu|gpu) ;; *) echo "setup: SPECVOCAB_SETUP_MODE=$mode is invali
 import sys; sys.exit(sys.version_info < (3, 11))
 PY
 
-inputs=(scripts/setup.sh scripts/constraints-cpu.txt scripts/requirements-sglang-light.txt pyproject.toml)
+inputs=(scripts/setup.sh scripts/constraints-cpu.txt scripts/requirements-sglang-light.txt pyproject.toml setup.py csrc/*)
 want="$mode-$(cat "${inputs[@]}" | sha256sum | cut -c1-16)"
 stamp="$venv/.specvocab-setup"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$venv/bin/python" -c "import sglang_specvocab" 2>/dev/null; then
@@ -42,10 +42,17 @@ if [ "$mode" = cpu ]; then
   pip_install "${c[@]}" torch==2.13.0              # CPU build; a looser pin pulls CUDA wheels
   pip_install "${c[@]}" -r scripts/requirements-sglang-light.txt
   pip_install --no-deps sglang==0.5.23
-  pip_install "${c[@]}" -e ".[lab,test]"
+  pip_install "${c[@]}" "setuptools>=77" wheel
+  # No build isolation: the kernels extension (csrc/) must build against this venv's torch.
+  pip_install "${c[@]}" --no-build-isolation -e ".[lab,test]"
 else
   pip_install "sglang==0.5.23"
-  pip_install -e ".[lab,test]"
+  pip_install "setuptools>=77" wheel ninja
+  pip_install --no-build-isolation -e ".[lab,test]"
 fi
-"$venv/bin/python" -c "import sglang, sglang_specvocab, torch; print('setup: sglang', sglang.__version__, '| torch', torch.__version__)"
+"$venv/bin/python" -c "
+import sglang, sglang_specvocab, torch
+from sglang_specvocab.ops import _ext
+k = ('CPU + CUDA' if _ext.has_cuda_kernels() else 'CPU only') if _ext.available() else 'none: ' + _ext.reason()
+print('setup: sglang', sglang.__version__, '| torch', torch.__version__, '| kernels:', k)"
 echo "$want" > "$stamp"

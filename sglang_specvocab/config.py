@@ -8,10 +8,10 @@ value and what would be valid. Each policy module defines its own config class (
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from .errors import ConfigError
 
@@ -22,10 +22,24 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+class HeadSection(Section):
+    """How the draft head computes logits over the sets (every policy accepts a ``head:`` block)."""
+
+    kernel: Literal["auto", "cuda", "triton", "torch"] = Field(
+        "auto", description="auto: CUDA extension on a GPU when built, else Triton on a GPU, else torch"
+    )
+    mode: Literal["fused", "packed"] = Field(
+        "fused",
+        description="fused: gather each request's rows in the head kernel; packed: keep them in a per-request "
+        "buffer updated after each set change (context policies only)",
+    )
+
+
 class PolicyConfig(Section):
     """Top level of a policy YAML. Subclasses add ``capacity`` and their own section."""
 
     policy: str
+    head: HeadSection = Field(default_factory=HeadSection)
     _source: str = PrivateAttr(default="<config>")
     _base: str | None = PrivateAttr(default=None)  # the file relative paths start from (members of a union)
 

@@ -208,7 +208,10 @@ class SpeculativeDecoder:
             eos_token_ids=tuple(sorted(self.eos)),
         )
         self.policy = build_policy(config, num_rows=2, fallback_id=fallback, model=model)
-        self.head = DraftHead(draft.weight, self.policy.table, logit_softcap=draft.softcap)
+        head = config.head
+        self.head = DraftHead(
+            draft.weight, self.policy.table, logit_softcap=draft.softcap, kernel=head.kernel, mode=head.mode
+        )
         self.rows = torch.tensor([self.SLOT])
         self.recorder = recorder  # gets (draft hidden states [n, d], their input tokens [n]) per draft step
         self._sets: list[tuple[set[int], int]] = []  # ranker policies: (set, size) of each draft step
@@ -221,9 +224,11 @@ class SpeculativeDecoder:
         tcache, dcache = self.target.new_cache(), self.draft.new_cache()
 
         pol.on_reset(rows)
+        self.head.refresh(rows)
         hidden = self.target.hidden(prompt, tcache)[0]
         topk = self.target.topk_ids(hidden, pol.prefill_topk)[None] if pol.prefill_topk else None
         pol.on_prefill(rows, prompt, topk)
+        self.head.refresh(rows)
         self.draft.hidden(prompt, dcache)
         root = int(self.target.logits(hidden[-1]).argmax())
 
@@ -252,6 +257,7 @@ class SpeculativeDecoder:
                 in_set = int(pol.table.contains(rows, committed_t).sum())
             vtopk = verified_logits.topk(pol.verify_topk, dim=-1).indices[None] if pol.verify_topk else None
             pol.on_verify(rows, torch.tensor([[root] + tree.tokens]), vtopk, committed_t)
+            self.head.refresh(rows)
             if self.aligner is not None:
                 self.aligner.update(dcache, root, accepted, verified_logits)
             gen.rounds.append(RoundStats(set_size, len(accepted), len(committed), in_set, checked))

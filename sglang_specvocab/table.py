@@ -45,6 +45,21 @@ def unique_first(values: torch.Tensor) -> torch.Tensor:
     return compact(values, keep)
 
 
+def assign_sets(
+    ids: torch.Tensor, cnt: torch.Tensor, rows: torch.Tensor, candidates: torch.Tensor, fallback_id: int
+) -> None:
+    """``CandidateTable.assign`` on raw table tensors (also the window update's torch reference)."""
+    cap = ids.shape[1]
+    srt, _, first = _sorted_runs(candidates)
+    count = first.sum(1)
+    packed = compact(srt, first)[:, :cap]
+    if packed.shape[1] < cap:
+        packed = torch.nn.functional.pad(packed, (0, cap - packed.shape[1]), value=_EMPTY)
+    packed = torch.where(packed >= 0, packed, fallback_id)  # an empty row becomes the set {fallback_id}
+    ids.index_copy_(0, rows, packed.to(torch.int32))
+    cnt.index_copy_(0, rows, torch.where(count == 0, 1, count.clamp(max=cap)).to(torch.int32))
+
+
 class CandidateTable:
     """``ids[R, W]`` int32 and ``cnt[R]`` int32, one row per request slot."""
 
@@ -90,16 +105,7 @@ class CandidateTable:
         ascending order; a row with no ids gets the fallback set. More than ``capacity``
         distinct ids is the caller's error (policies keep their sets within capacity).
         """
-        cap = self.capacity
-        srt, _, first = _sorted_runs(candidates)
-        cnt = first.sum(1)
-        packed = compact(srt, first)[:, :cap]
-        if packed.shape[1] < cap:
-            packed = torch.nn.functional.pad(packed, (0, cap - packed.shape[1]), value=_EMPTY)
-        empty = cnt == 0  # its row becomes all fallback: the set {fallback_id}
-        packed = torch.where(packed >= 0, packed, self.fallback_id)
-        self.ids.index_copy_(0, rows, packed.to(torch.int32))
-        self.cnt.index_copy_(0, rows, torch.where(empty, 1, cnt.clamp(max=cap)).to(torch.int32))
+        assign_sets(self.ids, self.cnt, rows, candidates, self.fallback_id)
 
     def contains(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """``out[b, j]``: whether ``tokens[b, j]`` is in the set of ``rows[b]``."""

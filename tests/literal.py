@@ -138,3 +138,31 @@ class LiteralARC:
 
     def members(self):
         return set(self.T1) | set(self.T2)
+
+
+def literal_pack_update(packed, packed_ids, weight, ids, cnt, rows):
+    """MicroSpec's asynchronous gathering, one slot at a time, in place on the tensors (rules as stated)."""
+    W = packed_ids.shape[1]
+    for s in [int(r) for r in rows]:
+        slot_ids = packed_ids[s].tolist()
+        c_old = sum(1 for t in slot_ids if t >= 0)
+        assert all(t >= 0 for t in slot_ids[:c_old]), "live slots are a prefix"
+        c = int(cnt[s])
+        N = set(ids[s, :c].tolist())
+        old = set(slot_ids[:c_old])
+        leaving = [j for j in range(c_old) if slot_ids[j] not in N]
+        survivors = [j for j in range(c_old) if slot_ids[j] in N]
+        entering = [t for t in ids[s, :c].tolist() if t not in old]
+        free = [j for j in range(c) if j in leaving or j >= c_old]
+        fillers = [("weight", t) for t in entering] + [("slot", j) for j in survivors if j >= c]
+        # |N| = c = survivors + entering; the free slots are the c slots below c minus the survivors there.
+        assert len(free) == len(fillers)
+        for slot, (kind, x) in zip(free, fillers, strict=True):
+            if kind == "weight":
+                packed_ids[s, slot] = x
+                packed[s, slot] = weight[x]
+            else:  # a survivor at x >= c moves down; x is above every free slot, so nothing it reads is overwritten
+                packed_ids[s, slot] = slot_ids[x]
+                packed[s, slot] = packed[s, x]
+        for j in range(c, W):
+            packed_ids[s, j] = -1

@@ -1,5 +1,148 @@
-"""Python face of the head ops. Today: the torch reference; faster backends register here."""
+"""Python face of the ops: one entry per op, a backend chosen per call site.
 
-from .reference import compact_topk, indexed_logits
+Backends (the ``head.kernel`` key of a config):
+- ``cuda``: the compiled extension, ``torch.ops.specvocab.*`` (csrc/): its CUDA kernels on GPU
+  tensors, its C++ kernels on CPU tensors;
+- ``triton``: Triton kernels (GPU tensors; CPU tensors only under ``TRITON_INTERPRET=1``);
+  they exist for the two logits ops, the updates use the extension or torch;
+- ``torch``: the reference in ``reference.py``, the definition every other backend is tested
+  against;
+- ``auto``: the extension's CUDA kernels on a GPU when built, else Triton on a GPU, else torch.
 
-__all__ = ["compact_topk", "indexed_logits"]
+``resolve(backend, device, op)`` picks once (call sites keep the result: nothing to decide per
+step); an explicit choice that cannot run raises ``BackendError`` saying why.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import os
+from typing import Callable
+
+import torch
+
+from ..errors import SpecVocabError
+from . import _ext, reference
+from .reference import compact_topk
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "cuda", "triton", "torch")
+_TRITON_OPS = ("indexed_logits", "packed_logits")
+OPS = ("indexed_logits", "packed_logits", "window_update", "pack_update")
+
+
+class BackendError(SpecVocabError):
+    """An explicitly chosen kernel backend cannot run here."""
+
+
+@functools.cache
+def _triton_importable() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def _triton_runs_on(device: torch.device) -> bool:
+    return _triton_importable() and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+
+
+@functools.cache
+def _say_once(message: str) -> None:
+    log.warning(message)
+
+
+def available_backends(device: torch.device | str, op: str = "indexed_logits") -> list[str]:
+    """The explicit backends that can run ``op`` on tensors of ``device``."""
+    device = torch.device(device)
+    out = []
+    if _ext.available() and (device.type != "cuda" or _ext.has_cuda_kernels()):
+        out.append("cuda")
+    if op in _TRITON_OPS and _triton_runs_on(device):
+        out.append("triton")
+    out.append("torch")
+    return out
+
+
+def resolve(backend: str, device: torch.device | str, op: str) -> str:
+    """The backend that runs ``op`` on ``device`` for a configured choice (see module doc)."""
+    if backend not in BACKENDS:
+        raise BackendError(f"kernel backend {backend!r} is invalid: must be one of {', '.join(BACKENDS)}")
+    if op not in OPS:
+        raise BackendError(f"unknown op {op!r}: must be one of {', '.join(OPS)}")
+    device = torch.device(device)
+    if backend == "auto":
+        if device.type != "cuda":
+            return "torch"
+        if _ext.has_cuda_kernels():
+            return "cuda"
+        _say_once(
+            "sglang-specvocab: CUDA kernels unavailable ("
+            + (_ext.reason() or "the extension was built without nvcc")
+            + "): using the Triton and torch backends only"
+        )
+        return "triton" if op in _TRITON_OPS and _triton_runs_on(device) else "torch"
+    if backend == "cuda":
+        if not _ext.available():
+            raise BackendError(f"kernel backend 'cuda' is unavailable for {op}: {_ext.reason()}")
+        if device.type == "cuda" and not _ext.has_cuda_kernels():
+            raise BackendError(
+                f"kernel backend 'cuda' is unavailable for {op} on {device}: the extension was built without "
+                "nvcc (CPU kernels only); reinstall with a CUDA toolkit (CUDA_HOME) or choose 'triton' or 'torch'"
+            )
+    if backend == "triton":
+        if op not in _TRITON_OPS:
+            raise BackendError(f"kernel backend 'triton' has no {op}: choose 'auto', 'cuda' or 'torch'")
+        if not _triton_importable():
+            raise BackendError(f"kernel backend 'triton' is unavailable for {op}: triton is not installed")
+        if not _triton_runs_on(device):
+            raise BackendError(
+                f"kernel backend 'triton' needs GPU tensors for {op}, got {device} (or set TRITON_INTERPRET=1)"
+            )
+    return backend
+
+
+def implementation(backend: str, device: torch.device | str, op: str) -> Callable:
+    """The function that runs ``op`` with ``resolve(backend, device, op)``."""
+    chosen = resolve(backend, device, op)
+    if chosen == "cuda":
+        return getattr(torch.ops.specvocab, op)
+    if chosen == "triton":
+        from . import triton_ops
+
+        return getattr(triton_ops, op)
+    return getattr(reference, op)
+
+
+def indexed_logits(hidden, weight, ids, cnt, row_to_slot, *, backend: str = "auto") -> torch.Tensor:
+    """Compact logits ``[M, W]`` over each row's candidate set (see ``reference.indexed_logits``)."""
+    return implementation(backend, hidden.device, "indexed_logits")(hidden, weight, ids, cnt, row_to_slot)
+
+
+def packed_logits(hidden, packed, cnt, row_to_slot, *, backend: str = "auto") -> torch.Tensor:
+    """Compact logits ``[M, W]`` over packed candidate rows (see ``reference.packed_logits``)."""
+    return implementation(backend, hidden.device, "packed_logits")(hidden, packed, cnt, row_to_slot)
+
+
+def window_update(ring, length, ids, cnt, rows, block, *, fallback_id: int, vocab_size: int, backend: str = "auto"):
+    """MicroSpec's window append + publish, in place (see ``reference.window_update``)."""
+    implementation(backend, ids.device, "window_update")(ring, length, ids, cnt, rows, block, fallback_id, vocab_size)
+
+
+def pack_update(packed, packed_ids, weight, ids, cnt, rows, *, backend: str = "auto"):
+    """Copy the rows that entered each listed slot's set into its packed buffer (see ``reference.pack_update``)."""
+    implementation(backend, ids.device, "pack_update")(packed, packed_ids, weight, ids, cnt, rows)
+
+
+__all__ = [
+    "BACKENDS",
+    "BackendError",
+    "available_backends",
+    "compact_topk",
+    "implementation",
+    "indexed_logits",
+    "pack_update",
+    "packed_logits",
+    "resolve",
+    "window_update",
+]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..table import assign_sets, compact
+
 # bf16/fp16/fp32 are the kernels' contract; fp64 is accepted here for exact CPU oracles.
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -74,3 +76,207 @@ def compact_topk(
     values, cols = values[:, :k], cols[:, :k]
     tokens = ids.long().index_select(0, row_to_slot.long()).gather(1, cols)
     return values, tokens
+
+
+# --- MicroSpec window update -------------------------------------------------------------------
+
+
+def window_update(
+    ring: torch.Tensor,
+    length: torch.Tensor,
+    ids: torch.Tensor,
+    cnt: torch.Tensor,
+    rows: torch.Tensor,
+    block: torch.Tensor,
+    fallback_id: int,
+    vocab_size: int,
+) -> None:
+    """Append stream entries to each listed row's ring, then publish the row's set; in place.
+
+    ``ring`` int32 ``[R, >= capacity]`` (columns past ``capacity = ids.shape[1]`` are scratch),
+    ``length`` int64 ``[R]`` (entries appended so far), ``ids``/``cnt`` the candidate table,
+    ``rows`` int64 ``[B]`` distinct slots, ``block`` int32 ``[B, n]``. The valid entries of
+    ``block[b]`` are its ids in ``[0, vocab_size)``, in order (anything else is a hole); of
+    ``count`` valid entries only the last ``capacity`` are kept, the one of rank r going to
+    ``ring[s, (length[s] + r) % capacity]``; ``length[s] += count``. Then ``ids[s]`` is the sorted
+    distinct valid ids of ``ring[s, :capacity]`` followed by ``fallback_id``, and ``cnt[s]`` their
+    number (1, the set ``{fallback_id}``, when there are none).
+    """
+    cap = ids.shape[1]
+    n = block.shape[1]
+    if n:
+        valid = (block >= 0) & (block < vocab_size)
+        entries = compact(block, valid)
+        count = valid.sum(1)
+        i = torch.arange(n, device=block.device)[None, :]
+        keep = (i < count[:, None]) & (i >= (count - cap)[:, None])
+        slot = (length.index_select(0, rows)[:, None] + i) % cap
+        # Entries not kept write to column ``cap`` of a padded copy, which is then dropped.
+        slot = torch.where(keep, slot, cap)
+        part = torch.nn.functional.pad(ring.index_select(0, rows)[:, :cap], (0, 1))
+        part.scatter_(1, slot, entries.to(torch.int32))
+        ring[:, :cap].index_copy_(0, rows, part[:, :cap])
+        length.index_add_(0, rows, count.to(length.dtype))
+    current = ring.index_select(0, rows)[:, :cap]
+    current = torch.where((current >= 0) & (current < vocab_size), current, -1)
+    assign_sets(ids, cnt, rows, current, fallback_id)
+
+
+# --- Packed head mode: MicroSpec's asynchronous gathering ----------------------------------------
+# Each slot keeps its set's LM-head rows in packed[s, :cnt[s]] with their ids in packed_ids[s];
+# an update copies only the rows of ids that entered the set. Table rows are sorted, so the packed
+# layout uses stable slots instead: survivors keep theirs, entering ids and survivors past the new
+# count fill the vacated ones (rules in pack_update's docstring; tests/literal.py states them per row).
+
+_PAST = torch.iinfo(torch.int64).max  # search key of dead entries: after every id, so rows stay sorted
+
+
+def _check_pack_update(packed, packed_ids, weight, ids, cnt, rows) -> None:
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            raise ValueError(f"pack_update: {msg}")
+
+    need(packed.dim() == 3, f"packed must be [R, W, d], got shape {tuple(packed.shape)}")
+    R, W, d = packed.shape
+    need(weight.dim() == 2, f"weight must be [V, d], got shape {tuple(weight.shape)}")
+    need(weight.shape[1] == d, f"packed has d={d} but weight has d={weight.shape[1]}")
+    need(packed.dtype in _FLOATS, f"packed dtype {packed.dtype} must be one of bf16, fp16, fp32, fp64")
+    need(weight.dtype == packed.dtype, f"weight dtype {weight.dtype} must equal packed dtype {packed.dtype}")
+    for name, t in (("packed_ids", packed_ids), ("ids", ids)):
+        need(
+            t.dtype == torch.int32 and tuple(t.shape) == (R, W),
+            f"{name} must be int32 [R={R}, W={W}], got {t.dtype} {tuple(t.shape)}",
+        )
+    need(
+        cnt.dtype == torch.int32 and tuple(cnt.shape) == (R,),
+        f"cnt must be int32 [R={R}], got {cnt.dtype} {tuple(cnt.shape)}",
+    )
+    need(rows.dim() == 1 and rows.dtype == torch.int64, f"rows must be int64 [B], got {rows.dtype} {tuple(rows.shape)}")
+    devices = {t.device for t in (packed, packed_ids, weight, ids, cnt, rows)}
+    need(len(devices) == 1, f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    if packed.device.type != "cpu" or rows.numel() == 0:  # value checks cost a sync on a GPU, nothing here
+        return
+    V = weight.shape[0]
+    need(bool(((rows >= 0) & (rows < R)).all()), f"rows must be in [0, R={R})")
+    need(rows.unique().numel() == rows.numel(), "rows must be distinct")
+    c = cnt[rows].long()[:, None]
+    need(bool(((c >= 1) & (c <= W)).all()), f"cnt[rows] must be in [1, W={W}]")
+    col = torch.arange(W)[None, :]
+    new, live = ids[rows], col < c
+    need(bool(((new >= 0) & (new < V) | ~live).all()), f"ids[rows, :cnt] must be in [0, V={V})")
+    need(bool(((new[:, 1:] > new[:, :-1]) | ~live[:, 1:]).all()), "ids[rows, :cnt] must be strictly ascending")
+    old = packed_ids[rows]
+    need(bool((old < V).all()), f"packed_ids[rows] must be in [-1, V={V})")
+    need(
+        torch.equal(old >= 0, col < (old >= 0).sum(1, keepdim=True)) and bool((old >= -1).all()),
+        "packed_ids[rows] must be live ids >= 0 followed by -1 (a fresh row is all -1)",
+    )
+
+
+def pack_update(
+    packed: torch.Tensor,
+    packed_ids: torch.Tensor,
+    weight: torch.Tensor,
+    ids: torch.Tensor,
+    cnt: torch.Tensor,
+    rows: torch.Tensor,
+) -> None:
+    """Bring the packed rows of ``rows`` up to date with the table, in place, reading ``weight`` only for new ids.
+
+    Shapes: packed ``[R, W, d]`` (weight's dtype), packed_ids ``[R, W]`` int32, weight ``[V, d]``,
+    ids ``[R, W]`` int32, cnt ``[R]`` int32, rows ``[B]`` int64 (distinct slots). For each s in rows,
+    with ``c_old`` live slots (packed_ids >= 0, always a prefix; a fresh row is all -1), new count
+    ``c = cnt[s]`` and new set ``N = ids[s, :c]``:
+
+    * survivors are the old live slots whose id is in N; they keep slot and row (not re-read) if below c;
+    * the free slots are the j < c that are leaving (id not in N) or past c_old, ascending;
+    * the fillers are the entering ids (in N, not old live) in table order, then the survivors at
+      slots >= c in slot order; the i-th free slot gets the i-th filler: its id, and its row
+      (``weight[id]`` for an entering id, the survivor's packed row for a moved one);
+    * ``packed_ids[s, c:] = -1``; ``packed[s, c:]`` keeps whatever it held. Other rows are untouched.
+
+    Batched over rows with fixed shapes (no host sync; runs on ``meta``). The survivors' and
+    unused rows' writes here copy their own values back, which is the same as not writing them.
+    """
+    _check_pack_update(packed, packed_ids, weight, ids, cnt, rows)
+    B, W = rows.shape[0], ids.shape[1]
+    dev = ids.device
+    old = packed_ids.index_select(0, rows).long()  # [B, W]
+    new = ids.index_select(0, rows).long()
+    c = cnt.index_select(0, rows).long()[:, None]
+    col = torch.arange(W, device=dev)[None, :]
+    old_live = col < (old >= 0).sum(1, keepdim=True)  # j < c_old
+    new_live = col < c  # k < c
+    # Membership by binary search in each row's sorted live ids (dead entries sort last).
+    new_keys = torch.where(new_live, new, _PAST)  # ids[s, :c] is ascending already
+    at = torch.searchsorted(new_keys, old).clamp_(max=W - 1)
+    survivor = old_live & (new_keys.gather(1, at) == old)
+    old_keys = torch.where(old_live, old, _PAST).sort(dim=1).values
+    at = torch.searchsorted(old_keys, new).clamp_(max=W - 1)
+    entering = new_live & (old_keys.gather(1, at) != new)
+    # Below c, a slot that holds no survivor is leaving (j < c_old) or was dead (j >= c_old): free.
+    free = new_live & ~survivor
+    mover = survivor & ~new_live  # survivors at j >= c
+    # Fillers in order: entering ids by k, then movers by j; column W takes every non-filler's write.
+    # Their number is c - (survivors below c), that of the free slots too, so filler ranks are < W.
+    n_entering = entering.sum(1, keepdim=True)
+    rank = torch.where(entering, entering.cumsum(1) - 1, torch.where(mover, n_entering + mover.cumsum(1) - 1, W))
+    fill_id = torch.full((B, W + 1), -1, dtype=torch.long, device=dev)
+    fill_id.scatter_(1, rank, torch.where(entering, new, old))
+    fill_from = torch.full((B, W + 1), -1, dtype=torch.long, device=dev)  # -1: weight[id], else that slot
+    fill_from.scatter_(1, rank, torch.where(mover, col, -1))
+    # The i-th free slot takes the i-th filler.
+    i = torch.where(free, free.cumsum(1) - 1, W)
+    slot_id, slot_from = fill_id.gather(1, i), fill_from.gather(1, i)
+    from_weight = free & (slot_from < 0)
+    src_slot = torch.where(free & (slot_from >= 0), slot_from, col)  # a moved row, else the slot's own
+    kept = packed[rows[:, None], src_slot]  # [B, W, d], read before any write
+    fetched = weight[torch.where(from_weight, slot_id, 0)]
+    packed[rows] = torch.where(from_weight[..., None], fetched, kept)
+    packed_ids[rows] = torch.where(new_live, torch.where(free, slot_id, old), -1).to(torch.int32)
+
+
+def _check_packed_logits(hidden, packed, cnt, row_to_slot) -> None:
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            raise ValueError(f"packed_logits: {msg}")
+
+    need(hidden.dim() == 2, f"hidden must be [M, d], got shape {tuple(hidden.shape)}")
+    need(packed.dim() == 3, f"packed must be [R, W, d], got shape {tuple(packed.shape)}")
+    need(hidden.shape[1] == packed.shape[2], f"hidden has d={hidden.shape[1]} but packed has d={packed.shape[2]}")
+    need(hidden.dtype in _FLOATS, f"hidden dtype {hidden.dtype} must be one of bf16, fp16, fp32, fp64")
+    need(packed.dtype == hidden.dtype, f"packed dtype {packed.dtype} must equal hidden dtype {hidden.dtype}")
+    R, W = packed.shape[0], packed.shape[1]
+    need(
+        cnt.dim() == 1 and cnt.dtype == torch.int32 and cnt.shape[0] == R,
+        f"cnt must be int32 [R={R}], got {cnt.dtype} {tuple(cnt.shape)}",
+    )
+    need(
+        row_to_slot.dim() == 1 and row_to_slot.dtype == torch.int32 and row_to_slot.shape[0] == hidden.shape[0],
+        f"row_to_slot must be int32 [M={hidden.shape[0]}], got {row_to_slot.dtype} {tuple(row_to_slot.shape)}",
+    )
+    devices = {t.device for t in (hidden, packed, cnt, row_to_slot)}
+    need(len(devices) == 1, f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    if hidden.device.type == "cpu":  # value checks cost a sync on a GPU, nothing here
+        need(bool(((cnt >= 1) & (cnt <= W)).all()), f"cnt must be in [1, W={W}]")
+        need(bool(((row_to_slot >= 0) & (row_to_slot < R)).all()), f"row_to_slot must be in [0, R={R})")
+
+
+def packed_logits(
+    hidden: torch.Tensor,
+    packed: torch.Tensor,
+    cnt: torch.Tensor,
+    row_to_slot: torch.Tensor,
+) -> torch.Tensor:
+    """Compact logits over packed rows: ``out[m, j] = dot(packed[s, j], hidden[m])`` for ``j < cnt[s]``, else -inf.
+
+    ``s = row_to_slot[m]``; column j is token ``packed_ids[s, j]`` (see ``pack_update``). Shapes:
+    hidden ``[M, d]``, packed ``[R, W, d]`` (same float dtype), cnt ``[R]`` int32, row_to_slot
+    ``[M]`` int32. Returns fp32 ``[M, W]``, accumulated like ``indexed_logits``.
+    """
+    _check_packed_logits(hidden, packed, cnt, row_to_slot)
+    acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+    slot = row_to_slot.long()
+    out = torch.einsum("mwd,md->mw", packed.index_select(0, slot).to(acc), hidden.to(acc)).float()
+    dead = torch.arange(packed.shape[1], device=packed.device)[None, :] >= cnt.long().index_select(0, slot)[:, None]
+    return out.masked_fill_(dead, float("-inf"))

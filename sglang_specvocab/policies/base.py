@@ -54,6 +54,16 @@ class Policy:
         self.config = config
         self.table = table
         self.model = model or ModelContext()
+        self.check_head_mode()
+
+    def check_head_mode(self) -> None:
+        """Refuse ``head.mode: packed`` for sets it cannot serve (a union calls it again once it knows)."""
+        if self.config.head.mode == "packed" and (self.stepwise or self.dense):
+            why = "uses the whole vocabulary" if self.dense else "changes its set inside every draft step"
+            raise ConfigError(
+                f"{self.config.source}: head.mode = 'packed' is invalid for policy '{self.config.policy}', which "
+                f"{why}: packed rows pay off only for sets that change between rounds; use head.mode: fused"
+            )
 
     def require(self, what: str) -> torch.Tensor:
         """The model tensor ``what`` ('weight' or 'embedding'), or a clear error if the caller gave none."""

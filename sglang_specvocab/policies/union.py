@@ -61,6 +61,7 @@ class UnionPolicy(Policy):
             for c in config.member_configs
         ]
         self.stepwise = any(m.stepwise for m in self.members)
+        self.check_head_mode()
         self._publish(torch.arange(table.num_rows, device=table.device))
 
     @property

@@ -25,8 +25,9 @@ from typing import Literal
 import torch
 from pydantic import Field, field_validator, model_validator
 
+from .. import ops
 from ..config import PolicyConfig, Section
-from ..table import CandidateTable, compact, unique_first
+from ..table import CandidateTable, unique_first
 from .base import ModelContext, Policy
 
 Source = Literal["context", "extension"]
@@ -74,9 +75,15 @@ class WindowPolicy(Policy):
         w = config.window
         self.use_context = "context" in w.sources
         self.use_extension = "extension" in w.sources
-        # Column ``cap`` is a write sink for entries an append does not keep.
+        # Column ``cap`` is scratch (the torch reference's sink for entries an append does not keep).
         self.ring = torch.full((table.num_rows, cap + 1), -1, dtype=torch.int32, device=table.device)
         self.length = torch.zeros(table.num_rows, dtype=torch.int64, device=table.device)
+        # Ids at or past the vocabulary are holes; without a model any int32 id is one.
+        self.vocab_size = self.model.vocab_size or 2**31 - 1
+        # The updates have no Triton version: a Triton head still gets the extension's update on a GPU.
+        kernel = config.head.kernel
+        self.update_backend = kernel if kernel in ("cuda", "torch") else "auto"
+        ops.resolve(self.update_backend, table.device, "window_update")  # an unavailable choice fails now
 
     @property
     def prefill_topk(self) -> int:
@@ -94,11 +101,12 @@ class WindowPolicy(Policy):
         self.table.reset(rows)
 
     def on_prefill(self, rows: torch.Tensor, prompt_ids: torch.Tensor, prompt_topk: torch.Tensor | None) -> None:
+        blocks = []
         if self.use_context:
-            self._append(rows, compact(prompt_ids, prompt_ids >= 0))
+            blocks.append(prompt_ids)
         if self.prefill_topk:
-            self._append(rows, self._topk_block(prompt_topk, self.prefill_topk, "prompt_topk"))
-        self._publish(rows)
+            blocks.append(self._topk_block(prompt_topk, self.prefill_topk, "prompt_topk"))
+        self._update(rows, blocks)
 
     def on_verify(
         self,
@@ -107,11 +115,12 @@ class WindowPolicy(Policy):
         verify_topk: torch.Tensor | None,
         accepted: torch.Tensor,
     ) -> None:
+        blocks = []
         if self.use_context:
-            self._append(rows, unique_first(draft_tokens))
+            blocks.append(unique_first(draft_tokens))
         if self.verify_topk:
-            self._append(rows, self._topk_block(verify_topk, self.verify_topk, "verify_topk"))
-        self._publish(rows)
+            blocks.append(self._topk_block(verify_topk, self.verify_topk, "verify_topk"))
+        self._update(rows, blocks)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -123,21 +132,20 @@ class WindowPolicy(Policy):
         block = topk[:, :, :k].reshape(topk.shape[0], -1)  # position-major, rank-minor
         return unique_first(block)
 
-    def _append(self, rows: torch.Tensor, block: torch.Tensor) -> None:
-        """Append each row's leading non-negative entries of ``block[B, n]`` to its stream."""
-        cap = self.capacity
-        n = block.shape[1]
-        if n == 0:
-            return
-        count = (block >= 0).sum(1)
-        i = torch.arange(n, device=block.device)[None, :]
-        # Of a long append only the last ``cap`` entries survive; the rest go to the sink.
-        keep = (i < count[:, None]) & (i >= (count - cap)[:, None])
-        slot = (self.length.index_select(0, rows)[:, None] + i) % cap
-        slot = torch.where(keep, slot, cap)
-        self.ring[rows[:, None].expand(-1, n), slot] = block.to(torch.int32)
-        self.length.index_add_(0, rows, count)
+    def _update(self, rows: torch.Tensor, blocks: list[torch.Tensor]) -> None:
+        """Append the blocks' entries (holes skipped) to the rows' streams, in order, and publish the sets."""
+        block = torch.cat([b.to(torch.int32) for b in blocks], dim=1) if blocks else self._no_entries(rows)
+        ops.window_update(
+            self.ring,
+            self.length,
+            self.table.ids,
+            self.table.cnt,
+            rows,
+            block,
+            fallback_id=self.table.fallback_id,
+            vocab_size=self.vocab_size,
+            backend=self.update_backend,
+        )
 
-    def _publish(self, rows: torch.Tensor) -> None:
-        # Slots never written hold -1 (rings start and reset at -1), so the ring is the stream suffix.
-        self.table.assign(rows, self.ring.index_select(0, rows)[:, : self.capacity])
+    def _no_entries(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.empty((rows.shape[0], 0), dtype=torch.int32, device=rows.device)

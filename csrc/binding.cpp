@@ -1,0 +1,50 @@
+// The one TORCH_LIBRARY binding of the specvocab ops: schemas, CPU and CUDA kernels.
+// Fake (meta) kernels are registered from Python (sglang_specvocab/ops/_ext.py).
+#include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/library.h>
+
+#include "ops.h"
+
+namespace specvocab {
+
+void* current_cuda_stream(const at::Device& device) {
+  // c10's virtual device guard answers for CUDA once torch's CUDA library is loaded; going
+  // through it keeps this extension free of a link-time dependency on libc10_cuda, so the same
+  // sources build against a CPU-only torch (where no CUDA tensor can ever reach this code).
+  const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  return impl->getStream(device).native_handle();
+}
+
+void check_launch(int code, const char* op) {
+  TORCH_CHECK(code == 0, "specvocab::", op, ": CUDA launch failed: ", specvocab_cuda_error_string(code));
+}
+
+}  // namespace specvocab
+
+TORCH_LIBRARY(specvocab, m) {
+  m.def("indexed_logits(Tensor hidden, Tensor weight, Tensor ids, Tensor cnt, Tensor row_to_slot) -> Tensor");
+  m.def("packed_logits(Tensor hidden, Tensor packed, Tensor cnt, Tensor row_to_slot) -> Tensor");
+  m.def(
+      "window_update(Tensor(a!) ring, Tensor(b!) length, Tensor(c!) ids, Tensor(d!) cnt, Tensor rows, Tensor block, "
+      "int fallback_id, int vocab_size) -> ()");
+  m.def(
+      "pack_update(Tensor(a!) packed, Tensor(b!) packed_ids, Tensor weight, Tensor ids, Tensor cnt, Tensor rows) -> "
+      "()");
+}
+
+TORCH_LIBRARY_IMPL(specvocab, CPU, m) {
+  m.impl("indexed_logits", &specvocab::indexed_logits_cpu);
+  m.impl("packed_logits", &specvocab::packed_logits_cpu);
+  m.impl("window_update", &specvocab::window_update_cpu);
+  m.impl("pack_update", &specvocab::pack_update_cpu);
+}
+
+#ifdef SPECVOCAB_WITH_CUDA  // set by setup.py when nvcc compiled the .cu files
+TORCH_LIBRARY_IMPL(specvocab, CUDA, m) {
+  m.impl("indexed_logits", &specvocab::indexed_logits_cuda);
+  m.impl("packed_logits", &specvocab::packed_logits_cuda);
+  m.impl("window_update", &specvocab::window_update_cuda);
+  m.impl("pack_update", &specvocab::pack_update_cuda);
+}
+#endif

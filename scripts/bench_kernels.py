@@ -1,0 +1,1126 @@
+#!/usr/bin/env python
+"""Time the head ops (indexed / packed logits, window update) against torch and the dense heads.
+
+Run ``python scripts/bench_kernels.py --help`` for the sweep, the timing method and the outputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run from a plain checkout (the device machine has no install)
+    sys.path.insert(0, str(ROOT))
+
+from sglang_specvocab import ops  # noqa: E402  (after the path fix above)
+
+try:
+    from tqdm import tqdm
+except ImportError:  # progress bars are a convenience only
+    tqdm = None
+
+SCHEMA = "bench_kernels/1"
+
+# -- the sweep ---------------------------------------------------------------------------------
+
+OPS = ("indexed", "packed", "index_select_matmul", "dense_static", "dense_full", "window_update")
+OURS = ("indexed", "packed")  # ops with a backend choice that compute compact logits
+BACKENDS = ("auto", "cuda", "triton", "torch")
+
+GRIDS = {
+    # the issue's sweep
+    "full": dict(
+        widths=[512, 1024, 2048, 3072, 4096, 8192, 16384, 32768],
+        dims=[640, 2048, 4096, 5120],
+        rows=[1, 4, 10],
+        batches=[1, 8, 32, 64],
+        full_vocabs=[128256, 151936, 262144],
+        index_vocab=128256,
+        dense_width=32768,
+        window_batches=[1, 8, 64],
+        capacity=3072,
+        draft_tokens=4,
+        topk_ids=15,
+        target_widths=[2048, 3072],
+        target_d=4096,
+        target_window_batch=64,
+        copy_mb=2048,
+    ),
+    # a first look: exactly the headline (target) shapes, one full head
+    "quick": dict(
+        widths=[2048, 3072],
+        dims=[4096],
+        rows=[1, 4, 10],
+        batches=[1, 8, 32, 64],
+        full_vocabs=[128256],
+        window_batches=[1, 8, 64],
+    ),
+    # seconds on a CPU: for the test and a sanity run
+    "tiny": dict(
+        widths=[64, 128],
+        dims=[32],
+        rows=[1, 2],
+        batches=[1, 2],
+        full_vocabs=[2048],
+        index_vocab=1024,
+        dense_width=256,
+        window_batches=[1, 2],
+        capacity=64,
+        draft_tokens=4,
+        topk_ids=6,
+        target_widths=[64, 128],
+        target_d=32,
+        target_window_batch=2,
+        copy_mb=8,
+    ),
+}
+
+# Issue targets.
+TARGET_IDEAL_RATIO = 1.5  # time <= 1.5 x bandwidth ideal ...
+TARGET_MAX_ROWS = 16  # ... for up to 16 rows per request
+TARGET_SPEEDUP = 4.0  # >= 4x faster than index_select + matmul
+TARGET_WINDOW_US = 10.0  # window update <= 10 us per round at batch 64
+
+# Peak HBM bandwidth (B/s) by device name, first match wins; datasheet figures (H200.md of the
+# device docs: H200 4.8 TB/s, H100 SXM 3.35 TB/s).
+PEAK_BANDWIDTH = [
+    ("H200", 4.8e12, "H200 datasheet, 4.8 TB/s"),
+    ("H100 NVL", 3.9e12, "H100 NVL datasheet, 3.9 TB/s"),
+    ("H100 PCIE", 2.0e12, "H100 PCIe datasheet, 2.0 TB/s"),
+    ("H100", 3.35e12, "H100 SXM datasheet, 3.35 TB/s"),
+    ("A100-SXM4-80GB", 2.039e12, "A100 80GB SXM datasheet, 2.039 TB/s"),
+]
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+CHECK_TOL = {"bf16": 5e-3, "fp16": 5e-3, "fp32": 1e-4}  # relative error of our output vs an fp32 oracle
+CHECK_MAX_ELEMENTS = 1 << 27  # skip the oracle where the fp32 gather would exceed this many elements
+
+DESCRIPTION = """\
+Time the head ops of sglang_specvocab.ops against torch and the dense heads, and write
+JSON + Markdown (+ a plot) of the results.
+
+Ops (--ops):
+  indexed              ops.indexed_logits (gather through the table's ids), per backend
+  packed               ops.packed_logits (rows pre-packed per request [R, W, d]), per backend
+  index_select_matmul  torch: weight.index_select(ids) per request, then bmm (the baseline)
+  dense_static         torch: hidden @ weight[:dense_width].T (EAGLE-3's static 32k head)
+  dense_full           torch: hidden @ weight[:V].T for each --full-vocabs V
+  window_update        ops.window_update, one verify round (draft tokens + top-K ids), per backend
+
+Sweep: W (--widths) x d (--dims) x rows per request (--rows) x batch (--batches);
+M = batch * rows hidden rows, each request has its own sorted set of W distinct random ids
+from [0, --index-vocab). The weight is allocated once per d (--index-vocab and every full
+vocabulary are row prefixes of it) and filled with random values, never zeros.
+
+Timing on a GPU: inputs made, a warm-up (--warmup calls, eager), then a CUDA graph holding
+several calls (enough for about 50 us) replayed --iters times, each replay between CUDA
+events; a sample is replay time / calls per graph (so launch gaps inside a captured loop are
+in, host launch cost is out). Median, p10, p90 of the samples. Where one call's data is
+smaller than 3x the L2 cache, the calls in a graph rotate over several input sets (other
+ids / hidden rows; other weight slices for the dense head) so the numbers are of HBM, not L2
+(--hot turns this off). --device cpu: the same code path timed with time.perf_counter per
+call, no graphs (results marked CPU).
+
+Bandwidth: bytes = the rows that must be read once: batch * W * d * bytes(dtype) for the
+indexed/packed/index_select ops, W * d * bytes for the dense heads (W = head width). GB/s =
+bytes / median time; ideal = bytes / peak, reported against the datasheet peak (--peak-bw,
+default by device name) and against a measured device-to-device copy (bytes read + written).
+frac_ideal = ideal time / median time (1.0 = at the bandwidth limit).
+
+A configuration that does not fit memory, or a backend that is unavailable or raises
+NotImplementedError, is recorded as skipped with the reason; other errors are recorded too.
+Results are saved after every d and every minute, so a run cut short keeps what it measured;
+--time-budget-s starts no case past a deadline (the rest are recorded as skipped).
+"""
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        out = [int(float(x)) for x in text.replace(" ", "").split(",") if x]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+    if not out or any(x < 1 for x in out):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return out
+
+
+def _name_list(choices: Iterable[str]) -> Callable[[str], list[str]]:
+    choices = tuple(choices)
+
+    def parse(text: str) -> list[str]:
+        out = [x for x in text.replace(" ", "").split(",") if x]
+        bad = [x for x in out if x not in choices]
+        if bad or not out:
+            raise argparse.ArgumentTypeError(f"{bad or text!r}: choose from {', '.join(choices)}")
+        return list(dict.fromkeys(out))
+
+    return parse
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    preset = p.add_mutually_exclusive_group()
+    preset.add_argument("--quick", action="store_true", help="headline shapes only (W 2048/3072, d 4096): a first look")
+    preset.add_argument("--tiny", action="store_true", help="tiny shapes that run in seconds on a CPU (tests)")
+    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available)")
+    p.add_argument(
+        "--ops", type=_name_list(OPS), default=list(OPS), help=f"comma list of {', '.join(OPS)} (default: all)"
+    )
+    p.add_argument(
+        "--backends",
+        type=_name_list(BACKENDS),
+        default=None,
+        help="comma list of our backends to time (default: cuda,triton on a GPU; cuda,triton,torch on the CPU)",
+    )
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="weight/hidden dtype (default: bf16)")
+    p.add_argument("--iters", type=int, default=200, help="timed samples per case, at most (default: 200)")
+    p.add_argument("--warmup", type=int, default=10, help="eager warm-up calls per case (default: 10)")
+    p.add_argument(
+        "--max-ms",
+        type=float,
+        default=200.0,
+        help="stop sampling a case after about this much timed time, keeping at least 10 samples (default: 200)",
+    )
+    p.add_argument("--peak-bw", type=float, default=None, help="peak memory bandwidth in B/s (default: by device name)")
+    p.add_argument(
+        "--out", type=Path, default=None, help="JSON path (default: benchmarks/kernels-<device>.json); .md/.png beside"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hot", action="store_true", help="no input rotation: repeated calls may hit the L2 cache")
+    p.add_argument("--no-graph", action="store_true", help="GPU: time eager calls between events, no CUDA graphs")
+    p.add_argument("--max-mem-gb", type=float, default=None, help="skip a case whose own tensors would exceed this")
+    p.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=None,
+        help="start no case after this many seconds; the rest are recorded as skipped (fits a device lease)",
+    )
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own)")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    g = p.add_argument_group("shapes (override the preset's)")
+    g.add_argument("--widths", type=_int_list, help="W: candidate set sizes")
+    g.add_argument("--dims", type=_int_list, help="d: hidden sizes")
+    g.add_argument("--rows", type=_int_list, help="hidden rows per request (tree width)")
+    g.add_argument("--batches", type=_int_list, help="requests per call")
+    g.add_argument("--full-vocabs", type=_int_list, help="V of the full heads")
+    g.add_argument("--index-vocab", type=int, help="ids are drawn from [0, this) (default 128256)")
+    g.add_argument("--dense-width", type=int, help="rows of the static dense head (default 32768)")
+    g.add_argument("--window-batches", type=_int_list, help="batches of the window update")
+    g.add_argument("--capacity", type=int, help="window capacity (default 3072)")
+    g.add_argument("--draft-tokens", type=int, help="draft-tree tokens per verify block (default 4)")
+    g.add_argument("--topk-ids", type=int, help="verified top-K ids per verify block (default 15 = 3 x 5)")
+    g.add_argument("--target-widths", type=_int_list, help="W of the headline table and targets (default 2048,3072)")
+    g.add_argument("--target-d", type=int, help="d of the headline table, targets and plot (default 4096)")
+    g.add_argument("--target-window-batch", type=int, help="batch of the window target (default 64)")
+    g.add_argument("--copy-mb", type=int, help="MiB copied to measure bandwidth (default 2048; tiny 8)")
+    args = p.parse_args(argv)
+    if args.iters < 1 or args.warmup < 0:
+        p.error("--iters must be >= 1 and --warmup >= 0")
+    preset = "tiny" if args.tiny else "quick" if args.quick else "full"
+    merged = dict(GRIDS["full"])
+    merged.update(GRIDS[preset])
+    for key, value in merged.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.preset = preset
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.backends is None:
+        args.backends = ["cuda", "triton"] if args.device.startswith("cuda") else ["cuda", "triton", "torch"]
+    return args
+
+
+@dataclass(frozen=True)
+class Case:
+    """One timing: (op, backend, W, d, rows, batch); ``vocab`` = weight rows the op sees."""
+
+    op: str
+    backend: str
+    W: int
+    d: int | None
+    rows: int | None
+    batch: int
+    vocab: int | None = None
+    block: int | None = None  # window_update: entries per verify block
+
+    @property
+    def M(self) -> int | None:
+        return None if self.rows is None else self.rows * self.batch
+
+    @property
+    def data_key(self) -> tuple:
+        """Cases with one data key share their inputs (ids, hidden rows, packed rows)."""
+        return (self.W, self.d, self.rows, self.batch) if self.op in (*OURS, "index_select_matmul") else (self.op, self)
+
+
+def expand(args: argparse.Namespace) -> list[Case]:
+    """Every case of the sweep, in the order it runs: window updates, then per d (target d first)
+    indexed / packed / index_select for each (W, rows, batch), then the dense heads."""
+    cases: list[Case] = []
+    sel = set(args.ops)
+    if "window_update" in sel:
+        n = args.draft_tokens + args.topk_ids
+        for b in args.window_batches:
+            for be in args.backends:
+                cases.append(Case("window_update", be, args.capacity, None, None, b, args.index_vocab, n))
+    dims = sorted(args.dims, key=lambda d: (d != args.target_d, d))
+    for d in dims:
+        for W in args.widths:
+            for r in args.rows:
+                for b in args.batches:
+                    for op in OURS:
+                        if op in sel:
+                            cases.extend(Case(op, be, W, d, r, b, args.index_vocab) for be in args.backends)
+                    if "index_select_matmul" in sel:
+                        cases.append(Case("index_select_matmul", "torch", W, d, r, b, args.index_vocab))
+        if "dense_static" in sel:
+            for r in args.rows:
+                for b in args.batches:
+                    cases.append(Case("dense_static", "torch", args.dense_width, d, r, b, args.dense_width))
+        if "dense_full" in sel:
+            for V in args.full_vocabs:
+                for r in args.rows:
+                    for b in args.batches:
+                        cases.append(Case("dense_full", "torch", V, d, r, b, V))
+    return cases
+
+
+def weight_rows(args: argparse.Namespace) -> int:
+    """Rows of the one weight allocated per d: every op's vocabulary is a prefix of it."""
+    need = [args.index_vocab] if set(args.ops) & {*OURS, "index_select_matmul"} else []
+    if "dense_static" in args.ops:
+        need.append(args.dense_width)
+    if "dense_full" in args.ops:
+        need.extend(args.full_vocabs)
+    return max(need, default=0)
+
+
+# -- bandwidth math ----------------------------------------------------------------------------
+
+
+def case_bytes(case: Case, elem: int) -> int:
+    """The bytes the op must move at the least (rows read once)."""
+    if case.op == "window_update":
+        # ring row read, table row written, the block read (int32 each)
+        return case.batch * ((case.W + 1) * 4 + case.W * 4 + (case.block or 0) * 4)
+    if case.op in ("dense_static", "dense_full"):
+        return case.W * case.d * elem
+    return case.batch * case.W * case.d * elem
+
+
+def bandwidth_fields(nbytes: int, median_us: float, peak_Bps: float | None, copy_Bps: float | None) -> dict:
+    """GB/s and the fraction of the bandwidth ideal (ideal time / measured time) vs peak and vs copy."""
+    t = median_us * 1e-6
+    out = {"bytes": nbytes, "gbps": nbytes / t / 1e9}
+    for suffix, bw in (("", peak_Bps), ("_copy", copy_Bps)):
+        ideal = nbytes / bw if bw else None
+        out[f"ideal_us{suffix or '_peak'}"] = None if ideal is None else ideal * 1e6
+        out[f"frac_ideal{suffix}"] = None if ideal is None else ideal / t
+    return out
+
+
+def default_peak(name: str) -> tuple[float | None, str]:
+    up = name.upper()
+    for key, bw, src in PEAK_BANDWIDTH:
+        if key in up:
+            return bw, src
+    return None, f"no datasheet figure known for {name!r}: use --peak-bw"
+
+
+def summarize(samples_us: list[float]) -> dict:
+    a = np.asarray(samples_us, dtype=np.float64)
+    return {
+        "median_us": float(np.median(a)),
+        "p10_us": float(np.percentile(a, 10)),
+        "p90_us": float(np.percentile(a, 90)),
+        "n": len(samples_us),
+    }
+
+
+# -- timing ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Timing:
+    samples_us: list[float]
+    inner: int  # calls per sample
+    graph: bool
+    note: str | None = None
+
+
+class CpuTimer:
+    method = "time.perf_counter per call, no CUDA graphs (CPU)"
+
+    def __init__(self, iters: int, warmup: int, max_ms: float) -> None:
+        self.iters, self.warmup, self.max_ms = iters, warmup, max_ms
+
+    def __call__(self, fns: list[Callable[[], object]]) -> Timing:
+        n = len(fns)
+        for i in range(max(self.warmup, n)):
+            fns[i % n]()
+        samples, spent = [], 0.0
+        for i in range(self.iters):
+            t0 = time.perf_counter()
+            fns[i % n]()
+            dt = time.perf_counter() - t0
+            samples.append(dt * 1e6)
+            spent += dt * 1e3
+            if spent > self.max_ms and len(samples) >= min(10, self.iters):
+                break
+        return Timing(samples, 1, False)
+
+
+class CudaTimer:
+    method = "CUDA graph of several calls, replays between CUDA events; sample = replay time / calls"
+    REPLAY_US = 50.0  # calls per graph: enough for about this much work
+    MAX_INNER = 64
+    MIN_ITERS = 10
+
+    def __init__(self, device: torch.device, iters: int, warmup: int, max_ms: float, graph: bool) -> None:
+        self.device, self.iters, self.warmup, self.max_ms, self.graph = device, iters, warmup, max_ms, graph
+        if not graph:
+            self.method = "eager calls between CUDA events (--no-graph); sample = time / calls"
+
+    def _event(self) -> torch.cuda.Event:
+        return torch.cuda.Event(enable_timing=True)
+
+    def __call__(self, fns: list[Callable[[], object]]) -> Timing:
+        n = len(fns)
+        cur = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(cur)
+        with torch.cuda.stream(side):  # compile/autotune and allocate outside any capture
+            for i in range(max(self.warmup, n)):
+                fns[i % n]()
+        cur.wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        a, b = self._event(), self._event()
+        a.record()
+        for f in fns:
+            f()
+        b.record()
+        torch.cuda.synchronize(self.device)
+        per_call_us = max(a.elapsed_time(b) * 1e3 / n, 1e-3)
+        inner = min(self.MAX_INNER, max(1, math.ceil(self.REPLAY_US / per_call_us)))
+        inner = n * math.ceil(inner / n)  # every input set equally often
+
+        def eager() -> None:
+            for i in range(inner):
+                fns[i % n]()
+
+        replay, graph, note = eager, False, None
+        if self.graph:
+            g = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(g):
+                    eager()
+                replay, graph = g.replay, True
+            except Exception as exc:  # e.g. an op that syncs with the host
+                note = f"CUDA graph capture failed, timed eagerly: {type(exc).__name__}: {exc}"[:300]
+                torch.cuda.synchronize(self.device)
+        for _ in range(2):
+            replay()
+        a.record()
+        replay()
+        b.record()
+        torch.cuda.synchronize(self.device)
+        per_replay_ms = max(a.elapsed_time(b), 1e-4)
+        iters = max(min(self.MIN_ITERS, self.iters), min(self.iters, int(self.max_ms / per_replay_ms)))
+        events = [(self._event(), self._event()) for _ in range(iters)]
+        for start, end in events:
+            start.record()
+            replay()
+            end.record()
+        torch.cuda.synchronize(self.device)
+        samples = [s.elapsed_time(e) * 1e3 / inner for s, e in events]
+        return Timing(samples, inner, graph, note)
+
+
+# -- inputs ------------------------------------------------------------------------------------
+
+
+class Skip(Exception):
+    """A case that is not run, with the reason."""
+
+
+def random_sets(rows: int, W: int, V: int, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    """``rows`` sets of W distinct ids from [0, V), each sorted ascending (as the table keeps them): int32."""
+    out = torch.empty(rows, W, dtype=torch.int32, device=device)
+    chunk = max(1, (1 << 26) // max(V, 1))
+    for lo in range(0, rows, chunk):
+        hi = min(rows, lo + chunk)
+        key = torch.rand(hi - lo, V, generator=gen, device=device)
+        out[lo:hi] = key.argsort(dim=1)[:, :W].sort(dim=1).values.to(torch.int32)
+    return out
+
+
+def cold_sets(nbytes: int, l2_bytes: int | None, hot: bool, most: int = 12) -> int:
+    """Input sets to rotate so one graph replay reads at least 3x the L2 cache."""
+    if hot or not l2_bytes:
+        return 1
+    return max(1, min(most, math.ceil(3 * l2_bytes / max(nbytes, 1))))
+
+
+@dataclass
+class Bench:
+    args: argparse.Namespace
+    device: torch.device
+    dtype: torch.dtype
+    timer: Callable[[list[Callable[[], object]]], Timing]
+    l2_bytes: int | None
+    gen: torch.Generator
+    weights: dict = field(default_factory=dict)  # d -> [Vmax, d] weight
+    data: dict = field(default_factory=dict)  # the current data key -> its inputs
+
+    @property
+    def elem(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    # memory ----------------------------------------------------------------------------------
+
+    def need_bytes(self, case: Case, sets: int) -> int:
+        e, M, W, d, bs = self.elem, case.M or 0, case.W, case.d or 0, case.batch
+        out = M * W * 4
+        hidden = sets * M * d * e
+        if case.op == "indexed":
+            extra = M * W * d * (e + 4) if case.backend == "torch" else 0
+            return hidden + 2 * out + extra
+        if case.op == "packed":
+            extra = M * W * d * (e + 4) if case.backend == "torch" else 0
+            return hidden + 2 * out + sets * bs * W * d * e + extra
+        if case.op == "index_select_matmul":
+            return hidden + bs * W * d * e + 2 * M * W * e
+        if case.op in ("dense_static", "dense_full"):
+            return hidden + 2 * M * W * e
+        return 0
+
+    def check_memory(self, need: int) -> None:
+        if self.args.max_mem_gb is not None and need > self.args.max_mem_gb * 1e9:
+            raise Skip(f"needs about {need / 1e9:.2f} GB, over --max-mem-gb {self.args.max_mem_gb:g}")
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+            if need > free - (1 << 30):
+                raise Skip(f"does not fit memory: needs about {need / 1e9:.2f} GB, {free / 1e9:.2f} GB free")
+
+    # data --------------------------------------------------------------------------------------
+
+    def weight(self, d: int) -> torch.Tensor:
+        if d not in self.weights:
+            self.weights.clear()  # one d at a time
+            self.data.clear()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            V = weight_rows(self.args)
+            w = torch.randn(V, d, generator=self.gen, device=self.device, dtype=torch.float32).to(self.dtype)
+            self.weights[d] = w.mul_(0.05)
+        return self.weights[d]
+
+    def inputs(self, case: Case, sets: int) -> dict:
+        """ids / cnt / row_to_slot / hidden (``sets`` of them) for an indexed-family case, cached per data key."""
+        key = case.data_key
+        have = self.data.get(key)
+        if have is not None and len(have["sets"]) >= sets:
+            return have
+        self.data.clear()
+        bs, r, W, d = case.batch, case.rows, case.W, case.d
+        w = self.weight(d)
+        ids = random_sets(sets * bs, W, case.vocab, self.gen, self.device)
+        hidden = torch.randn(sets, bs * r, d, generator=self.gen, device=self.device).to(self.dtype)
+        cnt = torch.full((bs,), W, dtype=torch.int32, device=self.device)
+        r2s = torch.arange(bs, dtype=torch.int32, device=self.device).repeat_interleave(r)
+        entry = {
+            "weight": w[: case.vocab],
+            "cnt": cnt,
+            "row_to_slot": r2s,
+            "sets": [{"ids": ids[i * bs : (i + 1) * bs], "hidden": hidden[i]} for i in range(sets)],
+        }
+        self.data = {key: entry}
+        return entry
+
+    def packed(self, entry: dict) -> list[torch.Tensor]:
+        if "packed" not in entry:
+            w = entry["weight"]
+            entry["packed"] = [
+                w.index_select(0, s["ids"].reshape(-1)).view(*s["ids"].shape, w.shape[1]) for s in entry["sets"]
+            ]
+        return entry["packed"]
+
+    # cases -------------------------------------------------------------------------------------
+
+    def fns(self, case: Case) -> tuple[list[Callable[[], object]], int, Callable[[], float | None] | None]:
+        """The calls to time (one per input set), the set count, and an optional correctness check."""
+        nbytes = case_bytes(case, self.elem)
+        if case.op == "window_update":
+            return self.window_fns(case)
+        if case.op in ("dense_static", "dense_full"):
+            sets = 1
+            if case.op == "dense_static":
+                sets = min(cold_sets(nbytes, self.l2_bytes, self.args.hot), max(1, weight_rows(self.args) // case.W))
+            self.check_memory(self.need_bytes(case, sets))
+            w = self.weight(case.d)
+            hidden = torch.randn(sets, case.M, case.d, generator=self.gen, device=self.device).to(self.dtype)
+            heads = [w[i * case.W : (i + 1) * case.W] for i in range(sets)]
+            return [(lambda h=hidden[i], wt=heads[i]: h @ wt.T) for i in range(sets)], sets, None
+        if case.W > case.vocab:
+            raise Skip(f"W = {case.W} > the {case.vocab} ids it draws from")
+        sets = cold_sets(nbytes, self.l2_bytes, self.args.hot)
+        self.check_memory(self.need_bytes(case, sets))
+        e = self.inputs(case, sets)
+        w, cnt, r2s = e["weight"], e["cnt"], e["row_to_slot"]
+        bs, r, W, d = case.batch, case.rows, case.W, case.d
+        if case.op == "index_select_matmul":
+
+            def isel(s: dict) -> torch.Tensor:
+                rows = w.index_select(0, s["ids"].reshape(-1)).view(bs, W, d)
+                return torch.bmm(s["hidden"].view(bs, r, d), rows.transpose(1, 2))
+
+            return [(lambda s=s: isel(s)) for s in e["sets"]], sets, None
+        if case.op == "indexed":
+            fn = _op("indexed_logits")
+            calls = [(lambda s=s: fn(s["hidden"], w, s["ids"], cnt, r2s, backend=case.backend)) for s in e["sets"]]
+        else:
+            fn = _op("packed_logits")
+            packed = self.packed(e)
+            calls = [
+                (lambda s=s, p=p: fn(s["hidden"], p, cnt, r2s, backend=case.backend))
+                for s, p in zip(e["sets"], packed, strict=True)
+            ]
+        return calls, sets, (lambda: self.check(calls[0](), e["sets"][0], w, bs, r))
+
+    def check(self, out: torch.Tensor, s: dict, w: torch.Tensor, bs: int, r: int) -> float | None:
+        """Relative error of one output against an fp32 oracle (None where the oracle is too large)."""
+        W, d = s["ids"].shape[1], w.shape[1]
+        if tuple(out.shape) != (bs * r, W) or out.dtype != torch.float32:
+            raise RuntimeError(f"output is {out.dtype} {tuple(out.shape)}, expected float32 {(bs * r, W)}")
+        if bs * W * d > CHECK_MAX_ELEMENTS:
+            return None
+        rows = w.index_select(0, s["ids"].reshape(-1)).view(bs, W, d).float()
+        ref = torch.bmm(s["hidden"].view(bs, r, d).float(), rows.transpose(1, 2)).reshape(bs * r, W)
+        return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+
+    def window_fns(self, case: Case) -> tuple[list[Callable[[], object]], int, None]:
+        fn = _op("window_update")
+        cap, B, n, V = case.W, case.batch, case.block, case.vocab
+        R = max(self.args.window_batches)
+        dev = self.device
+        # Steady state: a full ring (the stream has wrapped), a published table.
+        ring = torch.randint(0, V, (R, cap + 1), generator=self.gen, device=dev, dtype=torch.int32)
+        ring[:, cap] = -1
+        length = torch.full((R,), 7 * cap + 5, dtype=torch.int64, device=dev)
+        ids = random_sets(R, cap, V, self.gen, dev)
+        cnt = torch.full((R,), cap, dtype=torch.int32, device=dev)
+        rows = torch.randperm(R, generator=self.gen, device=dev)[:B].to(torch.int64)
+        block = random_sets(B, n, V, self.gen, dev)  # distinct ids: draft tokens then top-K
+        perm = torch.rand(B, n, generator=self.gen, device=dev).argsort(1)
+        block = block.gather(1, perm)  # stream order, not sorted
+        short = torch.rand(B, generator=self.gen, device=dev) < 0.25  # some rows had duplicates removed
+        block[:, -2:] = torch.where(short[:, None], -1, block[:, -2:])
+        call = lambda: fn(ring, length, ids, cnt, rows, block, fallback_id=0, vocab_size=V, backend=case.backend)  # noqa: E731
+        return [call], 1, None
+
+
+def _op(name: str) -> Callable:
+    f = getattr(ops, name, None)
+    if f is None:
+        raise Skip(f"sglang_specvocab.ops has no {name} (ops API not there yet)")
+    return f
+
+
+def available_backends(device: torch.device) -> tuple[list[str] | None, str | None]:
+    f = getattr(ops, "available_backends", None)
+    if f is None:
+        return None, "sglang_specvocab.ops has no available_backends (ops API not there yet)"
+    try:
+        return list(f(device)), None
+    except Exception as exc:
+        return None, f"ops.available_backends({device}) raised {type(exc).__name__}: {exc}"
+
+
+# -- environment -------------------------------------------------------------------------------
+
+
+def _run_text(cmd: list[str]) -> str | None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=True)
+        return out.stdout.strip() or None
+    except Exception:
+        return None
+
+
+def environment(device: torch.device) -> dict:
+    dev: dict = {"type": device.type}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        dev.update(
+            name=props.name,
+            capability=f"{props.major}.{props.minor}",
+            sm_count=props.multi_processor_count,
+            memory_bytes=props.total_memory,
+            l2_bytes=getattr(props, "L2_cache_size", None),
+            driver=_run_text(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
+        )
+        if dev["driver"]:
+            lines = dev["driver"].splitlines()
+            dev["driver"] = lines[min(device.index or 0, len(lines) - 1)]
+    else:
+        dev.update(name=platform.processor() or platform.machine(), driver=None, threads=torch.get_num_threads())
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except Exception:
+        triton_version = None
+    git = _run_text(["git", "-C", str(ROOT), "rev-parse", "HEAD"])
+    dirty = _run_text(["git", "-C", str(ROOT), "status", "--porcelain"])
+    versions = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton_version,
+        "git": None if git is None else git + ("+dirty" if dirty else ""),
+    }
+    return {"device": dev, "versions": versions}
+
+
+def device_slug(env: dict) -> str:
+    if env["device"]["type"] == "cpu":
+        return "cpu"
+    name = re.sub(r"^nvidia\s+", "", env["device"]["name"].lower())
+    return re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "gpu"
+
+
+def measure_copy(bench: Bench) -> dict:
+    """Achievable bandwidth: a large device-to-device copy, bytes read + written over the median time."""
+    n = bench.args.copy_mb * (1 << 20)
+    src = torch.randint(0, 255, (n,), dtype=torch.uint8, device=bench.device, generator=bench.gen)
+    dst = torch.empty_like(src)
+    t = bench.timer([lambda: dst.copy_(src)])
+    stats = summarize(t.samples_us)
+    return {"copy_Bps": 2 * n / (stats["median_us"] * 1e-6), "copy_bytes": 2 * n, **stats}
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+def record_of(case: Case, **extra) -> dict:
+    rec = {"op": case.op, "backend": case.backend, "W": case.W, "d": case.d, "rows": case.rows, "batch": case.batch}
+    rec.update(M=case.M, vocab=case.vocab)
+    if case.block is not None:
+        rec["block"] = case.block
+    rec.update(extra)
+    return rec
+
+
+def run_case(bench: Bench, case: Case, avail: list[str] | None, avail_err: str | None, result: dict) -> dict:
+    if case.op in (*OURS, "window_update"):
+        if avail is None:
+            return record_of(case, status="skipped", reason=avail_err)
+        if case.backend not in avail:
+            why = (
+                f"backend '{case.backend}' unavailable on {bench.device.type} (available: {', '.join(avail) or 'none'})"
+            )
+            return record_of(case, status="skipped", reason=why)
+    try:
+        calls, sets, check = bench.fns(case)
+        err = check() if check is not None else None
+        timing = bench.timer(calls)
+    except Skip as exc:
+        return record_of(case, status="skipped", reason=str(exc))
+    except NotImplementedError as exc:
+        return record_of(case, status="skipped", reason=f"not implemented: {exc}"[:300])
+    except torch.cuda.OutOfMemoryError:
+        bench.data.clear()
+        if bench.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return record_of(case, status="skipped", reason="out of memory")
+    except Exception as exc:
+        if "CUDA error" in str(exc) or "illegal memory" in str(exc):
+            raise  # the context is gone: save and stop
+        return record_of(case, status="error", reason=f"{type(exc).__name__}: {exc}"[:300])
+    stats = summarize(timing.samples_us)
+    bw = result["bandwidth"]
+    rec = record_of(case, status="ok", **stats, inner=timing.inner, sets=sets, graph=timing.graph)
+    rec.update(bandwidth_fields(case_bytes(case, bench.elem), stats["median_us"], bw["peak_Bps"], bw["copy_Bps"]))
+    if case.op == "window_update":  # no bandwidth ideal for a sort-bound op
+        for k in ("ideal_us_peak", "frac_ideal", "ideal_us_copy", "frac_ideal_copy"):
+            rec[k] = None
+    if case.op in OURS:
+        tol = CHECK_TOL[bench.args.dtype]
+        finite = err is None or math.isfinite(err)
+        rec["rel_err"] = err if finite else None
+        if not finite:
+            rec["check"] = "FAILED (non-finite output)"
+        else:
+            rec["check"] = "skipped (too large)" if err is None else "ok" if err <= tol else f"FAILED (> {tol:g})"
+    if timing.note:
+        rec["note"] = timing.note
+    return rec
+
+
+def add_speedups(records: list[dict]) -> None:
+    """speedup_vs_index_select (and vs the dense static head) for each of our ok records."""
+    base = {
+        (r["W"], r["d"], r["rows"], r["batch"]): r["median_us"]
+        for r in records
+        if r["op"] == "index_select_matmul" and r["status"] == "ok"
+    }
+    dense = {
+        (r["d"], r["rows"], r["batch"]): r["median_us"]
+        for r in records
+        if r["op"] == "dense_static" and r["status"] == "ok"
+    }
+    for r in records:
+        if r["op"] in OURS and r["status"] == "ok":
+            b = base.get((r["W"], r["d"], r["rows"], r["batch"]))
+            s = dense.get((r["d"], r["rows"], r["batch"]))
+            r["speedup_vs_index_select"] = None if b is None else b / r["median_us"]
+            r["speedup_vs_dense_static"] = None if s is None else s / r["median_us"]
+
+
+def evaluate_targets(result: dict) -> list[dict]:
+    a = result["config"]
+    # a wrong output meets no target
+    recs = [r for r in result["records"] if r["status"] == "ok" and not r.get("check", "").startswith("FAILED")]
+    shape = [
+        r
+        for r in recs
+        if r["op"] in OURS and r["W"] in a["target_widths"] and r["d"] == a["target_d"] and r["rows"] <= TARGET_MAX_ROWS
+    ]
+    out = []
+    for op, be in sorted({(r["op"], r["backend"]) for r in shape}):
+        mine = [r for r in shape if (r["op"], r["backend"]) == (op, be)]
+        for ref, key in (("peak", "ideal_us_peak"), ("copy", "ideal_us_copy")):
+            rated = [r for r in mine if r.get(key)]
+            worst = max(rated, key=lambda r: r["median_us"] / r[key], default=None)
+            ratio = None if worst is None else worst["median_us"] / worst[key]
+            out.append(
+                {
+                    "target": f"within {TARGET_IDEAL_RATIO}x of the bandwidth ideal ({ref})",
+                    "op": op,
+                    "backend": be,
+                    "cases": len(rated),
+                    "worst": ratio,
+                    "worst_case": _where(worst),
+                    "met": None if ratio is None else ratio <= TARGET_IDEAL_RATIO,
+                    "unit": "x ideal time",
+                }
+            )
+        sp = [r for r in mine if r.get("speedup_vs_index_select")]
+        worst = min(sp, key=lambda r: r["speedup_vs_index_select"], default=None)
+        val = None if worst is None else worst["speedup_vs_index_select"]
+        out.append(
+            {
+                "target": f"at least {TARGET_SPEEDUP:g}x faster than index_select + matmul",
+                "op": op,
+                "backend": be,
+                "cases": len(sp),
+                "worst": val,
+                "worst_case": _where(worst),
+                "met": None if val is None else val >= TARGET_SPEEDUP,
+                "unit": "x speedup",
+            }
+        )
+    win = [r for r in recs if r["op"] == "window_update" and r["batch"] == a["target_window_batch"]]
+    for r in win:
+        out.append(
+            {
+                "target": f"window update at most {TARGET_WINDOW_US:g} us per round at batch {a['target_window_batch']}",
+                "op": "window_update",
+                "backend": r["backend"],
+                "cases": 1,
+                "worst": r["median_us"],
+                "worst_case": _where(r),
+                "met": r["median_us"] <= TARGET_WINDOW_US,
+                "unit": "us",
+            }
+        )
+    return out
+
+
+def _where(r: dict | None) -> str | None:
+    if r is None:
+        return None
+    if r["op"] == "window_update":
+        return f"batch {r['batch']}, capacity {r['W']}, block {r.get('block')}"
+    return f"W {r['W']}, d {r['d']}, rows {r['rows']}, batch {r['batch']}"
+
+
+# -- outputs -----------------------------------------------------------------------------------
+
+
+def _us(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.0f}" if x >= 1000 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
+
+
+def _f(x: float | None, fmt: str = ".2f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _cell(r: dict | None) -> str:
+    if r is None:
+        return "skip"
+    wrong = " WRONG" if r.get("check", "").startswith("FAILED") else ""
+    return f"{_us(r['median_us'])} ({_f(r['frac_ideal'])}){wrong}"
+
+
+def markdown(result: dict) -> str:
+    a, dev, bw = result["config"], result["device"], result["bandwidth"]
+    recs = result["records"]
+    ok = {(r["op"], r["backend"], r["W"], r["d"], r["rows"], r["batch"]): r for r in recs if r["status"] == "ok"}
+    cpu = dev["type"] == "cpu"
+    lines = [
+        f"# Head-op kernels on {dev.get('name')}" + (" (CPU: not GPU numbers)" if cpu else ""),
+        "",
+        f"- command: `{result['command']}`",
+        f"- device: {dev.get('name')}, driver {dev.get('driver')}; "
+        + ", ".join(f"{k} {v}" for k, v in result["versions"].items()),
+        f"- dtype {a['dtype']}; timing: {result['timing']['method']}; "
+        + ("L2-hot (no rotation)" if a["hot"] or cpu else "inputs rotated so a replay reads >= 3x L2"),
+        f"- peak bandwidth: {_f(bw['peak_Bps'] and bw['peak_Bps'] / 1e12, '.3f')} TB/s ({bw['peak_source']}); "
+        f"measured copy: {_f(bw['copy_Bps'] / 1e12, '.3f')} TB/s (read + write of {bw['copy_bytes'] / 2**20:.0f} MiB)",
+        "",
+        f"## Headline: W {', '.join(map(str, a['target_widths']))}, d {a['target_d']}",
+        "",
+        "Microseconds (median); in brackets the fraction of the bandwidth ideal vs peak (1.00 = at the limit). "
+        "`ideal` = batch x W x d x bytes / peak (and / measured copy). Speedups are of our best backend.",
+        "",
+    ]
+    cols = [(op, be) for op in OURS for be in a["backends"] if op in a["ops"]]
+    head = ["W", "rows", "batch", "ideal peak/copy"] + [f"{op} {be}" for op, be in cols]
+    head += ["index_select+mm", f"dense {a['dense_width']}", "best vs isel", "best vs dense"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    d = a["target_d"]
+    any_row = False
+    for W in a["target_widths"]:
+        for r in a["rows"]:
+            for b in a["batches"]:
+                mine = [ok.get((op, be, W, d, r, b)) for op, be in cols]
+                isel = ok.get(("index_select_matmul", "torch", W, d, r, b))
+                dense = ok.get(("dense_static", "torch", a["dense_width"], d, r, b))
+                if not any(mine) and not isel:
+                    continue
+                any_row = True
+                ref = next((x for x in (*mine, isel) if x), None)
+                cells = [str(W), str(r), str(b), f"{_us(ref['ideal_us_peak'])} / {_us(ref['ideal_us_copy'])}"]
+                cells += [_cell(x) for x in mine]
+                cells += [_us(isel["median_us"]) if isel else "-", _us(dense["median_us"]) if dense else "-"]
+                best = min((x for x in mine if x), key=lambda x: x["median_us"], default=None)
+                sp = best and best.get("speedup_vs_index_select")
+                sd = best and best.get("speedup_vs_dense_static")
+                cells += [f"{sp:.1f}x" if sp else "-", f"{sd:.1f}x" if sd else "-"]
+                lines.append("| " + " | ".join(cells) + " |")
+    if not any_row:
+        lines.append("| (no measured headline case) |" + " |" * (len(head) - 1))
+    win = [r for r in recs if r["op"] == "window_update"]
+    if win:
+        lines += ["", f"## Window update (capacity {a['capacity']}, block {a['draft_tokens']} + {a['topk_ids']})", ""]
+        lines += ["| backend | batch | median us | p10-p90 us |", "|---|---|---|---|"]
+        for r in win:
+            if r["status"] == "ok":
+                lines.append(
+                    f"| {r['backend']} | {r['batch']} | {_us(r['median_us'])} | {_us(r['p10_us'])}-{_us(r['p90_us'])} |"
+                )
+            else:
+                lines.append(f"| {r['backend']} | {r['batch']} | {r['status']} | {r['reason']} |")
+    lines += ["", "## Targets" + (" (CPU run: the targets are for the GPU)" if cpu else ""), ""]
+    lines += ["| target | op | backend | cases | worst | where | met |", "|---|---|---|---|---|---|---|"]
+    for t in result["targets"]:
+        met = "no data" if t["met"] is None else "**met**" if t["met"] else "not met"
+        worst = "-" if t["worst"] is None else f"{_f(t['worst'])} {t['unit']}"
+        lines.append(
+            f"| {t['target']} | {t['op']} | {t['backend']} | {t['cases']} | {worst} | {t['worst_case'] or '-'} | {met} |"
+        )
+    if not result["targets"]:
+        lines.append("| (no data) | | | | | | |")
+    bad = [r for r in recs if r.get("check", "ok").startswith("FAILED") or r["status"] == "error"]
+    if bad:
+        lines += ["", "## Failures", ""]
+        for r in bad[:40]:
+            lines.append(f"- {r['op']} {r['backend']} ({_where(r)}): {r.get('reason') or r.get('check')}")
+    skipped = Counter(r["reason"] for r in recs if r["status"] == "skipped")
+    if skipped:
+        lines += ["", "## Skipped", ""]
+        lines += [f"- {n} x {reason}" for reason, n in skipped.most_common()]
+    n_ok = sum(r["status"] == "ok" for r in recs)
+    lines += ["", f"{n_ok} of {len(recs)} cases measured; every number is in the JSON beside this file.", ""]
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> bool:
+    """GB/s vs W per (op, backend) at the target d (else the largest measured d); one panel per (rows, batch)."""
+    recs = [r for r in result["records"] if r["status"] == "ok" and r["op"] != "window_update"]
+    if not recs:
+        return False
+    dims = {r["d"] for r in recs}
+    d = result["config"]["target_d"] if result["config"]["target_d"] in dims else max(dims)
+    recs = [r for r in recs if r["d"] == d]
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = sorted({r["rows"] for r in recs})
+    batches = sorted({r["batch"] for r in recs})
+    fig, axes = plt.subplots(len(rows), len(batches), figsize=(3.6 * len(batches), 2.8 * len(rows)), squeeze=False)
+    bw = result["bandwidth"]
+    series = sorted({(r["op"], r["backend"]) for r in recs})
+    for i, nr in enumerate(rows):
+        for j, b in enumerate(batches):
+            ax = axes[i][j]
+            for op, be in series:
+                pts = sorted(
+                    (r["W"], r["gbps"])
+                    for r in recs
+                    if (r["op"], r["backend"], r["rows"], r["batch"]) == (op, be, nr, b)
+                )
+                if not pts:
+                    continue
+                x, y = zip(*pts, strict=True)
+                dense = op.startswith("dense")
+                ax.plot(x, y, "s" if dense else "o-", ms=4, label=f"{op} {be}" if op in OURS else op)
+            if bw["peak_Bps"]:
+                ax.axhline(bw["peak_Bps"] / 1e9, color="k", ls="--", lw=0.8)
+            ax.axhline(bw["copy_Bps"] / 1e9, color="gray", ls=":", lw=0.8)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"rows {nr}, batch {b}", fontsize=9)
+            ax.tick_params(labelsize=7)
+            if j == 0:
+                ax.set_ylabel("GB/s (rows read once)", fontsize=8)
+            if i == len(rows) - 1:
+                ax.set_xlabel("W (head rows)", fontsize=8)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="lower center", ncol=min(4, max(1, len(labels))), fontsize=8)
+    fig.suptitle(
+        f"{result['device'].get('name')}, d = {d}, {result['config']['dtype']} (dashed: peak, dotted: measured copy)",
+        fontsize=10,
+    )
+    fig.tight_layout(rect=(0, 0.08, 1, 0.96))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def save(result: dict, out: Path, with_plot: bool) -> None:
+    add_speedups(result["records"])
+    result["targets"] = evaluate_targets(result)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, allow_nan=False) + "\n")
+    out.with_suffix(".md").write_text(markdown(result))
+    if with_plot:
+        png = out.with_suffix(".png")
+        result["plot"] = png.name if plot(result, png) else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
+    argv_list = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv_list)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("bench_kernels: error: --device cuda but torch sees no GPU (use --device cpu)", file=sys.stderr)
+        return 2
+    if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    env = environment(device)
+    out = args.out or ROOT / "benchmarks" / f"kernels-{device_slug(env)}.json"
+    torch.manual_seed(args.seed)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(args.seed)
+    if device.type == "cuda":
+        timer = CudaTimer(device, args.iters, args.warmup, args.max_ms, graph=not args.no_graph)
+    else:
+        timer = CpuTimer(args.iters, args.warmup, args.max_ms)
+    bench = Bench(args, device, DTYPES[args.dtype], timer, env["device"].get("l2_bytes"), gen)
+    if args.peak_bw is not None:
+        peak, source = args.peak_bw, "--peak-bw"
+    elif device.type == "cuda":
+        peak, source = default_peak(env["device"]["name"])
+    else:
+        peak, source = None, "none for a CPU: use --peak-bw"
+    copy = measure_copy(bench)
+    config = {k: v for k, v in vars(args).items() if k not in ("out",)}
+    result = {
+        "schema": SCHEMA,
+        "cpu": device.type == "cpu",
+        **env,
+        "command": shlex.join(["python", "scripts/bench_kernels.py", *argv_list]),
+        "argv": argv_list,
+        "config": config,
+        "timing": {"method": timer.method, "iters": args.iters, "warmup": args.warmup, "max_ms": args.max_ms},
+        "bandwidth": {"peak_Bps": peak, "peak_source": source, **copy},
+        "records": [],
+        "targets": [],
+    }
+    avail, avail_err = available_backends(device)
+    result["available_backends"] = avail
+    cases = expand(args)
+    print(
+        f"bench_kernels: {len(cases)} cases on {env['device'].get('name')} ({args.preset} sweep); "
+        f"backends available: {avail if avail is not None else avail_err}; "
+        f"copy {copy['copy_Bps'] / 1e9:.0f} GB/s; peak {peak and peak / 1e9} GB/s ({source}); out {out}",
+        flush=True,
+    )
+    bar = None
+    if tqdm is not None and not args.no_progress:
+        bar = tqdm(total=len(cases), unit="case", desc="bench", mininterval=2.0, file=sys.stderr)
+    last_d, last_save = object(), time.perf_counter()
+    try:
+        for case in cases:
+            if result["records"] and (case.d != last_d or time.perf_counter() - last_save > 60):
+                save(result, out, with_plot=False)  # a run cut short keeps what it measured
+                last_save = time.perf_counter()
+            last_d = case.d
+            if bar is not None:
+                bar.set_postfix_str(
+                    f"{case.op} {case.backend} W{case.W} d{case.d} r{case.rows} b{case.batch}", refresh=False
+                )
+            if args.time_budget_s is not None and time.perf_counter() - started > args.time_budget_s:
+                why = f"time budget reached (--time-budget-s {args.time_budget_s:g})"
+                result["records"].append(record_of(case, status="skipped", reason=why))
+            else:
+                result["records"].append(run_case(bench, case, avail, avail_err, result))
+            if bar is not None:
+                bar.update()
+    finally:
+        if bar is not None:
+            bar.close()
+        save(result, out, with_plot=not args.no_plot)
+        out.write_text(json.dumps(result, indent=1, allow_nan=False) + "\n")  # with the plot's name
+    md = out.with_suffix(".md").read_text()
+    print(md.split("## Skipped")[0].rstrip())
+    print(f"\nwrote {out} and {out.with_suffix('.md').name}" + (f", {result['plot']}" if result.get("plot") else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""Triton backend of the head ops ``indexed_logits`` and ``packed_logits``.
+
+Both ops are bandwidth bound: every live candidate row of the head (``d`` elements) is read once
+per slot and multiplied with the few hidden rows of that slot (tree branches of one request sit in
+consecutive rows). So one kernel serves both (constexpr ``PACKED`` picks the row address: a gather
+through ``ids`` into ``weight``, or the contiguous ``packed[s, j]``), and its program owns a group of
+``ROWS`` consecutive hidden rows and a tile of ``BLOCK_W`` candidate columns:
+
+* grid ``(cdiv(M, ROWS), cdiv(W, BLOCK_W))``;
+* the program loops over the distinct slots of its rows (one pass when the group holds one
+  request, which is the common case; any ``row_to_slot`` stays correct, just with more passes);
+* per pass it streams the slot's ``[BLOCK_W, d]`` candidate tile in ``BLOCK_D`` chunks, loading
+  each chunk once and feeding it to ``tl.dot`` against all rows of the group that map to that slot
+  (fp32 accumulation; fp32 inputs use ``input_precision="ieee"``, no tf32);
+* columns ``j >= cnt[s]`` are never loaded (masked), a tile that is wholly dead skips the ``d``
+  loop, and the output there is ``-inf``;
+* row addresses are int64 (``V * d`` and ``R * W * d`` may pass 2**31).
+
+The wrappers only allocate and launch (no host syncs), so they can sit inside a CUDA-graph-captured
+decoding loop. ``compile_for`` AOT-compiles the kernel for a ``GPUTarget`` without a GPU.
+
+The Triton interpreter (``TRITON_INTERPRET=1``) treats bf16 ``tl.dot`` operands as raw uint16 bits;
+when interpreting, bf16 tiles are upcast to fp32 before the dot (constexpr ``DOT_FP32``), which is
+exact because bf16 products are exact in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.runtime.jit import JITFunction
+
+__all__ = ["compile_for", "indexed_logits", "packed_logits"]
+
+ROWS = 16  # hidden rows per program; tl.dot needs >= 16 on GPU targets
+_INT32_MAX = tl.constexpr(2147483647)  # "no slot left" sentinel
+
+
+@triton.jit
+def _head_logits_kernel(
+    h_ptr,
+    w_ptr,
+    ids_ptr,
+    cnt_ptr,
+    slot_ptr,
+    out_ptr,
+    M,
+    W,
+    D,
+    stride_h,
+    stride_ws,
+    stride_wr,
+    stride_ids,
+    stride_out,
+    PACKED: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_w = tl.program_id(1)
+    rows = pid_m * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < M
+    rows64 = rows.to(tl.int64)
+    slots = tl.load(slot_ptr + rows, mask=row_ok, other=0)
+    cols = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
+    col_in = cols < W
+    offs_d = tl.arange(0, BLOCK_D)
+
+    todo = row_ok
+    s = tl.min(tl.where(todo, slots, _INT32_MAX), axis=0)
+    while s != _INT32_MAX:
+        act = todo & (slots == s)
+        s64 = s.to(tl.int64)
+        c = tl.load(cnt_ptr + s)
+        live = cols < c
+        if PACKED:
+            roff = s64 * stride_ws + cols.to(tl.int64) * stride_wr
+        else:
+            idx = tl.load(ids_ptr + s64 * stride_ids + cols, mask=live, other=0)
+            roff = idx.to(tl.int64) * stride_wr
+        acc = tl.zeros((ROWS, BLOCK_W), dtype=tl.float32)
+        d_end = tl.where(pid_w * BLOCK_W < c, D, 0)  # a wholly dead tile reads nothing
+        for k in range(0, d_end, BLOCK_D):
+            dk = k + offs_d
+            d_ok = dk < D
+            h = tl.load(h_ptr + rows64[:, None] * stride_h + dk[None, :], mask=act[:, None] & d_ok[None, :], other=0.0)
+            w = tl.load(w_ptr + roff[:, None] + dk[None, :], mask=live[:, None] & d_ok[None, :], other=0.0)
+            if DOT_FP32:
+                h = h.to(tl.float32)
+                w = w.to(tl.float32)
+            acc = tl.dot(h, tl.trans(w), acc, input_precision="ieee")
+        res = tl.where(live[None, :], acc, float("-inf"))
+        tl.store(out_ptr + rows64[:, None] * stride_out + cols[None, :], res, mask=act[:, None] & col_in[None, :])
+        todo = todo & (slots != s)
+        s = tl.min(tl.where(todo, slots, _INT32_MAX), axis=0)
+
+
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# Arguments the JIT sees as multiples of 16 in real use (torch pointers; d and row strides of a
+# hidden size such as 4096): declared so for AOT, which lets loads vectorise and the d loop pipeline.
+_ALIGNED = ("h_ptr", "w_ptr", "ids_ptr", "cnt_ptr", "slot_ptr", "out_ptr", "D", "stride_h", "stride_ws", "stride_wr")
+_TL_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def _interpreting() -> bool:
+    return not isinstance(_head_logits_kernel, JITFunction)
+
+
+def _blocks(dtype: torch.dtype, M: int, W: int) -> tuple[int, int]:
+    """(BLOCK_W, BLOCK_D) from static shapes only: wide tiles, narrower when the grid would be small."""
+    block_d = 128 if dtype != torch.float32 else 64
+    block_w = 64 if triton.cdiv(M, ROWS) * triton.cdiv(W, 64) >= 256 else 32
+    return block_w, block_d
+
+
+def _need(ok: bool, op: str, msg: str) -> None:
+    if not ok:
+        raise ValueError(f"{op}: {msg}")
+
+
+def _check_common(op, hidden, table, cnt, row_to_slot, R) -> None:
+    _need(hidden.dim() == 2, op, f"hidden must be [M, d], got shape {tuple(hidden.shape)}")
+    _need(hidden.dtype in _DTYPES, op, f"hidden dtype {hidden.dtype} must be one of bf16, fp16, fp32")
+    _need(table.dtype == hidden.dtype, op, f"table dtype {table.dtype} must equal hidden dtype {hidden.dtype}")
+    _need(table.shape[-1] == hidden.shape[1], op, f"hidden has d={hidden.shape[1]} but table has d={table.shape[-1]}")
+    _need(
+        cnt.dim() == 1 and cnt.dtype == torch.int32 and cnt.shape[0] == R,
+        op,
+        f"cnt must be int32 [R={R}], got {cnt.dtype} {tuple(cnt.shape)}",
+    )
+    _need(
+        row_to_slot.dim() == 1 and row_to_slot.dtype == torch.int32 and row_to_slot.shape[0] == hidden.shape[0],
+        op,
+        f"row_to_slot must be int32 [M={hidden.shape[0]}], got {row_to_slot.dtype} {tuple(row_to_slot.shape)}",
+    )
+    devices = {t.device for t in (hidden, table, cnt, row_to_slot)}
+    _need(len(devices) == 1, op, f"all tensors must be on one device, got {sorted(map(str, devices))}")
+
+
+def _inner_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _launch(hidden, table, ids, cnt, row_to_slot, W, packed, block_w, block_d, num_warps) -> torch.Tensor:
+    M, D = hidden.shape
+    out = torch.empty((M, W), dtype=torch.float32, device=hidden.device)
+    if M == 0:
+        return out
+    bw, bd = _blocks(hidden.dtype, M, W)
+    block_w, block_d = block_w or bw, block_d or bd
+    hidden = _inner_contiguous(hidden)
+    table = _inner_contiguous(table)
+    cnt = cnt.contiguous()
+    row_to_slot = row_to_slot.contiguous()
+    if packed:
+        stride_ws, stride_wr = table.stride(0), table.stride(1)
+        ids, stride_ids = cnt, 0  # never read when PACKED
+    else:
+        ids = _inner_contiguous(ids)
+        stride_ws, stride_wr, stride_ids = 0, table.stride(0), ids.stride(0)
+    grid = (triton.cdiv(M, ROWS), triton.cdiv(W, block_w))
+    _head_logits_kernel[grid](
+        hidden,
+        table,
+        ids,
+        cnt,
+        row_to_slot,
+        out,
+        M,
+        W,
+        D,
+        hidden.stride(0),
+        stride_ws,
+        stride_wr,
+        stride_ids,
+        out.stride(0),
+        PACKED=packed,
+        ROWS=ROWS,
+        BLOCK_W=block_w,
+        BLOCK_D=block_d,
+        DOT_FP32=hidden.dtype == torch.bfloat16 and _interpreting(),
+        num_warps=num_warps,
+    )
+    return out
+
+
+def indexed_logits(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    ids: torch.Tensor,
+    cnt: torch.Tensor,
+    row_to_slot: torch.Tensor,
+    *,
+    block_w: int | None = None,
+    block_d: int | None = None,
+    num_warps: int = 4,
+) -> torch.Tensor:
+    """``out[m, j] = dot(weight[ids[s, j]], hidden[m])`` for ``j < cnt[s]``, else -inf; ``s = row_to_slot[m]``.
+
+    hidden ``[M, d]``, weight ``[V, d]`` (bf16/fp16/fp32, same dtype), ids ``[R, W]`` int32, cnt ``[R]``
+    int32 in ``[1, W]``, row_to_slot ``[M]`` int32. Returns fp32 ``[M, W]``. Shape checks only: values
+    are not checked (that would sync). ``block_w``/``block_d`` (powers of two >= 16) override the tiles.
+    """
+    op = "indexed_logits"
+    _need(weight.dim() == 2, op, f"weight must be [V, d], got shape {tuple(weight.shape)}")
+    _need(
+        ids.dim() == 2 and ids.dtype == torch.int32, op, f"ids must be int32 [R, W], got {ids.dtype} {tuple(ids.shape)}"
+    )
+    _need(ids.device == hidden.device, op, f"ids on {ids.device} but hidden on {hidden.device}")
+    _check_common(op, hidden, weight, cnt, row_to_slot, ids.shape[0])
+    return _launch(hidden, weight, ids, cnt, row_to_slot, ids.shape[1], False, block_w, block_d, num_warps)
+
+
+def packed_logits(
+    hidden: torch.Tensor,
+    packed: torch.Tensor,
+    cnt: torch.Tensor,
+    row_to_slot: torch.Tensor,
+    *,
+    block_w: int | None = None,
+    block_d: int | None = None,
+    num_warps: int = 4,
+) -> torch.Tensor:
+    """``out[m, j] = dot(packed[s, j], hidden[m])`` for ``j < cnt[s]``, else -inf; ``s = row_to_slot[m]``.
+
+    hidden ``[M, d]``, packed ``[R, W, d]`` (same dtype), cnt ``[R]`` int32 in ``[1, W]``,
+    row_to_slot ``[M]`` int32. Returns fp32 ``[M, W]``.
+    """
+    op = "packed_logits"
+    _need(packed.dim() == 3, op, f"packed must be [R, W, d], got shape {tuple(packed.shape)}")
+    _check_common(op, hidden, packed, cnt, row_to_slot, packed.shape[0])
+    return _launch(hidden, packed, None, cnt, row_to_slot, packed.shape[1], True, block_w, block_d, num_warps)
+
+
+def compile_for(
+    target: GPUTarget,
+    dtypes: tuple[torch.dtype, ...] = _DTYPES,
+    packed: tuple[bool, ...] = (False, True),
+    num_warps: int = 4,
+    num_stages: int = 3,
+) -> dict[tuple[str, bool], object]:
+    """AOT-compile the kernel for ``target`` (no GPU needed); ``{(dtype name, PACKED): CompiledKernel}``.
+
+    Uses the default tiles of each dtype with ``BLOCK_W = 64``; pointers, ``d`` and the row strides of
+    hidden/table are declared multiples of 16 (as the JIT specialises them for real shapes).
+    ``CompiledKernel.asm`` holds ``ttir``, ``ttgir``, ``llir``, ``ptx`` and ``cubin``.
+    """
+    kernel = _head_logits_kernel
+    if not isinstance(kernel, JITFunction):  # module imported under TRITON_INTERPRET=1
+        kernel = JITFunction(kernel.fn)
+    backend = triton.compiler.make_backend(target)
+    options = backend.parse_options({"num_warps": num_warps, "num_stages": num_stages, "enable_fp_fusion": True})
+    out = {}
+    for dtype in dtypes:
+        ty = _TL_NAME[dtype]
+        for is_packed in packed:
+            signature = {
+                "h_ptr": f"*{ty}",
+                "w_ptr": f"*{ty}",
+                "ids_ptr": "*i32",
+                "cnt_ptr": "*i32",
+                "slot_ptr": "*i32",
+                "out_ptr": "*fp32",
+                **{name: "i32" for name in ("M", "W", "D", "stride_h", "stride_ws", "stride_wr", "stride_ids")},
+                "stride_out": "i32",
+            }
+            constexprs = {
+                "PACKED": is_packed,
+                "ROWS": ROWS,
+                "BLOCK_W": 64,
+                "BLOCK_D": _blocks(dtype, 1 << 20, 1 << 20)[1],
+                "DOT_FP32": False,
+            }
+            for name in constexprs:
+                signature[name] = "constexpr"
+            attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in _ALIGNED}
+            src = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+            out[(ty, is_packed)] = triton.compile(src, target=target, options=options.__dict__)
+    return out

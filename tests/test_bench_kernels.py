@@ -1,0 +1,181 @@
+"""scripts/bench_kernels.py on the CPU: the sweep, the bandwidth math and the report files."""
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sglang_specvocab import ops
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_kernels.py"
+spec = importlib.util.spec_from_file_location("bench_kernels", SCRIPT)
+bench = importlib.util.module_from_spec(spec)
+sys.modules.setdefault("bench_kernels", bench)  # dataclasses look their module up there
+spec.loader.exec_module(bench)
+
+
+# -- pure parts ------------------------------------------------------------------------------
+
+
+def test_full_sweep_expands_to_the_issue_grid():
+    args = bench.parse_args(["--device", "cpu", "--backends", "cuda,triton"])
+    cases = bench.expand(args)
+    by_op = {}
+    for c in cases:
+        by_op.setdefault(c.op, []).append(c)
+    grid = 8 * 4 * 3 * 4  # W x d x rows x batch
+    assert len(by_op["indexed"]) == len(by_op["packed"]) == 2 * grid
+    assert len(by_op["index_select_matmul"]) == grid
+    assert len(by_op["dense_static"]) == 4 * 3 * 4 and {c.W for c in by_op["dense_static"]} == {32768}
+    assert len(by_op["dense_full"]) == 3 * 4 * 3 * 4 and {c.W for c in by_op["dense_full"]} == {128256, 151936, 262144}
+    assert [(c.batch, c.backend) for c in by_op["window_update"]] == [
+        (b, be) for b in (1, 8, 64) for be in ("cuda", "triton")
+    ]
+    assert {c.W for c in by_op["window_update"]} == {3072} and {c.block for c in by_op["window_update"]} == {19}
+    assert {(c.W, c.d, c.rows, c.batch) for c in by_op["indexed"]} == {
+        (W, d, r, b)
+        for W in (512, 1024, 2048, 3072, 4096, 8192, 16384, 32768)
+        for d in (640, 2048, 4096, 5120)
+        for r in (1, 4, 10)
+        for b in (1, 8, 32, 64)
+    }
+    # the target d runs first (a run cut short still has the headline), each d once
+    ds = [c.d for c in cases if c.d is not None]
+    assert ds[0] == 4096 and [d for i, d in enumerate(ds) if i == 0 or ds[i - 1] != d] == [4096, 640, 2048, 5120]
+    assert len(set(cases)) == len(cases)
+    assert bench.weight_rows(args) == 262144
+
+
+def test_quick_and_overrides():
+    args = bench.parse_args(["--quick", "--device", "cpu", "--ops", "indexed,window_update", "--backends", "triton"])
+    cases = bench.expand(args)
+    assert {c.op for c in cases} == {"indexed", "window_update"}
+    assert {(c.W, c.d) for c in cases if c.op == "indexed"} == {(2048, 4096), (3072, 4096)}
+    assert len([c for c in cases if c.op == "indexed"]) == 2 * 3 * 4
+    args = bench.parse_args(["--tiny", "--device", "cpu", "--widths", "16,32", "--rows", "3"])
+    assert args.widths == [16, 32] and args.rows == [3] and args.dims == [32]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--ops", "nope"])
+
+
+def test_bandwidth_math_and_peaks():
+    f = bench.bandwidth_fields(16_777_216, 10.0, 3.35e12, 3.0e12)
+    assert f["gbps"] == pytest.approx(16_777_216 / 10e-6 / 1e9)
+    assert f["ideal_us_peak"] == pytest.approx(16_777_216 / 3.35e12 * 1e6)
+    assert f["frac_ideal"] == pytest.approx((16_777_216 / 3.35e12) / 10e-6)
+    assert f["frac_ideal_copy"] == pytest.approx((16_777_216 / 3.0e12) / 10e-6)
+    assert bench.bandwidth_fields(100, 1.0, None, 1e9)["frac_ideal"] is None
+    c = bench.Case("indexed", "cuda", 2048, 4096, 4, 8, 128256)
+    assert bench.case_bytes(c, 2) == 8 * 2048 * 4096 * 2 and c.M == 32
+    assert bench.case_bytes(bench.Case("dense_full", "torch", 128256, 4096, 4, 8, 128256), 2) == 128256 * 4096 * 2
+    assert bench.default_peak("NVIDIA H100 80GB HBM3")[0] == 3.35e12
+    assert bench.default_peak("NVIDIA H200")[0] == 4.8e12
+    assert bench.default_peak("NVIDIA H100 PCIe")[0] == 2.0e12
+    assert bench.default_peak("Some GPU")[0] is None
+    assert bench.cold_sets(16 << 20, 50 << 20, hot=False) == 10  # 16 MB calls, 50 MB L2: rotate
+    assert bench.cold_sets(1 << 30, 50 << 20, hot=False) == 1
+    assert bench.cold_sets(16 << 20, 50 << 20, hot=True) == 1
+
+
+def test_random_sets_are_sorted_distinct():
+    ids = bench.random_sets(5, 40, 100, torch.Generator().manual_seed(0), torch.device("cpu"))
+    assert ids.dtype == torch.int32 and ids.shape == (5, 40)
+    for row in ids.tolist():
+        assert row == sorted(set(row)) and 0 <= row[0] and row[-1] < 100
+
+
+# -- the whole script on tiny shapes -----------------------------------------------------------
+
+
+def run(tmp_path, *extra):
+    out = tmp_path / "kernels-cpu.json"
+    argv = ["--device", "cpu", "--tiny", "--iters", "4", "--warmup", "1", "--threads", "1", "--no-progress"]
+    argv += ["--peak-bw", "2e10", "--out", str(out), *extra]
+    assert bench.main(argv) == 0
+    return out, json.loads(out.read_text())
+
+
+def test_cpu_run_writes_json_md_and_plot(tmp_path):
+    out, res = run(tmp_path, "--backends", "torch,triton")
+    assert res["schema"] == bench.SCHEMA and res["cpu"] is True
+    for key in ("device", "versions", "command", "argv", "bandwidth", "records", "targets", "timing", "config"):
+        assert key in res
+    assert {"name", "driver", "type"} <= set(res["device"])
+    assert {"torch", "cuda", "triton", "python"} <= set(res["versions"])
+    assert res["command"].startswith("python scripts/bench_kernels.py") and "--tiny" in res["command"]
+    bw = res["bandwidth"]
+    assert bw["peak_Bps"] == 2e10 and bw["peak_source"] == "--peak-bw"
+    assert bw["copy_Bps"] > 0 and math.isfinite(bw["copy_Bps"]) and bw["copy_bytes"] == 2 * 8 * 2**20
+
+    recs = res["records"]
+    keys = [(r["op"], r["backend"], r["W"], r["d"], r["rows"], r["batch"]) for r in recs]
+    assert len(keys) == len(set(keys))
+    ok = [r for r in recs if r["status"] == "ok"]
+    assert {r["op"] for r in ok} == set(bench.OPS)
+    for r in ok:
+        for k in ("median_us", "p10_us", "p90_us", "gbps", "bytes"):
+            assert r[k] > 0 and math.isfinite(r[k]), (k, r)
+        assert r["p10_us"] <= r["median_us"] <= r["p90_us"]
+        if r["op"] == "window_update":
+            assert r["frac_ideal"] is None and r["W"] == 64 and r["block"] == 10
+            continue
+        elem = 2  # bf16
+        nbytes = r["W"] * r["d"] * elem * (1 if r["op"].startswith("dense") else r["batch"])
+        assert r["bytes"] == nbytes
+        t = r["median_us"] * 1e-6
+        assert r["gbps"] == pytest.approx(nbytes / t / 1e9)
+        assert r["ideal_us_peak"] == pytest.approx(nbytes / 2e10 * 1e6)
+        assert r["frac_ideal"] == pytest.approx((nbytes / 2e10) / t)
+        assert r["frac_ideal_copy"] == pytest.approx((nbytes / bw["copy_Bps"]) / t)
+    base = {(r["W"], r["d"], r["rows"], r["batch"]): r["median_us"] for r in ok if r["op"] == "index_select_matmul"}
+    for r in ok:
+        if r["op"] in ("indexed", "packed"):
+            assert r["backend"] == "torch" and r["check"] == "ok" and r["rel_err"] < 1e-3
+            assert r["speedup_vs_index_select"] == pytest.approx(
+                base[(r["W"], r["d"], r["rows"], r["batch"])] / r["median_us"]
+            )
+            assert r["speedup_vs_dense_static"] > 0
+
+    # the unavailable backend: one skipped record per case, with the reason
+    tri = [r for r in recs if r["backend"] == "triton"]
+    assert tri and all(r["status"] == "skipped" for r in tri)
+    assert all("triton" in r["reason"] and "unavailable" in r["reason"] for r in tri)
+    assert {r["op"] for r in tri} == {"indexed", "packed", "window_update"}
+
+    kinds = {t["target"].split(" (")[0] for t in res["targets"]}
+    assert any("bandwidth ideal" in k for k in kinds) and any("index_select" in k for k in kinds)
+    assert any("window update" in k for k in kinds)
+    for t in res["targets"]:
+        assert t["met"] in (True, False) and t["cases"] >= 1
+
+    md = out.with_suffix(".md").read_text()
+    assert "CPU" in md and "## Headline: W 64, 128, d 32" in md and "## Targets" in md
+    assert "| 64 | 1 | 1 |" in md and "indexed torch" in md and "## Window update" in md
+    assert "backend 'triton' unavailable" in md
+    if res.get("plot"):
+        assert (tmp_path / res["plot"]).stat().st_size > 0
+
+
+def test_memory_cap_and_missing_api_are_recorded(tmp_path, monkeypatch):
+    out, res = run(tmp_path, "--ops", "packed,dense_full", "--backends", "torch", "--max-mem-gb", "1e-6", "--no-plot")
+    recs = res["records"]
+    assert recs and all(r["status"] == "skipped" for r in recs)
+    dense = [r for r in recs if r["op"] == "dense_full"]
+    assert dense and all("--max-mem-gb" in r["reason"] for r in dense)
+    # without the ops API every one of our cases says why, and the run still completes
+    monkeypatch.delattr(ops, "available_backends", raising=False)
+    out, res = run(tmp_path, "--ops", "indexed,window_update", "--backends", "torch", "--no-plot")
+    assert all(r["status"] == "skipped" and "available_backends" in r["reason"] for r in res["records"])
+    assert "no measured headline case" in out.with_suffix(".md").read_text()
+
+
+def test_time_budget_records_the_rest_as_skipped(tmp_path):
+    out, res = run(
+        tmp_path, "--ops", "indexed,dense_static", "--backends", "torch", "--time-budget-s", "0", "--no-plot"
+    )
+    assert res["records"] and all("time budget" in r["reason"] for r in res["records"])
+    assert "time budget reached" in out.with_suffix(".md").read_text()

@@ -1,0 +1,380 @@
+"""The compiled ops (csrc/): registration, CPU kernels equal to the torch reference, fake kernels,
+the CUDA machine code in the built library, and the backend choice a config makes."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_llama
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from literal import LiteralWindow
+
+from sglang_specvocab import ops
+from sglang_specvocab.config import ConfigError, parse_config
+from sglang_specvocab.ops import _ext, reference
+from sglang_specvocab.policies import build_policy
+from sglang_specvocab.reference import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMAS = {
+    "indexed_logits": "specvocab::indexed_logits(Tensor hidden, Tensor weight, Tensor ids, Tensor cnt, "
+    "Tensor row_to_slot) -> Tensor",
+    "packed_logits": "specvocab::packed_logits(Tensor hidden, Tensor packed, Tensor cnt, Tensor row_to_slot) -> Tensor",
+    "window_update": "specvocab::window_update(Tensor(a!) ring, Tensor(b!) length, Tensor(c!) ids, Tensor(d!) cnt, "
+    "Tensor rows, Tensor block, int fallback_id, int vocab_size) -> ()",
+    "pack_update": "specvocab::pack_update(Tensor(a!) packed, Tensor(b!) packed_ids, Tensor weight, Tensor ids, "
+    "Tensor cnt, Tensor rows) -> ()",
+}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _built_with_nvcc() -> bool:
+    return shutil.which("nvcc") is not None and not os.environ.get("SPECVOCAB_NO_CUDA")
+
+
+def test_extension_loads():
+    assert _ext.available(), _ext.reason()
+
+
+@pytest.mark.parametrize("op", sorted(SCHEMAS))
+def test_schema_and_kernels_registered(op):
+    assert _ext.available(), _ext.reason()
+    assert str(getattr(torch.ops.specvocab, op).default._schema) == SCHEMAS[op]
+    name = f"specvocab::{op}"
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU")
+    # CI builds with nvcc: the CUDA kernels must be there even though no GPU can run them.
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "CUDA") == _built_with_nvcc()
+    assert _ext.has_cuda_kernels() == _built_with_nvcc()
+
+
+def _cuobjdump() -> str:
+    import triton
+
+    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    assert path.exists(), f"cuobjdump not found at {path}"
+    return str(path)
+
+
+@pytest.mark.skipif(not _built_with_nvcc(), reason="this build has no CUDA kernels (nvcc absent)")
+def test_library_has_hopper_and_ampere_machine_code():
+    import importlib.util
+
+    lib = importlib.util.find_spec("sglang_specvocab._C").origin
+    elf = subprocess.run([_cuobjdump(), "--list-elf", lib], capture_output=True, text=True, check=True).stdout
+    archs = re.findall(r"\.(sm_\d+a?)\.cubin", elf)
+    # one cubin per .cu file and architecture
+    assert archs.count("sm_90a") == 3 and archs.count("sm_80") == 3, elf
+    ptx = subprocess.run([_cuobjdump(), "--list-ptx", lib], capture_output=True, text=True, check=True).stdout
+    assert "sm_80.ptx" in ptx, ptx  # forward-compatible PTX
+    sass = subprocess.run(
+        [_cuobjdump(), "--dump-sass", "--gpu-architecture", "sm_90a", lib], capture_output=True, text=True, check=True
+    ).stdout
+    for kernel in ("indexed_logits_kernel", "window_update_kernel", "pack_update"):
+        assert kernel in sass, f"{kernel} has no sm_90a code"
+
+
+# --- logits ops: the C++ CPU kernels against the reference -----------------------------------------
+
+
+def _case(seed: int, dtype, *, M: int, R: int, W: int, d: int, V: int):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(M, d, generator=g).to(dtype)
+    weight = torch.randn(V, d, generator=g).to(dtype)
+    ids = torch.randint(0, V, (R, W), generator=g, dtype=torch.int32)
+    ids[:, -1] = ids[:, 0]  # duplicate ids in a row
+    cnt = torch.randint(1, W + 1, (R,), generator=g, dtype=torch.int32)
+    cnt[0], cnt[-1] = 1, W  # both ends of the range
+    slot = torch.randint(0, R, (M,), generator=g, dtype=torch.int32)
+    slot[: M // 2] = slot[0]  # rows sharing a slot, runs and scattered
+    return hidden, weight, ids, cnt, slot
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, d: int) -> None:
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    assert torch.equal(torch.isinf(got), torch.isinf(want))  # -inf exactly where the reference has it
+    fin = torch.isfinite(want)
+    torch.testing.assert_close(got[fin], want[fin], rtol=1e-5, atol=1e-5 * d**0.5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    dtype=st.sampled_from(DTYPES),
+    M=st.integers(1, 40),
+    R=st.integers(1, 6),
+    W=st.integers(1, 70),
+    d=st.sampled_from([1, 3, 8, 33, 64, 200]),
+)
+def test_cpu_indexed_logits_equals_reference(seed, dtype, M, R, W, d):
+    args = _case(seed, dtype, M=M, R=R, W=W, d=d, V=97)
+    _close(torch.ops.specvocab.indexed_logits(*args), reference.indexed_logits(*args), d)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), dtype=st.sampled_from(DTYPES), M=st.integers(1, 30), W=st.integers(1, 50))
+def test_cpu_packed_logits_equals_reference(seed, dtype, M, W):
+    d, R = 24, 5
+    hidden, weight, ids, cnt, slot = _case(seed, dtype, M=M, R=R, W=W, d=d, V=61)
+    packed = weight[ids.long()]  # [R, W, d]: the same rows, laid out per slot
+    got = torch.ops.specvocab.packed_logits(hidden, packed, cnt, slot)
+    _close(got, reference.packed_logits(hidden, packed, cnt, slot), d)
+    _close(got, reference.indexed_logits(hidden, weight, ids, cnt, slot), d)
+
+
+def test_cpu_logits_ops_refuse_bad_input():
+    hidden, weight, ids, cnt, slot = _case(0, torch.float32, M=4, R=3, W=5, d=8, V=20)
+    bad = [
+        ((hidden.double(), weight.double(), ids, cnt, slot), "bf16, fp16 or fp32"),
+        ((hidden, weight.half(), ids, cnt, slot), "must equal hidden dtype"),
+        ((hidden, weight, ids.long(), cnt, slot), "ids must be int32"),
+        ((hidden, weight, ids, cnt.clone().fill_(0), slot), "cnt must be in [1, W=5]"),
+        ((hidden, weight, ids, cnt, slot.clone().fill_(3)), "row_to_slot must be in [0, R=3)"),
+        ((hidden, weight, ids.clone().fill_(20), cnt, slot), "ids must be in [0, V=20)"),
+        ((hidden[:, :7], weight, ids, cnt, slot), "hidden has d=7 but weight has d=8"),
+    ]
+    for args, msg in bad:
+        with pytest.raises(RuntimeError, match=re.escape(msg)):
+            torch.ops.specvocab.indexed_logits(*args)
+
+
+# --- window update: the C++ CPU kernel against the reference, and the reference against the paper ---
+
+
+def _window_state(R: int, cap: int):
+    return (
+        torch.full((R, cap + 1), -1, dtype=torch.int32),
+        torch.zeros(R, dtype=torch.int64),
+        torch.zeros((R, cap), dtype=torch.int32),
+        torch.ones(R, dtype=torch.int32),
+    )
+
+
+@pytest.mark.parametrize("cap", [1, 7, 64])
+def test_cpu_window_update_fuzzed_against_reference(cap):
+    """Thousands of random rounds: ring, length and table equal the reference after every one."""
+    g = torch.Generator().manual_seed(cap)
+    R, V = 6, 50
+    ours, ref = _window_state(R, cap), _window_state(R, cap)
+    for _ in range(700):
+        B = int(torch.randint(1, R + 1, (1,), generator=g))
+        rows = torch.randperm(R, generator=g)[:B]
+        n = int(torch.randint(0, 3 * cap + 2, (1,), generator=g))
+        block = torch.randint(-3, V + 3, (B, n), generator=g, dtype=torch.int32)  # holes, and ids >= V
+        torch.ops.specvocab.window_update(*ours, rows, block, 2, V)
+        reference.window_update(*ref, rows, block, 2, V)
+        assert torch.equal(ours[0][:, :cap], ref[0][:, :cap])
+        for a, b in zip(ours[1:], ref[1:], strict=True):
+            assert torch.equal(a, b)
+
+
+def test_window_update_reference_is_the_window_rule():
+    """The set is the distinct ids among the last ``capacity`` valid stream entries, ascending."""
+    g = torch.Generator().manual_seed(0)
+    cap, V = 9, 30
+    state = _window_state(1, cap)
+    stream: list[int] = []
+    for _ in range(300):
+        block = torch.randint(-2, V + 2, (1, int(torch.randint(0, 14, (1,), generator=g))), generator=g)
+        stream += [v for v in block[0].tolist() if 0 <= v < V]
+        reference.window_update(*state, torch.tensor([0]), block.to(torch.int32), 5, V)
+        want = sorted(set(stream[-cap:])) or [5]
+        ids, cnt = state[2][0], int(state[3][0])
+        assert ids[:cnt].tolist() == want and cnt == len(want)
+        assert ids[cnt:].eq(5).all()  # the fallback id past the count
+
+
+def test_cpu_window_update_refuses_bad_input():
+    ring, length, ids, cnt = _window_state(3, 4)
+    rows, block = torch.tensor([0, 0]), torch.zeros((2, 3), dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="rows must be distinct"):
+        torch.ops.specvocab.window_update(ring, length, ids, cnt, rows, block, 0, 10)
+    with pytest.raises(RuntimeError, match=re.escape("rows must be in [0, R=3)")):
+        torch.ops.specvocab.window_update(ring, length, ids, cnt, torch.tensor([3]), block[:1], 0, 10)
+    with pytest.raises(RuntimeError, match="fallback_id = 10 must be a token id"):
+        torch.ops.specvocab.window_update(ring, length, ids, cnt, torch.tensor([1]), block[:1], 10, 10)
+    with pytest.raises(RuntimeError, match="block must be int32"):
+        torch.ops.specvocab.window_update(ring, length, ids, cnt, torch.tensor([1]), block[:1].long(), 0, 10)
+
+
+@pytest.mark.parametrize("kernel", ["cuda", "torch"])
+def test_window_policy_on_each_backend_follows_the_paper(kernel):
+    """The window policy run by the C++ kernel and by the reference equals MicroSpec's literal rule."""
+    cfg = parse_config({"policy": "window", "capacity": 12, "head": {"kernel": kernel}})
+    pol = build_policy(cfg, num_rows=4, fallback_id=1)
+    lit = {r: LiteralWindow(12, 3, 3, ("context", "extension"), fallback=1) for r in range(4)}
+    g = torch.Generator().manual_seed(1)
+    rows = torch.tensor([2, 0, 3])
+    pol.on_reset(rows)
+    prompt = torch.randint(0, 40, (3, 9), generator=g)
+    ptopk = torch.randint(0, 40, (3, 9, 3), generator=g)
+    pol.on_prefill(rows, prompt, ptopk)
+    for i, r in enumerate(rows.tolist()):
+        lit[r].prefill(prompt[i].tolist(), ptopk[i].tolist())
+    for _ in range(40):
+        draft = torch.randint(0, 40, (3, 5), generator=g)
+        vtopk = torch.randint(0, 40, (3, 2, 3), generator=g)
+        pol.on_verify(rows, draft, vtopk, draft[:, :2])
+        for i, r in enumerate(rows.tolist()):
+            lit[r].verify(draft[i].tolist(), vtopk[i].tolist())
+            assert pol.table.row(r) == sorted(lit[r].active())
+
+
+# --- fake kernels: the ops trace without running ---------------------------------------------------
+
+
+def test_fake_kernels_give_shapes_on_meta():
+    hidden, weight, ids, cnt, slot = (t.to("meta") for t in _case(0, torch.bfloat16, M=6, R=3, W=5, d=8, V=20))
+    assert torch.ops.specvocab.indexed_logits(hidden, weight, ids, cnt, slot).shape == (6, 5)
+    packed = torch.empty((3, 5, 8), dtype=torch.bfloat16, device="meta")
+    out = torch.ops.specvocab.packed_logits(hidden, packed, cnt, slot)
+    assert out.shape == (6, 5) and out.dtype == torch.float32
+    ring, length, tids, tcnt = (t.to("meta") for t in _window_state(3, 5))
+    rows = torch.empty(2, dtype=torch.int64, device="meta")
+    torch.ops.specvocab.window_update(
+        ring, length, tids, tcnt, rows, torch.empty((2, 4), dtype=torch.int32, device="meta"), 0, 20
+    )
+
+
+def test_ops_compile_in_one_graph():
+    """torch.compile traces the ops through their fake kernels (fullgraph: no graph break)."""
+    args = _case(1, torch.float32, M=5, R=3, W=6, d=16, V=30)
+
+    def head(hidden, weight, ids, cnt, slot):
+        return torch.ops.specvocab.indexed_logits(hidden, weight, ids, cnt, slot).softmax(-1)
+
+    compiled = torch.compile(head, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(*args), head(*args))
+
+
+# --- backend choice ----------------------------------------------------------------------------
+
+
+def test_auto_backend_on_cpu_is_the_reference():
+    assert ops.resolve("auto", "cpu", "indexed_logits") == "torch"
+    assert ops.implementation("auto", "cpu", "window_update") is reference.window_update
+    assert ops.implementation("cuda", "cpu", "indexed_logits") == torch.ops.specvocab.indexed_logits
+
+
+@pytest.mark.skipif(not _built_with_nvcc(), reason="this build has no CUDA kernels")
+def test_auto_backend_on_gpu_prefers_cuda():
+    assert ops.resolve("auto", "cuda", "indexed_logits") == "cuda"
+    assert ops.resolve("auto", "cuda", "window_update") == "cuda"
+
+
+def test_auto_backend_without_cuda_kernels_says_so_once(monkeypatch, caplog):
+    monkeypatch.setattr(_ext, "has_cuda_kernels", lambda: False)
+    ops._say_once.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="sglang_specvocab.ops"):
+        assert ops.resolve("auto", "cuda", "indexed_logits") in ("triton", "torch")
+        assert ops.resolve("auto", "cuda", "window_update") == "torch"
+    said = [r for r in caplog.records if "CUDA kernels unavailable" in r.message]
+    assert len(said) == 1 and "Triton and torch backends only" in said[0].message
+
+
+def test_explicit_backend_that_cannot_run_is_refused(monkeypatch):
+    with pytest.raises(ops.BackendError, match="'triton' has no window_update"):
+        ops.resolve("triton", "cuda", "window_update")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ops.BackendError, match="'triton' needs GPU tensors"):
+        ops.resolve("triton", "cpu", "indexed_logits")
+    with pytest.raises(ops.BackendError, match="must be one of auto, cuda, triton, torch"):
+        ops.resolve("cutlass", "cpu", "indexed_logits")
+    monkeypatch.setattr(_ext, "has_cuda_kernels", lambda: False)
+    with pytest.raises(ops.BackendError, match="built without nvcc"):
+        ops.resolve("cuda", "cuda", "indexed_logits")
+    monkeypatch.setattr(_ext, "available", lambda: False)
+    monkeypatch.setattr(_ext, "reason", lambda: "the kernels extension is not built")
+    with pytest.raises(ops.BackendError, match="'cuda' is unavailable for indexed_logits: the kernels extension"):
+        ops.resolve("cuda", "cpu", "indexed_logits")
+
+
+def test_config_head_section_errors():
+    with pytest.raises(ConfigError, match=r"head.kernel = 'cutlass' is invalid: must be 'auto', 'cuda', 'triton'"):
+        parse_config({"policy": "window", "capacity": 8, "head": {"kernel": "cutlass"}})
+    with pytest.raises(ConfigError, match=r"unknown key 'head.tile'"):
+        parse_config({"policy": "window", "capacity": 8, "head": {"tile": 64}})
+    cfg = parse_config({"policy": "lowrank", "lowrank": {"rank": 4, "topk": 8}, "head": {"mode": "packed"}})
+    with pytest.raises(ConfigError, match="head.mode = 'packed' is invalid for policy 'lowrank'"):
+        build_policy(cfg, 2, model=None)
+    with pytest.raises(ConfigError, match="head.mode = 'packed' is invalid for policy 'full'"):
+        build_policy(parse_config({"policy": "full", "head": {"mode": "packed"}}), 2)
+
+
+# --- lossless decoding through the compiled CPU kernels and the packed head ------------------------
+
+
+@pytest.fixture(scope="module")
+def fp32_models(llama):
+    # fp64 target (exact greedy oracle) and an independent fp32 draft, which the kernels accept
+    return CausalLM(llama), CausalLM(tiny_llama(layers=2, seed=5, dtype=torch.float32))
+
+
+@pytest.mark.parametrize(
+    "head",
+    [{"kernel": "cuda"}, {"kernel": "cuda", "mode": "packed"}, {"kernel": "torch", "mode": "packed"}],
+    ids=["cuda-fused", "cuda-packed", "torch-packed"],
+)
+@pytest.mark.parametrize("policy", ["window", "union-of-windows"])
+def test_greedy_output_through_kernels_equals_target_only(fp32_models, head, policy):
+    target, draft = fp32_models
+    if policy == "window":
+        cfg = {"policy": "window", "capacity": 40, "head": head}
+    else:
+        cfg = {
+            "policy": "union",
+            "capacity": 60,
+            "head": head,
+            "members": [
+                {"policy": "window", "capacity": 30},
+                {"policy": "window", "capacity": 30, "window": {"sources": ["extension"]}},
+            ],
+        }
+    dec = SpeculativeDecoder(
+        target, draft, parse_config(cfg), DraftShape(steps=4, topk=3, draft_tokens=8), eos_token_ids=[2]
+    )
+    g = torch.Generator().manual_seed(3)
+    for n in (5, 60):
+        prompt = [1] + torch.randint(3, 512, (n,), generator=g).tolist()
+        assert dec.generate(prompt, 30).tokens == greedy_generate(target, prompt, 30, eos_token_ids=[2])
+    if head.get("mode") == "packed":  # the packed rows are the LM-head rows of the live set
+        h = dec.head
+        cnt = int(dec.policy.table.cnt[dec.SLOT])
+        live = h.packed_ids[dec.SLOT, :cnt].long()
+        assert sorted(live.tolist()) == dec.policy.table.row(dec.SLOT)
+        assert torch.equal(h.packed[dec.SLOT, :cnt], draft.weight[live])
+
+
+# --- the build without nvcc ----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_build_without_nvcc_installs_cpu_kernels_and_says_so(tmp_path):
+    """No nvcc: the extension still builds (CPU kernels only) and the build says so clearly."""
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    shutil.copytree(ROOT / "csrc", tmp_path / "csrc")
+    (tmp_path / "sglang_specvocab").mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
+    env["SPECVOCAB_NO_CUDA"] = "1"
+    build = subprocess.run(
+        [sys.executable, "setup.py", "build_ext", "--inplace"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert build.returncode == 0, build.stderr[-3000:]
+    assert "no nvcc found" in build.stderr and "CPU kernels only" in build.stderr
+    lib = next((tmp_path / "sglang_specvocab").glob("_C*.so"))
+    probe = (
+        "import torch, sys; torch.ops.load_library(sys.argv[1]); "
+        "k = torch._C._dispatch_has_kernel_for_dispatch_key; "
+        "print(k('specvocab::indexed_logits', 'CPU'), k('specvocab::indexed_logits', 'CUDA'))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe, str(lib)], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "False"]
