@@ -1,0 +1,483 @@
+"""scripts/bench_specbench.py end to end against fake SGLang servers (no GPU, seconds)."""
+
+import importlib.util
+import json
+import math
+import os
+import shlex
+import sys
+import threading
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from sglang_specvocab.specbench import SpecBenchError, make_config, parse_config_spec, summarize
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "bench_specbench.py"
+TESTS = Path(__file__).resolve().parent
+EXPECTED_KEYS = {"runs", "device", "versions", "command", "concurrency", "temperature"}
+RUN_KEYS = {"config", "algorithm", "category", "tokens_per_s", "accept_length", "speedup", "n"}
+QUESTIONS = [
+    {"question_id": 81, "category": "writing", "turns": ["Write a haiku about rain.", "Now make it rhyme."]},
+    {"question_id": 91, "category": "coding", "turns": ["Reverse a list in Python.", "Now in C."]},
+    {"question_id": 201, "category": "translation", "turns": ["Translate: Der Hund schlaeft."]},
+    {"question_id": 202, "category": "translation", "turns": ["Translate: Die Katze spielt im Garten."]},
+    {"question_id": 301, "category": "qa", "turns": ["Who wrote Hamlet?"]},
+]
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ '<start_of_turn>' + m['role'] + '\\n' + m['content'] + "
+    "'<end_of_turn>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
+)
+
+
+def _bench_main():
+    spec = importlib.util.spec_from_file_location("bench_specbench", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def make_tokenizer(path: Path, chat_template: bool = True) -> Path:
+    """A small byte-level BPE that round-trips any text, adds BOS itself, and has a Gemma-like template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = [t for q in QUESTIONS for t in q["turns"]] * 2 + ["answer words and more words"]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=320, special_tokens=specials,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A <bos> $B",
+                                                       special_tokens=[("<bos>", tok.token_to_id("<bos>"))])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                                   unk_token="<unk>")
+    if chat_template:
+        fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(path)
+    return path
+
+
+class FakeSGLang:
+    """Speaks the parts of SGLang's HTTP API the runner uses, with deterministic answers and timings.
+
+    A request with prompt ids P gets n = 3 + sum(P) % 9 tokens (at most max_new_tokens), reported as
+    e2e_latency = overhead + n / speed; with ``accept`` set it also reports spec_verify_ct =
+    ceil(n / accept) and the other spec fields, as SGLang does only for speculative servers.
+    """
+
+    def __init__(self, tokenizer_path, speed=100.0, accept=None, overhead=0.02, telemetry=False, fail=None):
+        self.tokenizer_path, self.speed, self.accept, self.overhead = str(tokenizer_path), speed, accept, overhead
+        self.telemetry, self.fail = telemetry, fail
+        self.requests: list[dict] = []  # (payload, reply) of every /generate
+        self.lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, code, body=None):
+                data = b"" if body is None else json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                if self.path == "/health":
+                    self._send(200)
+                elif self.path in ("/model_info", "/get_model_info"):
+                    self._send(200, {"model_path": fake.tokenizer_path, "tokenizer_path": fake.tokenizer_path,
+                                     "is_generation": True, "model_type": "gemma3_text",
+                                     "architectures": ["Gemma3ForCausalLM"]})
+                else:
+                    self._send(404, {"detail": "Not Found"})
+
+            def do_POST(self):
+                if self.path != "/generate":
+                    return self._send(404, {"detail": "Not Found"})
+                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if fake.fail:
+                    return self._send(400, {"error": {"message": fake.fail}})
+                self._send(200, fake.reply(payload))
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def reply(self, payload):
+        ids = payload["input_ids"]
+        params = payload["sampling_params"]
+        n = min(params["max_new_tokens"], 3 + sum(ids) % 9)
+        text = f" answer-{sum(ids) % 1000}-{n} words"
+        meta = {"id": uuid.uuid4().hex, "finish_reason": {"type": "length", "length": n}, "prompt_tokens": len(ids),
+                "weight_version": "default", "num_retractions": 0, "reasoning_tokens": 0, "completion_tokens": n,
+                "cached_tokens": 0, "e2e_latency": self.overhead + n / self.speed}
+        if self.accept:
+            verify = math.ceil(n / self.accept)
+            meta.update(spec_accept_rate=0.5, spec_accept_length=n / verify, spec_num_correct_drafts=n - verify,
+                        spec_num_proposed_drafts=3 * verify, spec_verify_ct=verify)
+        if self.telemetry:
+            meta["dynvocab_set_size"] = [2000 + n, 2100 + n]  # accumulated per output batch, as customized_info is
+            meta["dynvocab_coverage"] = 0.9
+        reply = {"text": text, "output_ids": list(range(n)), "meta_info": meta}
+        with self.lock:
+            self.requests.append({"payload": payload, "reply": reply})
+        return reply
+
+    def timed(self):
+        """(payload, reply) of the recorded requests: those of full length (not warmup)."""
+        return [r for r in self.requests if r["payload"]["sampling_params"]["max_new_tokens"] > 32]
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def serve_from_argv() -> None:
+    """Entry point for a launched fake server: ``... --model-path TOK [--accept A] --host H --port P``."""
+    argv = sys.argv[1:]
+    opt = {argv[i]: argv[i + 1] for i in range(0, len(argv) - 1, 2)}
+    fake = FakeSGLang(opt["--model-path"], accept=float(opt["--accept"]) if "--accept" in opt else None)
+    fake.httpd.server_close()
+    fake.httpd = ThreadingHTTPServer((opt["--host"], int(opt["--port"])), fake.httpd.RequestHandlerClass)
+    print("fake server up", flush=True)
+    fake.httpd.serve_forever()
+
+
+@pytest.fixture(scope="module")
+def tokdir(tmp_path_factory):
+    return make_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture
+def questions(tmp_path):
+    path = tmp_path / "question.jsonl"
+    path.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    return path
+
+
+def _run(args, capsys=None):
+    rc = _bench_main()(args)
+    captured = capsys.readouterr() if capsys is not None else None
+    return rc, captured
+
+
+def _spec_bench_expected(fake):
+    """Per-category speeds computed literally from what the fake server answered (Spec-Bench's speed.py)."""
+    by_q: dict = {}
+    for r in fake.timed():
+        meta = r["reply"]["meta_info"]
+        qid = r["qid"]
+        tokens, seconds, verify = by_q.get(qid, (0, 0.0, 0))
+        by_q[qid] = (tokens + meta["completion_tokens"], seconds + meta["e2e_latency"],
+                     verify + meta.get("spec_verify_ct", 0))
+    return by_q
+
+
+def _tag_questions(fake, tokenizer):
+    """Attach the question id to each recorded request (from the prompt text)."""
+    for r in fake.requests:
+        text = tokenizer.decode(r["payload"]["input_ids"])
+        r["text"] = text
+        r["qid"] = next((str(q["question_id"]) for q in QUESTIONS if q["turns"][0] in text), None)
+
+
+def test_end_to_end_two_configs(tokdir, questions, tmp_path, capsys):
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "out"
+    with FakeSGLang(tokdir, speed=100.0) as base, FakeSGLang(tokdir, speed=260.0, accept=2.5, telemetry=True) as fast:
+        rc, cap = _run(["--config", f"name=base,algorithm=none,url={base.url}",
+                        "--config", f"name=fast,algorithm=DYNVOCAB,url={fast.url}",
+                        "--questions", str(questions), "--out", str(out), "--warmup", "1", "--no-progress",
+                        "--max-new-tokens", "64"], capsys)
+    assert rc == 0, cap.err
+    assert "| fast | DYNVOCAB | overall |" in cap.out and f"wrote {out / 'specbench.json'}" in cap.out
+    result = json.loads((out / "specbench.json").read_text())
+    assert set(result) == EXPECTED_KEYS
+    assert result["concurrency"] == 1 and result["temperature"] == 0.0
+    assert "bench_specbench.py" in result["command"] and "--max-new-tokens 64" in result["command"]
+    assert set(result["versions"]) >= {"sglang", "torch", "sglang-specvocab"} and result["device"]
+    assert (out / "specbench.md").is_file() and (out / "specbench.png").stat().st_size > 0
+
+    tokenizer = AutoTokenizer.from_pretrained(tokdir)
+    rows = {(r["config"], r["category"]): r for r in result["runs"]}
+    assert [k for k in rows if k[0] == "base"] == [("base", c) for c in ("mt_bench", "translation", "qa", "overall")]
+    for r in result["runs"]:
+        assert RUN_KEYS <= set(r) and set(r) - RUN_KEYS <= {"dynvocab_set_size", "dynvocab_coverage"}
+    members = {"mt_bench": {"81", "91"}, "translation": {"201", "202"}, "qa": {"301"},
+               "overall": {"81", "91", "201", "202", "301"}}
+    expected = {}
+    for name, fake in (("base", base), ("fast", fast)):
+        assert len(fake.requests) == 1 + 7  # one warmup (max 32 new tokens) + 7 turns
+        _tag_questions(fake, tokenizer)
+        expected[name] = _spec_bench_expected(fake)
+    for category, qids in members.items():
+        speed = {name: [expected[name][q][0] / expected[name][q][1] for q in sorted(qids)] for name in expected}
+        for name in ("base", "fast"):
+            row = rows[(name, category)]
+            assert row["n"] == len(qids)
+            assert row["tokens_per_s"] == pytest.approx(sum(speed[name]) / len(qids))
+        # Spec-Bench: the ratio of the mean per-question speeds (not of total tokens over total time)
+        want = (sum(speed["fast"]) / len(qids)) / (sum(speed["base"]) / len(qids))
+        assert rows[("fast", category)]["speedup"] == pytest.approx(want)
+        assert rows[("base", category)]["speedup"] == 1.0 and rows[("base", category)]["accept_length"] == 1.0
+        tokens = sum(expected["fast"][q][0] for q in qids)
+        verify = sum(expected["fast"][q][2] for q in qids)
+        assert rows[("fast", category)]["accept_length"] == pytest.approx(tokens / verify)
+        assert 1.0 < rows[("fast", category)]["accept_length"] <= 2.5
+        assert "dynvocab_set_size" not in rows[("base", category)]
+        assert rows[("fast", category)]["dynvocab_coverage"] == pytest.approx(0.9)
+        sizes = [r["reply"]["meta_info"]["dynvocab_set_size"] for r in fast.timed() if r["qid"] in qids]
+        assert rows[("fast", category)]["dynvocab_set_size"] == pytest.approx(sum(sum(s) / 2 for s in sizes) / len(sizes))
+    assert 1.5 < rows[("fast", "overall")]["speedup"] < 2.6  # 2.6x faster per token, minus a fixed overhead
+
+
+def test_second_turn_carries_the_first_answer(tokdir, questions, tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokdir)
+    with FakeSGLang(tokdir, accept=2.0) as fake:
+        rc, _ = _run(["--config", f"name=x,algorithm=EAGLE3,url={fake.url}", "--questions", str(questions),
+                      "--out", str(tmp_path / "o"), "--warmup", "0", "--no-progress", "--categories", "mt_bench"])
+    assert rc == 0
+    assert len(fake.requests) == 4  # two questions, two turns each
+    by_prompt = {}
+    for r in fake.requests:
+        ids = r["payload"]["input_ids"]
+        assert ids[0] == tokenizer.bos_token_id and ids.count(tokenizer.bos_token_id) == 1  # the template's BOS only
+        by_prompt[tokenizer.decode(ids)] = r["reply"]["text"]
+    for q in QUESTIONS[:2]:
+        first = next(p for p in by_prompt if q["turns"][0] in p and q["turns"][1] not in p)
+        second = next(p for p in by_prompt if q["turns"][1] in p)
+        assert first == f"<bos><start_of_turn>user\n{q['turns'][0]}<end_of_turn>\n<start_of_turn>model\n"
+        # the second prompt is the first conversation, the model's own answer, then the new question
+        assert second == (f"<bos><start_of_turn>user\n{q['turns'][0]}<end_of_turn>\n<start_of_turn>assistant\n"
+                          f"{by_prompt[first]}<end_of_turn>\n<start_of_turn>user\n{q['turns'][1]}<end_of_turn>\n"
+                          "<start_of_turn>model\n")
+
+
+def test_resume_skips_finished_turns(tokdir, questions, tmp_path, capsys):
+    out = tmp_path / "out"
+    args = ["--questions", str(questions), "--out", str(out), "--warmup", "1", "--no-progress"]
+    with FakeSGLang(tokdir, accept=2.0) as fake:
+        spec = ["--config", f"name=a,algorithm=EAGLE3,url={fake.url}"]
+        assert _run(spec + args, capsys)[0] == 0
+        assert len(fake.timed()) == 7
+        first = json.loads((out / "specbench.json").read_text())
+
+        rc, cap = _run(spec + args, capsys)  # everything cached: no request at all, not even warmup
+        assert rc == 0 and "all 7 turns are cached" in cap.out
+        assert len(fake.requests) == 8
+        assert json.loads((out / "specbench.json").read_text())["runs"] == first["runs"]
+
+        cache = out / "specbench-cache.jsonl"
+        lines = cache.read_text().splitlines()
+        kept = [line for line in lines if not (json.loads(line)["question_id"] == "81" and json.loads(line)["turn"] == 1)]
+        cache.write_text("\n".join(kept) + "\n" + '{"key": "half-writ')  # and a line cut by a crash
+        rc, cap = _run(spec + args, capsys)
+        assert rc == 0 and "1 of 7 turns to run" in cap.out and "ignored 1 unreadable line" in cap.err
+        assert len(fake.timed()) == 8  # only question 81's second turn again (after one warmup)
+        redone = fake.timed()[-1]["payload"]["input_ids"]
+        # the same prompt as the first time: its first answer came from the cache
+        assert any(r["payload"]["input_ids"] == redone for r in fake.timed()[:-1])
+
+        rc, cap = _run(spec + args + ["--max-new-tokens", "50"], capsys)  # other settings: other cache keys
+        assert rc == 0 and "7 of 7 turns to run" in cap.out
+
+
+def test_launches_servers_and_stops_them(tokdir, questions, tmp_path, capsys):
+    launcher = [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(TESTS)!r}); "
+                "import test_specbench; test_specbench.serve_from_argv()"]
+    configs = tmp_path / "configs.yaml"
+    configs.write_text(
+        "configs:\n"
+        f"  - name: ar\n    args: --model-path {tokdir}\n    launcher: {json.dumps(launcher)}\n"
+        f"  - name: spec\n    args: [--model-path, {tokdir}, --accept, '3', --speculative-algorithm, eagle3]\n"
+        f"    launcher: {json.dumps(launcher)}\n    env: {{SPECBENCH_TEST: '1'}}\n"
+    )
+    out = tmp_path / "out"
+    rc, cap = _run(["--configs", str(configs), "--questions", str(questions), "--out", str(out), "--warmup", "0",
+                    "--no-progress", "--limit-per-category", "1", "--server-timeout", "120"], capsys)
+    assert rc == 0, cap.err
+    assert cap.out.count("launching:") == 2 and "--host 127.0.0.1 --port" in cap.out
+    result = json.loads((out / "specbench.json").read_text())
+    rows = {(r["config"], r["category"]): r for r in result["runs"]}
+    assert rows[("spec", "overall")]["algorithm"] == "EAGLE3"  # taken from --speculative-algorithm
+    assert rows[("ar", "overall")]["n"] == rows[("spec", "overall")]["n"] == 3  # one question per category
+    assert 1.0 < rows[("spec", "overall")]["accept_length"] <= 3.0
+    log = (out / "logs" / "spec.log").read_text()
+    assert "fake server up" in log
+    # both servers were stopped: their ports no longer answer
+    import urllib.error
+    import urllib.request
+
+    for line in cap.out.splitlines():
+        if "launching:" in line:
+            port = shlex.split(line)[-1]
+            with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+                urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+                    f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+def test_server_that_dies_shows_its_log(tokdir, questions, tmp_path, capsys):
+    crash = shlex.join([sys.executable, "-c", "import sys; print('RuntimeError: no CUDA GPUs are available'); sys.exit(3)"])
+    rc, cap = _run(["--config", "name=broken,args=--model-path x", "--launcher", crash, "--questions", str(questions),
+                    "--out", str(tmp_path / "o"), "--no-progress"], capsys)
+    assert rc == 1
+    assert "server 'broken' exited with code 3 before it became healthy" in cap.err
+    assert "no CUDA GPUs are available" in cap.err and "broken.log" in cap.err
+
+
+def test_server_that_never_gets_healthy_times_out(tokdir, questions, tmp_path, capsys):
+    hang = shlex.join([sys.executable, "-c", "import time; print('loading weights', flush=True); time.sleep(600)"])
+    rc, cap = _run(["--config", "name=slow,args=--model-path x", "--launcher", hang, "--questions", str(questions),
+                    "--out", str(tmp_path / "o"), "--no-progress", "--server-timeout", "2"], capsys)
+    assert rc == 1
+    assert "server 'slow' did not become healthy within 2 s" in cap.err and "loading weights" in cap.err
+
+
+def test_server_errors_and_unreachable_urls_are_clear(tokdir, questions, tmp_path, capsys):
+    with FakeSGLang(tokdir, fail="The input (9000 tokens) is longer than the model's context length") as fake:
+        rc, cap = _run(["--config", f"name=a,algorithm=none,url={fake.url}", "--questions", str(questions),
+                        "--out", str(tmp_path / "o"), "--warmup", "0", "--no-progress"], capsys)
+    assert rc == 1 and "/generate: HTTP 400" in cap.err and "longer than the model's context length" in cap.err
+    rc, cap = _run(["--config", "name=a,algorithm=none,url=http://127.0.0.1:9", "--questions", str(questions),
+                    "--out", str(tmp_path / "o"), "--no-progress", "--server-timeout", "1"], capsys)
+    assert rc == 1 and "no healthy SGLang server at http://127.0.0.1:9" in cap.err
+
+
+def test_plain_prompts_and_missing_templates(questions, tmp_path, capsys):
+    plain_tok = make_tokenizer(tmp_path / "plain-tok", chat_template=False)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(plain_tok)
+    with FakeSGLang(plain_tok) as fake:
+        base = ["--config", f"name=a,algorithm=none,url={fake.url}", "--questions", str(questions), "--out",
+                str(tmp_path / "o"), "--warmup", "0", "--no-progress", "--categories", "qa"]
+        rc, cap = _run(base + ["--prompt-format", "chat"], capsys)
+        assert rc == 1 and "the tokenizer has no chat template" in cap.err
+        rc, cap = _run(base, capsys)  # auto: no template, so the plain transcript; the tokenizer adds BOS
+        assert rc == 0, cap.err
+    ids = fake.requests[-1]["payload"]["input_ids"]
+    assert tokenizer.decode(ids) == "<bos>Question: Who wrote Hamlet?\nAnswer:"
+
+
+def test_concurrency_gives_the_same_answers(tokdir, questions, tmp_path):
+    with FakeSGLang(tokdir, accept=2.0) as fake:
+        for c in ("1", "3"):
+            rc, _ = _run(["--config", f"name=a,algorithm=EAGLE3,url={fake.url}", "--questions", str(questions),
+                          "--out", str(tmp_path / c), "--warmup", "0", "--no-progress", "--concurrency", c])
+            assert rc == 0
+    one, three = (json.loads((tmp_path / c / "specbench.json").read_text()) for c in ("1", "3"))
+    assert three["concurrency"] == 3
+    assert [(r["category"], r["accept_length"], r["n"]) for r in one["runs"]] == [
+        (r["category"], r["accept_length"], r["n"]) for r in three["runs"]]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("name=a,algorithm=medusa,url=http://h:1", "'algorithm' must be one of none, EAGLE, EAGLE3, DYNVOCAB"),
+    ("algorithm=none,url=http://h:1", "'name' must be a non-empty string"),
+    ("name=a b,url=http://h:1,algorithm=none", "'name' must be a non-empty string"),
+    ("name=a,url=http://h:1", "a server reached by url needs 'algorithm'"),
+    ("name=a,algorithm=none", "needs 'args' (server arguments to launch with) or 'url'"),
+    ("name=a,args=--model-path m,url=http://h:1,algorithm=none", "either 'url'"),
+    ("name=a,url=h:1,algorithm=none", "'url' must start with http://"),
+    ("name=a,colour=red,url=http://h:1", "unknown key(s) colour"),
+    ("name=a,args=\"--model-path m", "check the quotes"),
+    ("name=a,justaword", "'justaword' is not key=value"),
+    ("name=a,name=b,url=http://h:1", "'name' given twice"),
+    ("name=a,env=NOEQUALS,args=--model-path m", "'env' must be 'KEY=VALUE"),
+])
+def test_bad_config_specs(spec, message):
+    with pytest.raises(SpecBenchError) as err:
+        parse_config_spec(spec)
+    assert message in str(err.value)
+
+
+def test_config_spec_parsing():
+    c = parse_config_spec('name=e3,args="--model-path /m --cuda-graph-bs 1,2,4 --speculative-algorithm=EAGLE3",'
+                          'env="A=1 B=\'two words\'"')
+    assert c.name == "e3" and c.algorithm == "EAGLE3" and c.url is None
+    assert c.args == ["--model-path", "/m", "--cuda-graph-bs", "1,2,4", "--speculative-algorithm=EAGLE3"]
+    assert c.env == {"A": "1", "B": "two words"}
+    d = make_config({"name": "d", "algorithm": "dynvocab", "url": "http://x:1/"}, "t")
+    assert d.algorithm == "DYNVOCAB" and d.url == "http://x:1"
+
+
+def test_bad_inputs_give_clear_errors(tokdir, questions, tmp_path, capsys):
+    url = "name=a,algorithm=none,url=http://127.0.0.1:9"
+    common = ["--out", str(tmp_path / "o"), "--no-progress"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(QUESTIONS[0]) + "\n{not json\n")
+    rc, cap = _run(["--config", url, "--questions", str(bad)] + common, capsys)
+    assert rc == 1 and "bad.jsonl line 2: not valid JSON" in cap.err
+    bad.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": "not a list"}) + "\n")
+    rc, cap = _run(["--config", url, "--questions", str(bad)] + common, capsys)
+    assert rc == 1 and "'turns' must be a non-empty list of non-empty strings" in cap.err
+    bad.write_text(json.dumps(QUESTIONS[2]) + "\n" + json.dumps(QUESTIONS[2]) + "\n")
+    rc, cap = _run(["--config", url, "--questions", str(bad)] + common, capsys)
+    assert rc == 1 and "question_id 201 appears twice" in cap.err
+    rc, cap = _run(["--config", url, "--questions", str(tmp_path / "missing.jsonl")] + common, capsys)
+    assert rc == 1 and "missing.jsonl: no such file" in cap.err
+    rc, cap = _run(["--config", url, "--questions", str(questions), "--categories", "qa,poetry"] + common, capsys)
+    assert rc == 1 and "unknown category poetry" in cap.err and "mt_bench, translation, qa" in cap.err
+    rc, cap = _run(["--config", url, "--config", url, "--questions", str(questions)] + common, capsys)
+    assert rc == 1 and "config name 'a' is used twice" in cap.err
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("configs: [name: a\n")
+    rc, cap = _run(["--configs", str(yaml_file), "--questions", str(questions)] + common, capsys)
+    assert rc == 1 and "not valid YAML" in cap.err
+    yaml_file.write_text("configs:\n  - name: a\n    algorithm: none\n")
+    rc, cap = _run(["--configs", str(yaml_file), "--questions", str(questions)] + common, capsys)
+    assert rc == 1 and "c.yaml entry 1 (config 'a'): needs 'args'" in cap.err
+    for args, message in ((["--concurrency", "0"], "--concurrency must be at least 1"),
+                          (["--temperature", "-1"], "--temperature must not be negative"),
+                          ([], None)):
+        with pytest.raises(SystemExit) as exit_:
+            _bench_main()((["--config", url] if args else []) + args + ["--questions", str(questions)] + common)
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert (message or "give at least one --config or a --configs file") in err
+
+
+def test_summary_skips_unfinished_questions_and_compares_common_ones():
+    base, other = (make_config({"name": n, "algorithm": a, "url": "http://x:1"}, "t")
+                   for n, a in (("b", "none"), ("o", "EAGLE3")))
+    from sglang_specvocab.lab.prompts import Question
+
+    qs = [Question("1", "qa", ("a",)), Question("2", "qa", ("b",)), Question("3", "mt_bench", ("c", "d"))]
+
+    def rec(qid, turn, tokens, seconds, verify=None):
+        return {"question_id": qid, "turn": turn, "completion_tokens": tokens, "time_s": seconds,
+                "spec_verify_ct": verify}
+
+    records = {
+        "b": [rec("1", 0, 10, 1.0), rec("2", 0, 10, 2.0), rec("3", 0, 5, 1.0)],  # q3 lacks turn 2: not counted
+        "o": [rec("1", 0, 10, 0.5, 4), rec("3", 0, 6, 1.0, 3), rec("3", 1, 6, 1.0, 2)],  # q2 missing
+    }
+    rows = {(r["config"], r["category"]): r for r in summarize([base, other], qs, records)}
+    assert ("b", "mt_bench") not in rows and rows[("o", "mt_bench")]["speedup"] is None  # no common question
+    assert rows[("b", "qa")]["tokens_per_s"] == pytest.approx((10 / 1 + 10 / 2) / 2) and rows[("b", "qa")]["n"] == 2
+    assert rows[("o", "qa")]["speedup"] == pytest.approx(20.0 / 10.0)  # over question 1, the only common one
+    assert rows[("o", "overall")]["accept_length"] == pytest.approx((10 + 12) / (4 + 5))
+    assert rows[("o", "overall")]["n"] == 2 and rows[("b", "overall")]["n"] == 2
+
+
+def test_script_help_runs():
+    import subprocess
+
+    run = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "COLUMNS": "120"})
+    assert run.returncode == 0 and "--limit-per-category" in run.stdout and "name=dynvocab" in run.stdout
