@@ -10,34 +10,44 @@ from ..table import assign_sets, compact
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
-def _check(hidden, weight, ids, cnt, row_to_slot) -> None:
+def _check_logits(op, hidden, rows, rows_shape, cnt, row_to_slot, R, W) -> None:
+    """Checks shared by the logits ops; ``rows`` holds the candidate rows (weight or packed)."""
+
     def need(ok: bool, msg: str) -> None:
         if not ok:
-            raise ValueError(f"indexed_logits: {msg}")
+            raise ValueError(f"{op}: {msg}")
 
+    name = "weight" if rows_shape == "[V, d]" else "packed"
     need(hidden.dim() == 2, f"hidden must be [M, d], got shape {tuple(hidden.shape)}")
-    need(weight.dim() == 2, f"weight must be [V, d], got shape {tuple(weight.shape)}")
-    need(hidden.shape[1] == weight.shape[1], f"hidden has d={hidden.shape[1]} but weight has d={weight.shape[1]}")
+    need(hidden.shape[1] == rows.shape[-1], f"hidden has d={hidden.shape[1]} but {name} has d={rows.shape[-1]}")
     need(hidden.dtype in _FLOATS, f"hidden dtype {hidden.dtype} must be one of bf16, fp16, fp32, fp64")
-    need(weight.dtype == hidden.dtype, f"weight dtype {weight.dtype} must equal hidden dtype {hidden.dtype}")
-    need(ids.dim() == 2 and ids.dtype == torch.int32, f"ids must be int32 [R, W], got {ids.dtype} {tuple(ids.shape)}")
+    need(rows.dtype == hidden.dtype, f"{name} dtype {rows.dtype} must equal hidden dtype {hidden.dtype}")
     need(
-        cnt.dim() == 1 and cnt.dtype == torch.int32 and cnt.shape[0] == ids.shape[0],
-        f"cnt must be int32 [R={ids.shape[0]}], got {cnt.dtype} {tuple(cnt.shape)}",
+        cnt.dim() == 1 and cnt.dtype == torch.int32 and cnt.shape[0] == R,
+        f"cnt must be int32 [R={R}], got {cnt.dtype} {tuple(cnt.shape)}",
     )
     need(
         row_to_slot.dim() == 1 and row_to_slot.dtype == torch.int32 and row_to_slot.shape[0] == hidden.shape[0],
         f"row_to_slot must be int32 [M={hidden.shape[0]}], got {row_to_slot.dtype} {tuple(row_to_slot.shape)}",
     )
-    devices = {t.device for t in (hidden, weight, ids, cnt, row_to_slot)}
+    devices = {t.device for t in (hidden, rows, cnt, row_to_slot)}
     need(len(devices) == 1, f"all tensors must be on one device, got {sorted(map(str, devices))}")
     if hidden.device.type == "cpu":  # value checks cost a sync on a GPU, nothing here
-        need(bool(((cnt >= 1) & (cnt <= ids.shape[1])).all()), f"cnt must be in [1, W={ids.shape[1]}]")
+        need(bool(((cnt >= 1) & (cnt <= W)).all()), f"cnt must be in [1, W={W}]")
+        need(bool(((row_to_slot >= 0) & (row_to_slot < R)).all()), f"row_to_slot must be in [0, R={R})")
+
+
+def _check(hidden, weight, ids, cnt, row_to_slot) -> None:
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            raise ValueError(f"indexed_logits: {msg}")
+
+    need(weight.dim() == 2, f"weight must be [V, d], got shape {tuple(weight.shape)}")
+    need(ids.dim() == 2 and ids.dtype == torch.int32, f"ids must be int32 [R, W], got {ids.dtype} {tuple(ids.shape)}")
+    need(ids.device == weight.device, f"all tensors must be on one device, got {ids.device} and {weight.device}")
+    _check_logits("indexed_logits", hidden, weight, "[V, d]", cnt, row_to_slot, ids.shape[0], ids.shape[1])
+    if hidden.device.type == "cpu":
         need(bool(((ids >= 0) & (ids < weight.shape[0])).all()), f"ids must be in [0, V={weight.shape[0]})")
-        need(
-            bool(((row_to_slot >= 0) & (row_to_slot < ids.shape[0])).all()),
-            f"row_to_slot must be in [0, R={ids.shape[0]})",
-        )
 
 
 def indexed_logits(
@@ -237,29 +247,9 @@ def pack_update(
 
 
 def _check_packed_logits(hidden, packed, cnt, row_to_slot) -> None:
-    def need(ok: bool, msg: str) -> None:
-        if not ok:
-            raise ValueError(f"packed_logits: {msg}")
-
-    need(hidden.dim() == 2, f"hidden must be [M, d], got shape {tuple(hidden.shape)}")
-    need(packed.dim() == 3, f"packed must be [R, W, d], got shape {tuple(packed.shape)}")
-    need(hidden.shape[1] == packed.shape[2], f"hidden has d={hidden.shape[1]} but packed has d={packed.shape[2]}")
-    need(hidden.dtype in _FLOATS, f"hidden dtype {hidden.dtype} must be one of bf16, fp16, fp32, fp64")
-    need(packed.dtype == hidden.dtype, f"packed dtype {packed.dtype} must equal hidden dtype {hidden.dtype}")
-    R, W = packed.shape[0], packed.shape[1]
-    need(
-        cnt.dim() == 1 and cnt.dtype == torch.int32 and cnt.shape[0] == R,
-        f"cnt must be int32 [R={R}], got {cnt.dtype} {tuple(cnt.shape)}",
-    )
-    need(
-        row_to_slot.dim() == 1 and row_to_slot.dtype == torch.int32 and row_to_slot.shape[0] == hidden.shape[0],
-        f"row_to_slot must be int32 [M={hidden.shape[0]}], got {row_to_slot.dtype} {tuple(row_to_slot.shape)}",
-    )
-    devices = {t.device for t in (hidden, packed, cnt, row_to_slot)}
-    need(len(devices) == 1, f"all tensors must be on one device, got {sorted(map(str, devices))}")
-    if hidden.device.type == "cpu":  # value checks cost a sync on a GPU, nothing here
-        need(bool(((cnt >= 1) & (cnt <= W)).all()), f"cnt must be in [1, W={W}]")
-        need(bool(((row_to_slot >= 0) & (row_to_slot < R)).all()), f"row_to_slot must be in [0, R={R})")
+    if packed.dim() != 3:
+        raise ValueError(f"packed_logits: packed must be [R, W, d], got shape {tuple(packed.shape)}")
+    _check_logits("packed_logits", hidden, packed, "[R, W, d]", cnt, row_to_slot, packed.shape[0], packed.shape[1])
 
 
 def packed_logits(
