@@ -1,0 +1,282 @@
+"""SGLang 0.5.23 verify / prefill tensors -> the policies' events (``policies/base.py``), on the device.
+
+Pure torch functions for the worker (``integration/worker.py``). Per decode round they never
+sync with the host (no ``.item()``, ``.cpu()``, ``.tolist()``, no data-dependent shapes, no
+Python loop over requests or tokens): every output shape follows from input shapes.
+
+Where the worker calls them (line numbers of SGLang 0.5.23):
+
+- ``verify_event``: in ``EAGLEWorkerV2.verify`` overridden as ``res = super().verify(...)``
+  (``speculative/eagle_worker_v2.py:1979-1994``, called at ``1483`` and ``1665``), right after
+  it returns and before ``_draft_extend_for_decode`` (``1503`` / ``1675``), skipping idle
+  batches: ``vi = batch.spec_info`` (read before the call), then
+  ``verify_event(vi.draft_token, res.accept_index, res.accept_lens, res.next_token_ids,
+  res.logits_output.next_token_logits, num_draft_tokens=self.speculative_num_draft_tokens,
+  k=policy.verify_topk, compacted=self.topk > 1)`` and
+  ``policy.on_verify(batch.req_pool_indices, *event)``.
+- ``reset_rows`` and ``prefill_event``: in the ``_forward_prefill_batch`` copy
+  (``eagle_worker_v2.py:1548-1602``), between the target forward (``1557``) and
+  ``_draft_extend_for_prefill`` (``1595``): ``reset_rows`` on the host first, then
+  ``policy.on_reset``, then ``prefill_event`` and ``policy.on_prefill``.
+
+Which distribution the verified top-K comes from: ``eagle_sample`` (``eagle_utils.py:560-588``)
+adds the penalties and the logit bias to ``logits_output.next_token_logits`` and applies the
+grammar mask **in place**, before it samples or takes the argmax, and ``run_eagle_verify``
+returns that same tensor. After ``verify`` the logits are therefore the distribution the
+round's tokens were drawn from (temperature, top-k and top-p renormalisation do not change
+the ranking), which is the one MicroSpec's top-K should predict: for greedy requests the
+top-1 of every accepted row is the committed token. We use it as is; getting the unprocessed
+model distribution would need a ``[bs * num_draft_tokens, V]`` clone before ``eagle_sample``.
+Ids the grammar mask forbids (logit ``-inf``) are dropped (-1), so a masked row gives fewer
+than K ids. Without penalties, bias or grammar (the reference decoder's case) both coincide.
+
+Two differences from the reference decoder's events, both SGLang's layout: the draft-tree
+tokens come in SGLang's node order (root, then the chosen nodes sorted by node index,
+``eagle_utils.py:112,152``), not best-first, so a window policy may order a round's new
+distinct ids differently inside the ring; and ``accepted`` holds all ``accept_lens`` tokens
+(SGLang cuts at EOS / max_new_tokens later, on the host).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+LMHead = torch.Tensor | Callable[[torch.Tensor], torch.Tensor]
+
+
+def verify_event(
+    draft_token: torch.Tensor,
+    accept_index: torch.Tensor,
+    accept_lens: torch.Tensor,
+    predict: torch.Tensor,
+    next_token_logits: torch.Tensor | None,
+    *,
+    num_draft_tokens: int,
+    k: int,
+    compacted: bool = False,
+    vocab_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The ``on_verify`` event of one verify round: ``(draft_tokens, verify_topk, accepted)``.
+
+    Inputs as SGLang 0.5.23 has them after ``run_eagle_verify``:
+
+    - ``draft_token`` ``[bs * num_draft_tokens]``: the verify input's tree tokens, per request
+      the root (the previous round's bonus token) first, then the tree nodes;
+    - ``accept_index`` ``[bs, S]`` (``S = spec_steps + 1``): GLOBAL node indices into the
+      flattened rows of the accepted path, root first, -1 padded; only entries >= 0 (and
+      before ``accept_lens``) count;
+    - ``accept_lens`` ``[bs]``: accepted drafts + 1 (the bonus);
+    - ``predict`` (``next_token_ids``) ``[bs * num_draft_tokens]``: the committed token after
+      each node. ``compacted=True`` when it went through ``_finalize_accept_tree_path``
+      (``eagle_worker_common.py:491``; EAGLEWorkerV2 with topk > 1), which moves the accepted
+      path to the front of each request's block: token j of request i is then at
+      ``i * num_draft_tokens + j`` instead of ``accept_index[i, j]``. The logits are never
+      compacted (only ``hidden_states`` is);
+    - ``next_token_logits`` ``[bs * num_draft_tokens, V']``: the target's logits per node, as
+      ``eagle_sample`` left them (see the module doc); may be None when ``k == 0``.
+      ``vocab_size`` cuts padded vocabulary columns (``V' > V``) off.
+
+    Returns, padded with -1:
+
+    - ``draft_tokens`` ``[bs, num_draft_tokens]`` int64 (root first, SGLang's node order);
+    - ``verify_topk`` ``[bs, S, k]`` int64: the target's top-``k`` ids (rank order) after each
+      accepted node, i.e. at the accepted positions and at the bonus position; None if k == 0;
+    - ``accepted`` ``[bs, S]`` int64: the committed tokens in order (accepted drafts, bonus).
+
+    Cost: the top-k runs over the ``bs * S`` accepted rows, gathered first, unless the
+    logits have no more rows than that (chains: ``num_draft_tokens <= S``), where it runs in
+    place and only the ``[rows, k]`` result is gathered. Nothing is computed for k == 0.
+    """
+    bs, width = accept_index.shape
+    device = accept_index.device
+    nd = num_draft_tokens
+    index = accept_index.long()
+    steps = torch.arange(width, device=device)
+    valid = (index >= 0) & (steps[None, :] < accept_lens.long()[:, None])
+    safe = index.clamp(min=0)
+
+    draft_tokens = draft_token.long().view(bs, nd)
+    if compacted:
+        where = torch.arange(bs, device=device)[:, None] * nd + steps.clamp(max=nd - 1)[None, :]
+    else:
+        where = safe
+    accepted = predict.long().view(-1)[where].masked_fill(~valid, -1)
+
+    if k <= 0:
+        return draft_tokens, None, accepted
+    if next_token_logits is None:
+        raise ValueError("verify_event: next_token_logits is required when k > 0")
+    logits = next_token_logits
+    vocab = logits.shape[-1] if vocab_size is None else min(vocab_size, logits.shape[-1])
+    logits = logits[:, :vocab]
+    kk = min(k, vocab)
+    if logits.shape[0] <= bs * width:  # fewer rows than gathered ones: top-k in place, gather the ids
+        values, ids = logits.topk(kk, dim=-1)
+        values, ids = values[safe], ids[safe]
+    else:
+        values, ids = logits.index_select(0, safe.reshape(-1)).topk(kk, dim=-1)
+        values, ids = values.view(bs, width, kk), ids.view(bs, width, kk)
+    drop = ~valid[:, :, None] | (values == float("-inf"))
+    verify_topk = ids.masked_fill(drop, -1)
+    if kk < k:
+        verify_topk = torch.nn.functional.pad(verify_topk, (0, k - kk), value=-1)
+    return draft_tokens, verify_topk, accepted
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device``: pinned + non-blocking on CUDA (no stream sync), a plain copy elsewhere."""
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def _host_ints(values, what: str) -> list[int]:
+    if isinstance(values, torch.Tensor):
+        if values.device.type != "cpu":
+            raise ValueError(f"prefill_event: {what} must be host values (a list or a CPU tensor), not on {values.device}")
+        return [int(v) for v in values.tolist()]
+    return [int(v) for v in values]
+
+
+def prefill_event(
+    hidden: torch.Tensor | None,
+    lm_head: LMHead | None,
+    input_ids: torch.Tensor,
+    extend_lens: Sequence[int] | torch.Tensor,
+    prefix_lens: Sequence[int] | torch.Tensor | None = None,
+    full_ids: Sequence[Sequence[int]] | None = None,
+    fed_lens: Sequence[int] | torch.Tensor | None = None,
+    *,
+    k: int,
+    chunk: int = 1024,
+    extend_start_loc: Sequence[int] | torch.Tensor | None = None,
+    vocab_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The ``on_prefill`` event of one extend batch (a whole prompt or one chunk of it).
+
+    - ``hidden`` ``[sum(extend_lens), H]``: the target's final post-norm hidden states of
+      every extended position (``logits_output.last_hidden_states`` with
+      ``keep_last_hidden_states``; note section 5), packed request after request;
+    - ``lm_head``: the target's LM head weight ``[V', H]``, or a callable mapping a chunk
+      ``[n, H]`` to logits ``[n, V']`` (e.g. one that all-gathers vocabulary shards under
+      TP); ``vocab_size`` cuts padded vocabulary columns off. ``hidden``/``lm_head`` may be
+      None when ``k == 0``;
+    - ``input_ids`` ``[sum(extend_lens)]``: the extended ids (``batch.input_ids``), on the device;
+    - ``extend_lens``, ``prefix_lens`` (``batch.extend_lens`` / ``batch.prefix_lens``) and
+      ``extend_start_loc`` (default: packed, the exclusive cumsum of ``extend_lens``): host
+      values, read at prefill only;
+    - ``full_ids``: per request the ids of its positions ``[0, prefix_len)`` at least
+      (``req.fill_ids``, which is ``origin_input_ids + output_ids`` for a retracted request);
+      needed only where a request has prefix positions the policy has not seen;
+    - ``fed_lens``: per request, how many leading positions the policy already got (0 for a
+      row just reset; the previous chunk's ``prefix_len + extend_len`` under chunked prefill),
+      default 0. Positions ``[fed_len, prefix_len)`` are radix-cache hits: they have no hidden
+      states and are seeded from ``full_ids`` only (their top-K entries are -1).
+
+    Returns ``prompt_ids`` ``[B, L]`` and ``prompt_topk`` ``[B, L, k]`` (None if k == 0), int64,
+    padded with -1: per request its unseen prefix-hit positions, then its extended positions,
+    in order. The top-k runs over ``chunk`` rows at a time, so at most a ``[chunk, V']``
+    logits tensor exists.
+
+    Chunked prefill calls this once per chunk (same ``req_pool_idx``), and the policy appends
+    per chunk: the window policy's stream gets chunk 1's ids, chunk 1's distinct top-K, chunk
+    2's ids, ... -- what the reference decoder does when fed the chunks as separate prefill
+    events. Every position's id and top-K reach the policy exactly once.
+
+    Host work (index building, the prefix ids' copy) is O(tokens) at prefill; there is no
+    device-to-host copy.
+    """
+    ext = _host_ints(extend_lens, "extend_lens")
+    b = len(ext)
+    pre = [0] * b if prefix_lens is None else _host_ints(prefix_lens, "prefix_lens")
+    fed = [0] * b if fed_lens is None else _host_ints(fed_lens, "fed_lens")
+    hit = [max(p - f, 0) for p, f in zip(pre, fed, strict=True)]
+    if extend_start_loc is None:
+        start = torch.cumsum(torch.tensor([0] + ext[:-1], dtype=torch.int64), 0) if b else torch.zeros(0, dtype=torch.int64)
+    else:
+        start = torch.tensor(_host_ints(extend_start_loc, "extend_start_loc"), dtype=torch.int64)
+    width = max([h + e for h, e in zip(hit, ext, strict=True)] + [0])
+    device = input_ids.device
+
+    ext_t = torch.tensor(ext, dtype=torch.int64)
+    hit_t = torch.tensor(hit, dtype=torch.int64)
+    n_ext = int(ext_t.sum()) if b else 0
+    # Extended token t of request i: source row start[i] + t, destination i * width + hit[i] + t.
+    owner = torch.repeat_interleave(torch.arange(b), ext_t)
+    offset = torch.arange(n_ext) - torch.repeat_interleave(torch.cumsum(ext_t, 0) - ext_t, ext_t)
+    src = _to_device(start[owner] + offset, device)
+    dst = _to_device(owner * width + hit_t[owner] + offset, device)
+
+    prompt_ids = torch.full((b * width,), -1, dtype=torch.int64, device=device)
+    prompt_ids[dst] = input_ids.long().view(-1)[src]
+    if sum(hit):
+        if full_ids is None:
+            raise ValueError("prefill_event: full_ids is required for prefix-cache hits (prefix_lens > fed_lens)")
+        seq = [int(t) for i in range(b) for t in full_ids[i][fed[i] : pre[i]]]
+        hit_owner = torch.repeat_interleave(torch.arange(b), hit_t)
+        hit_pos = torch.arange(len(seq)) - torch.repeat_interleave(torch.cumsum(hit_t, 0) - hit_t, hit_t)
+        hit_dst = _to_device(hit_owner * width + hit_pos, device)
+        prompt_ids[hit_dst] = _to_device(torch.tensor(seq, dtype=torch.int64), device)
+    prompt_ids = prompt_ids.view(b, width)
+    if k <= 0:
+        return prompt_ids, None
+
+    if hidden is None or lm_head is None:
+        raise ValueError("prefill_event: hidden and lm_head are required when k > 0")
+    topk = _chunked_topk(hidden, lm_head, k, chunk, vocab_size)
+    prompt_topk = torch.full((b * width, k), -1, dtype=torch.int64, device=device)
+    prompt_topk[dst] = topk[src]
+    return prompt_ids, prompt_topk.view(b, width, k)
+
+
+def _chunked_topk(hidden: torch.Tensor, lm_head: LMHead, k: int, chunk: int, vocab_size: int | None) -> torch.Tensor:
+    """Top-k ids ``[n, k]`` (-1 past the vocabulary) of the logits of ``hidden[n, H]``, ``chunk`` rows at a time."""
+    if chunk < 1:
+        raise ValueError(f"prefill_event: chunk = {chunk} is invalid: must be >= 1")
+    n = hidden.shape[0]
+    out = torch.full((n, k), -1, dtype=torch.int64, device=hidden.device)
+    for lo in range(0, n, chunk):  # chunks of rows: a shape-derived loop, bounded memory
+        h = hidden[lo : lo + chunk]
+        logits = lm_head(h) if callable(lm_head) else h.to(lm_head.dtype) @ lm_head.T
+        vocab = logits.shape[-1] if vocab_size is None else min(vocab_size, logits.shape[-1])
+        kk = min(k, vocab)
+        out[lo : lo + h.shape[0], :kk] = logits[:, :vocab].topk(kk, dim=-1).indices
+    return out
+
+
+def reset_rows(
+    req_generation: torch.Tensor,
+    seen_generation: torch.Tensor,
+    rows: Sequence[int] | torch.Tensor,
+    fed_lens: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The rows of this prefill batch whose slot was reallocated since we last saw it; updates our state.
+
+    ``req_generation`` is ``ReqToTokenPool.req_generation`` (``mem_cache/memory_pool.py:406``),
+    a CPU int64 tensor ``[R]`` bumped at every allocation of a row (``alloc_rows``, ``449``)
+    and never reset (``clear`` keeps it); ``seen_generation`` is our CPU int64 ``[R]`` copy of
+    the generation each row had when its policy state was last (re)started; ``rows`` the
+    batch's ``req_pool_indices`` as host values (``batch.req_pool_indices_cpu`` or
+    ``[r.kv.req_pool_idx for r in batch.reqs]``). Rows whose generation changed are returned
+    (CPU int64, for ``policy.on_reset(stale.to(device))``), their ``seen_generation`` set and
+    their ``fed_lens`` (the positions already fed to the policy, see ``prefill_event``) zeroed.
+
+    Both tensors live in host memory, so this reads nothing from the device; it runs once per
+    prefill batch, never per decode step. A chunked prefill's later chunks keep their row and
+    generation, so they are not reset; a retracted request comes back with a new row
+    allocation, so it is reset and re-seeded from its full prefill.
+    """
+    rows_t = torch.as_tensor(rows, dtype=torch.int64)
+    if rows_t.device.type != "cpu" or req_generation.device.type != "cpu" or seen_generation.device.type != "cpu":
+        raise ValueError("reset_rows: req_generation, seen_generation and rows must be host (CPU) values")
+    gen = req_generation[rows_t]
+    stale = rows_t[gen != seen_generation[rows_t]]
+    seen_generation[rows_t] = gen
+    if fed_lens is not None:
+        fed_lens[stale] = 0
+    return stale
+
+
+__all__ = ["prefill_event", "reset_rows", "verify_event"]

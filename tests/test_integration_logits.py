@@ -1,0 +1,320 @@
+"""The compact draft logits processor fed SGLang's own objects: a real ``LlamaForCausalLMEagle3``
+(its ``LogitsProcessor`` and ``ParallelLMHead``), real ``ForwardBatch``es in decode, extend,
+draft-extend and idle modes; compact logits equal the torch reference head and the top-k token
+ids equal ``DraftHead(...)(...).topk(k)``, for a full-vocabulary head and a d2t draft.
+
+SGLang runs in a child process (it initialises torch.distributed and stubs torchvision and vllm,
+as tests/test_eagle3_draft.py does)."""
+
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from sglang_specvocab.head import DraftHead
+from sglang_specvocab.table import CandidateTable
+
+ROOT = Path(__file__).resolve().parents[1]
+V, D, R, W, HOT = 512, 64, 6, 16, 128
+SOFTCAP = 3.0
+
+_CHILD = textwrap.dedent(
+    """
+    import importlib.abc, importlib.machinery, importlib.util, sys, types
+    from transformers.utils import import_utils
+
+    import_utils.is_torchvision_available()  # cached as False before the stub exists
+
+
+    def _missing(attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return type(attr, (), {})
+
+
+    _MISSING = tuple(m for m in ("torchvision", "vllm") if importlib.util.find_spec(m) is None)
+
+
+    class _Stub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, name, path, target=None):
+            if name.split(".")[0] in _MISSING:
+                return importlib.machinery.ModuleSpec(name, self, is_package=True)
+
+        def create_module(self, spec):
+            m = types.ModuleType(spec.name)
+            m.__path__, m.__getattr__ = [], _missing
+            return m
+
+        def exec_module(self, module):
+            pass
+
+
+    sys.meta_path.insert(0, _Stub())
+    import torch
+    from sglang.test.layer_ut_utils import init_single_process_dist
+
+    init_single_process_dist(master_port=int(sys.argv[1]))
+    from sglang.srt.layers import logits_processor as lp_mod
+    from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+    from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
+    from transformers import LlamaConfig
+
+    from sglang_specvocab.integration import logits as L
+
+    torch.set_num_threads(1)
+    inp = torch.load(sys.argv[2])
+    out = {}
+
+    # The shard layout of logits.vocab_shard is SGLang's.
+    layout = []
+    for vocab in (1000, 300, 128256, 32000, 151936):
+        for tp in (1, 2, 3, 4, 8):
+            pad = 64 * (tp if L._pad(vocab, 64) % tp else 1)  # VocabParallelEmbedding.__init__
+            for rank in range(tp):
+                si = VocabParallelEmbedding._get_indices(L._pad(vocab, pad), L._pad(vocab, pad), vocab, vocab, rank, tp)
+                layout.append(((si.org_vocab_start_index, si.org_vocab_end_index), L.vocab_shard(vocab, tp, rank)))
+    out["layout"] = layout
+
+
+    def draft(space, softcap=None):
+        cfg = LlamaConfig(
+            vocab_size=inp["V"], hidden_size=inp["D"], intermediate_size=128, num_hidden_layers=1,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        )
+        cfg.draft_vocab_size = inp["HOT"] if space == "d2t" else None  # None: the full-vocabulary head
+        if softcap:
+            cfg.final_logit_softcapping = softcap
+        model = LlamaForCausalLMEagle3(cfg)
+        with torch.no_grad():
+            if space == "d2t":
+                model.lm_head.weight.copy_(inp["head_d2t"])
+                model.hot_token_id = inp["hot"]
+            else:
+                model.lm_head.weight.copy_(inp["weight"])
+        return model
+
+
+    def batch(mode, n_rows, rpi, extend_lens=None):
+        bs = rpi.shape[0]
+        kw = {}
+        if extend_lens is not None:
+            kw = dict(extend_seq_lens=extend_lens, extend_seq_lens_cpu=extend_lens.tolist(),
+                      extend_logprob_start_lens_cpu=[0] * bs, extend_num_tokens=int(extend_lens.sum()))
+        return ForwardBatch(
+            forward_mode=mode, batch_size=bs, input_ids=torch.zeros(n_rows, dtype=torch.long),
+            req_pool_indices=rpi, seq_lens=torch.full((bs,), 8), out_cache_loc=torch.zeros(n_rows, dtype=torch.long),
+            seq_lens_sum=8 * bs, return_logprob=False, capture_hidden_mode=CaptureHiddenMode.LAST, **kw,
+        )
+
+
+    for space in ("full", "d2t"):
+        table = inp["table_" + space]
+        for softcap in (None, inp["SOFTCAP"]):
+            model = draft(space, softcap)
+            original = model.logits_processor
+            kw = dict(kernel="torch", fallback_id=inp["fallback_" + space])
+            if space == "d2t":
+                kw.update(hot_token_id=model.hot_token_id, target_vocab_size=inp["V"])
+            proc = L.install(model, table["ids"], table["cnt"], **kw)
+            assert model.logits_processor is proc and isinstance(proc, lp_mod.LogitsProcessor)
+            assert proc.final_logit_softcapping == original.final_logit_softcapping
+            proc.check_table()
+            h, rpi = inp["hidden"], inp["rpi"]
+            res = {}
+            # Multi-step draft: topk rows per request (decode mode).
+            o = proc(None, h, model.lm_head, batch(ForwardMode.DECODE, h.shape[0], rpi))
+            res["decode"] = o.next_token_logits
+            res["decode_hidden"] = o.hidden_states
+            for k in (1, 3, 16):
+                res["topk", k] = proc.draft_topk(o.next_token_logits, k, rpi)
+                cols = torch.sort(o.next_token_logits, dim=1, descending=True, stable=True)[1][:, :k]
+                res["token_ids", k] = proc.token_ids(cols, rpi)
+            # Prefill draft-extend: extend mode, logits at each request's last row.
+            lens = torch.tensor([2, 4, 1, 3, 2, 2])
+            order = torch.cumsum(lens, 0) - 1
+            he = torch.zeros(int(lens.sum()), h.shape[1])
+            he[order] = h[::2]
+            o = proc(None, he, model.lm_head, batch(ForwardMode.EXTEND, he.shape[0], rpi, lens))
+            res["extend"] = o.next_token_logits
+            # Eager decode draft-extend: num_draft_tokens rows per request, no select_index.
+            fb = batch(ForwardMode.DRAFT_EXTEND_V2, h.shape[0], rpi)
+            fb.spec_info = types.SimpleNamespace(select_index=None)
+            res["draft_extend"] = proc(None, h, model.lm_head, fb).next_token_logits
+            # Idle batch.
+            o = proc(None, h[:0], model.lm_head, batch(ForwardMode.IDLE, 0, rpi[:0]))
+            res["idle"] = o.next_token_logits
+            res["idle_topk"] = proc.draft_topk(o.next_token_logits, 3, rpi[:0])
+            # FlashInfer autotune pass without LM head.
+            with lp_mod.autotune_dummy_run_mode(run_lm_head=False):
+                o = proc(None, h, model.lm_head, batch(ForwardMode.DECODE, h.shape[0], rpi))
+            res["autotune"] = (o.next_token_logits, proc.draft_topk(o.next_token_logits, 3, rpi))
+            # The original processor on the same head, for the full-width reference.
+            # (Its softcapping is a Triton kernel on a non-CPU-engine build: no reference here then.)
+            if not softcap:
+                fb = batch(ForwardMode.DECODE, h.shape[0], rpi)
+                res["original"] = original(None, h, model.lm_head, fb).next_token_logits
+            if space == "d2t":
+                res["in_vocab"] = proc.in_draft_vocab(torch.arange(-1, inp["V"] + 1))
+            out[space, softcap] = res
+    torch.save(out, sys.argv[3])
+    """
+)
+
+
+def _sglang_available() -> bool:
+    return importlib.util.find_spec("sglang") is not None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(V, D, generator=g)
+    hot = torch.randperm(V, generator=g)[:HOT]
+    tables, fallbacks = {}, {}
+    for space, pool in (("full", torch.arange(V)), ("d2t", hot)):
+        t = CandidateTable(R, W, fallback_id=int(pool[0]))
+        sizes = [0, W, 3, 7, W - 2, 1]  # row 0: the padding row keeps its fallback set
+        cands = torch.full((R, W), -1)
+        for r, n in enumerate(sizes):
+            cands[r, :n] = pool[torch.randperm(pool.numel(), generator=g)[:n]]
+        t.assign(torch.arange(1, R), cands[1:])
+        tables[space], fallbacks[space] = {"ids": t.ids, "cnt": t.cnt}, t.fallback_id
+    hidden = torch.randn(12, D, generator=g)
+    rpi = torch.tensor([2, 0, 5, 1, 4, 3])  # request-major, 2 rows each; request 2 is a padded row (slot 0)
+    return {
+        "V": V, "D": D, "HOT": HOT, "SOFTCAP": SOFTCAP, "weight": weight, "hot": hot, "head_d2t": weight[hot],
+        "table_full": tables["full"], "table_d2t": tables["d2t"],
+        "fallback_full": fallbacks["full"], "fallback_d2t": fallbacks["d2t"],
+        "hidden": hidden, "rpi": rpi,
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def sglang_run(tmp_path_factory):
+    if not _sglang_available():
+        pytest.skip("sglang is not installed")
+    tmp = tmp_path_factory.mktemp("dynvocab_logits")
+    inp = _inputs()
+    torch.save(inp, tmp / "in.pt")
+    (tmp / "child.py").write_text(_CHILD)
+    env = {
+        **os.environ,
+        "PYTHONWARNINGS": "ignore",
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
+    env.pop("SGLANG_USE_CPU_ENGINE", None)
+    argv = [sys.executable, str(tmp / "child.py"), str(_free_port()), str(tmp / "in.pt"), str(tmp / "out.pt")]
+    run = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, cwd=tmp)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return inp, torch.load(tmp / "out.pt")
+
+
+def _table(inp, space):
+    t = CandidateTable(R, W, fallback_id=inp["fallback_" + space])
+    t.ids.copy_(inp["table_" + space]["ids"])
+    t.cnt.copy_(inp["table_" + space]["cnt"])
+    return t
+
+
+def _reference(inp, space, hidden, slots, softcap=None):
+    """DraftHead over the target-space weight (for d2t, the draft rows sit at their target ids)."""
+    weight = inp["weight"]
+    return DraftHead(weight, _table(inp, space), kernel="torch", logit_softcap=softcap)(hidden, slots)
+
+
+def _slots(rpi, n):
+    return rpi.repeat_interleave(n // rpi.shape[0]).to(torch.int32)
+
+
+def _check_compact(got, ref, t, slots):
+    """Live columns equal the reference; dead ones are -inf (even under softcapping)."""
+    live = torch.arange(W)[None, :] < t.cnt[slots.long()][:, None]
+    assert got.dtype == torch.float32 and got.shape == ref.shape
+    torch.testing.assert_close(got[live], ref[live], atol=1e-5, rtol=1e-5)
+    assert bool(torch.isneginf(got[~live]).all())
+
+
+def test_vocab_shard_is_parallel_lm_head_layout(sglang_run):
+    _, out = sglang_run
+    for theirs, ours in out["layout"]:
+        assert theirs == ours
+
+
+@pytest.mark.parametrize("space", ["full", "d2t"])
+@pytest.mark.parametrize("softcap", [None, SOFTCAP])
+def test_compact_logits_equal_the_reference_head(sglang_run, space, softcap):
+    inp, out = sglang_run
+    res = out[space, softcap]
+    h, rpi = inp["hidden"], inp["rpi"]
+    t = _table(inp, space)
+    slots = _slots(rpi, h.shape[0])
+    ref = _reference(inp, space, h, slots, softcap)
+    for mode in ("decode", "draft_extend"):
+        _check_compact(res[mode], ref.logits, t, slots)
+    torch.testing.assert_close(res["decode_hidden"], h)  # hidden-state capture is SGLang's, untouched
+    # Extend: one row a request (the last of its prompt rows).
+    s1 = _slots(rpi, rpi.shape[0])
+    _check_compact(res["extend"], _reference(inp, space, h[::2], s1, softcap).logits, t, s1)
+    # The padded request (slot 0) gets its fallback set: one live column, never an all -inf row.
+    pad_rows = (slots == 0).nonzero().flatten()
+    assert bool(torch.isfinite(res["decode"][pad_rows, 0]).all())
+    if softcap:
+        return
+    # Compact columns are the original processor's full-width logits at the set's ids.
+    full = res["original"]
+    if space == "d2t":
+        col_ids = torch.full((V,), -1, dtype=torch.long)
+        col_ids[inp["hot"]] = torch.arange(HOT)
+        cols = col_ids[t.ids[slots.long()].long()]
+    else:
+        cols = t.ids[slots.long()].long()
+    live = torch.arange(W)[None, :] < t.cnt[slots.long()][:, None]
+    torch.testing.assert_close(res["decode"][live], full.gather(1, cols)[live], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("space", ["full", "d2t"])
+@pytest.mark.parametrize("k", [1, 3, 16])
+def test_topk_token_ids_equal_draft_head_topk(sglang_run, space, k):
+    inp, out = sglang_run
+    h, rpi = inp["hidden"], inp["rpi"]
+    slots = _slots(rpi, h.shape[0])
+    ref = _reference(inp, space, h, slots)
+    values, tokens = ref.topk(k)
+    probs, got_tokens = out[space, None]["topk", k]
+    assert torch.equal(got_tokens, tokens)
+    assert torch.equal(out[space, None]["token_ids", k], tokens)
+    torch.testing.assert_close(
+        probs, torch.softmax(ref.logits, 1).gather(1, ref.logits.sort(dim=1, descending=True, stable=True)[1][:, :k])
+    )
+    if space == "d2t":
+        assert bool(torch.isin(got_tokens, inp["hot"]).all())  # only draft-vocabulary ids come back
+
+
+@pytest.mark.parametrize("space", ["full", "d2t"])
+def test_idle_and_autotune_batches(sglang_run, space):
+    _, out = sglang_run
+    res = out[space, None]
+    assert res["idle"].shape == (0, W) and res["idle"].dtype == torch.float32
+    p, t = res["idle_topk"]
+    assert p.shape == (0, 3) and t.shape == (0, 3) and t.dtype == torch.int64
+    assert res["autotune"] == (None, (None, None))
+
+
+def test_in_draft_vocab_mask(sglang_run):
+    inp, out = sglang_run
+    mask = out["d2t", None]["in_vocab"]
+    want = torch.zeros(V + 2, dtype=torch.bool)
+    want[inp["hot"] + 1] = True
+    assert torch.equal(mask, want)
