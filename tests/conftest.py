@@ -1,4 +1,9 @@
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import os
+import sys
+import types
 
 import pytest
 import torch
@@ -43,3 +48,44 @@ def gemma():
     from sglang_specvocab.lab.models import load_model
 
     return load_model("gemma3-270m")
+
+
+class _TorchvisionStandIn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Empty ``torchvision`` modules: SGLang's config package imports it, it has no CPU build, Llama never uses it.
+
+    Real module objects (with a ``__spec__``), because some code calls ``importlib.util.find_spec``."""
+
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "torchvision":
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = types.ModuleType(spec.name)
+        module.__path__ = []
+        module.__getattr__ = _standin_attr
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+def _standin_attr(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return type(name, (), {})
+
+
+def install_torchvision_standin() -> None:
+    """Install the stand-in once, only when torchvision is missing (also callable from child processes)."""
+    if any(isinstance(f, _TorchvisionStandIn) for f in sys.meta_path) or importlib.util.find_spec("torchvision"):
+        return
+    from transformers.utils import import_utils
+
+    import_utils.is_torchvision_available()  # let transformers settle "unavailable" before the stand-in exists
+    sys.meta_path.insert(0, _TorchvisionStandIn())
+
+
+@pytest.fixture(scope="session")
+def torchvision_standin():
+    install_torchvision_standin()

@@ -1,0 +1,144 @@
+"""The SGLang plug-in entry point: ``sglang.srt.plugins: dynvocab = sglang_specvocab.integration.plugin:register``.
+
+SGLang's ``load_plugins()`` calls ``register()`` in every server process (launcher, tokenizer,
+detokenizer, each spawned scheduler), possibly more than once; ``register()`` is idempotent. It
+
+1. checks the installed SGLang (``sglang_specvocab.patches.check_sglang``: version 0.5.23 only, and
+   the recorded signatures of everything the plug-in subclasses, overrides or calls privately);
+2. registers ``DYNVOCAB`` with ``SpeculativeAlgorithm.register`` (spec class ``DynVocabAlgo``,
+   overlap scheduling supported, ``validate_server_args`` = the refusals of ``algorithm.py``); the
+   worker factory imports the worker module only when the scheduler asks for the worker class;
+3. adds the server flag ``--speculative-dynvocab-config PATH``.
+
+How the flag is added (the least fragile way in 0.5.23): ``ServerArgs`` is a ``msgspec`` Struct whose
+fields are collected from the ``arg_groups/fields`` namespaces when ``sglang.srt.server_args`` is
+first imported, which happens before any plug-in runs, so a plug-in cannot add a *field*. The
+parser, though, is built by the static method ``ServerArgs.add_cli_args(parser)`` and the record by
+the class method ``ServerArgs.from_cli_args(args)``. Two ``AFTER`` hooks through SGLang's own plug-in
+``HookRegistry`` (applied by ``load_plugins`` after all plug-ins ran) add the argument to the parser
+and copy its value into the record as the bookkeeping attribute ``_dynvocab_config`` (an absolute
+path). Bookkeeping attributes are allowed on the sealed record and travel with it: ``ServerArgs``
+pickles its ``__dict__`` (``ServerArgs.__reduce__``), so the spawned scheduler sees the value. Both
+hooked signatures are recorded and checked. Every launcher that builds its parser through
+``ServerArgs.add_cli_args`` (``sglang serve``, ``python -m sglang.launch_server``,
+``prepare_server_args``) gets the flag, and SGLang's ``--config`` YAML can name it too.
+``Engine(...)``/``ServerArgs(**kwargs)`` take fields only: there, set ``SGLANG_DYNVOCAB_CONFIG``,
+the fall-back the flag overrides (children inherit the environment). With neither, the ``microspec.yaml``
+shipped in ``sglang_specvocab.configs`` is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_registry import get_spec
+
+from .algorithm import ATTR, ENV, FLAG, NAME, DynVocabAlgo, validate_server_args
+
+logger = logging.getLogger(__name__)
+
+DEST = "speculative_dynvocab_config"
+HOOK_TARGETS = (
+    "sglang.srt.server_args.ServerArgs.add_cli_args",
+    "sglang.srt.server_args.ServerArgs.from_cli_args",
+)
+
+_registered = False
+
+
+def register() -> None:
+    """Register DYNVOCAB and the flag (idempotent). Raises if the installed SGLang is unsupported."""
+    global _registered
+    if _registered:
+        return
+    from ..patches import SGLangCompatibilityError, check_sglang
+
+    try:
+        check_sglang()
+    except SGLangCompatibilityError as exc:
+        # load_plugins() logs a plug-in's exception and goes on, so a launch with
+        # --speculative-algorithm DYNVOCAB would only say "unknown algorithm". Register a refusing
+        # stand-in (when this SGLang's registry still allows it) so resolution fails with the reason.
+        _register_refusal(exc)
+        raise
+    existing = get_spec(NAME)
+    if existing is None:
+        SpeculativeAlgorithm.register(
+            NAME,
+            supports_overlap=True,
+            validate_server_args=validate_server_args,
+            spec_class=DynVocabAlgo,
+        )(worker_factory)
+    elif type(existing).__name__ != DynVocabAlgo.__name__:
+        raise RuntimeError(f"speculative algorithm {NAME} is already registered by someone else: {existing!r}")
+    _register_cli_hooks()
+    _registered = True
+
+
+def worker_factory(server_args):
+    """``create_worker``'s factory: the worker class, after checking the worker-level signatures."""
+    from ..patches import check_worker_signatures
+
+    check_worker_signatures()
+    from .worker import DynVocabWorkerV2
+
+    return DynVocabWorkerV2
+
+
+def _register_refusal(reason: Exception) -> None:
+    def refuse(server_args):
+        raise reason
+
+    try:
+        if get_spec(NAME) is None:
+            SpeculativeAlgorithm.register(NAME, supports_overlap=True, validate_server_args=refuse)(refuse)
+    except Exception:  # an SGLang whose registry differs: the logged reason is all we can give
+        logger.exception("could not register a refusing %s stand-in", NAME)
+
+
+# --- the flag ---------------------------------------------------------------------------------
+
+
+def add_cli_args_hook(result, parser):
+    """AFTER ``ServerArgs.add_cli_args(parser)``: add ``--speculative-dynvocab-config``."""
+    if any(FLAG in action.option_strings for action in parser._actions):
+        return None
+    parser.add_argument(
+        FLAG,
+        dest=DEST,
+        type=str,
+        default=None,
+        metavar="PATH",
+        help=f"The policy YAML of --speculative-algorithm {NAME} (sglang-specvocab). Default: ${ENV}, "
+        "else the shipped microspec.yaml.",
+    )
+    return None
+
+
+def from_cli_args_hook(result, cls, args):
+    """AFTER ``ServerArgs.from_cli_args(args)``: keep the flag's value on the record (absolute path)."""
+    value = getattr(args, DEST, None)
+    if value is not None:
+        setattr(result, ATTR, os.path.abspath(os.path.expanduser(value)))
+        algo = (getattr(result, "speculative_algorithm", None) or "").upper()
+        if algo != NAME:
+            logger.warning("%s is ignored: --speculative-algorithm is %s, not %s", FLAG, algo or "unset", NAME)
+    return result
+
+
+def _register_cli_hooks() -> None:
+    from sglang.srt.plugins import hook_registry as hr
+
+    hooks = dict(zip(HOOK_TARGETS, (add_cli_args_hook, from_cli_args_hook), strict=True))
+    for target, hook in hooks.items():
+        if not any(h is hook for _, h, _ in hr.HookRegistry._hooks.get(target, ())):
+            hr.HookRegistry.register(target, hook, hr.HookType.AFTER)
+    # Inside load_plugins() the hooks are applied after every plug-in ran; called directly (tests,
+    # embedders), apply them now.
+    if hr._current_plugin_source.get() is None:
+        hr.HookRegistry.apply_hooks()
+
+
+__all__ = ["DEST", "HOOK_TARGETS", "add_cli_args_hook", "from_cli_args_hook", "register", "worker_factory"]

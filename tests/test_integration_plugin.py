@@ -1,0 +1,441 @@
+"""The SGLang plug-in on CPU (light SGLang environment): registration, the flag, EAGLE defaults, every
+refusal before start, the version/signature check, the worker classes, and loading through the
+entry point in a spawned child process (as SGLang's scheduler does)."""
+
+from __future__ import annotations
+
+import importlib.util
+import multiprocessing as mp
+import pickle
+from contextlib import nullcontext
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed")
+
+ROOT = Path(__file__).resolve().parents[1]
+VOCAB, DRAFT_VOCAB = 8192, 4096  # small and fast; the vocabulary rule only needs V > H
+CONFIGS = ROOT / "configs"
+
+
+@pytest.fixture(scope="module")
+def sg(torchvision_standin, tmp_path_factory):
+    """SGLang with DYNVOCAB registered in this process, and tiny checkpoints."""
+    from sglang_specvocab.fixtures import make_tiny_checkpoints
+    from sglang_specvocab.integration import plugin
+
+    tiny = make_tiny_checkpoints(tmp_path_factory.mktemp("tiny"), vocab_size=VOCAB, draft_vocab_size=DRAFT_VOCAB)
+    plugin.register()
+    return tiny
+
+
+@pytest.fixture(autouse=True)
+def _no_env(monkeypatch):
+    monkeypatch.delenv("SGLANG_DYNVOCAB_CONFIG", raising=False)
+    monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)
+
+
+def argv(tiny, *extra, draft="draft-full", config=CONFIGS / "microspec.yaml"):
+    out = ["--model-path", str(tiny.target), "--speculative-algorithm", "DYNVOCAB"]
+    out += ["--speculative-draft-model-path", str(tiny.root / draft), "--device", "cpu"]
+    if config is not None:
+        out += ["--speculative-dynvocab-config", str(config)]
+    return out + list(extra)
+
+
+def resolved(args):
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+    from sglang.srt.server_args import prepare_server_args
+
+    sa = prepare_server_args(args)
+    sa.resolve_once()
+    return sa, resolving_view(sa)
+
+
+def refusal(args) -> str:
+    with pytest.raises(Exception) as info:
+        resolved(args)
+    return str(info.value)
+
+
+# --- registration, flag, defaults, worker class -------------------------------------------------
+
+
+def test_prepare_server_args_defaults_and_worker_class(sg):
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from sglang_specvocab.integration.algorithm import ATTR, DynVocabAlgo
+    from sglang_specvocab.integration.worker import DynVocabDraftWorker, DynVocabWorkerV2
+
+    sa = prepare_server_args(argv(sg))
+    assert getattr(sa, ATTR) == str(CONFIGS / "microspec.yaml")
+    assert getattr(pickle.loads(pickle.dumps(sa)), ATTR) == getattr(sa, ATTR)  # travels to the scheduler
+    sa.resolve_once()
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+
+    v = resolving_view(sa)
+    # SGLang's EAGLE defaults: auto steps/topk/draft tokens for a Llama target, 48 requests, no overlap on CPU
+    assert v.speculative_algorithm == "DYNVOCAB"
+    assert (v.speculative_num_steps, v.speculative_eagle_topk, v.speculative_num_draft_tokens) == (5, 4, 8)
+    assert v.max_running_requests == 48 and v.disable_overlap_schedule
+    algo = SpeculativeAlgorithm.from_string("dynvocab")
+    assert isinstance(algo, DynVocabAlgo)
+    worker = algo.create_worker(sa)
+    assert worker is DynVocabWorkerV2 and issubclass(worker, EAGLEWorkerV2)
+    assert issubclass(worker.draft_worker_cls, EagleDraftWorker) and worker.draft_worker_cls is DynVocabDraftWorker
+
+    # topk 1: draft tokens = steps + 1, explicit max running requests kept
+    _, v = resolved(
+        argv(
+            sg,
+            "--speculative-num-steps",
+            "3",
+            "--speculative-eagle-topk",
+            "1",
+            "--speculative-num-draft-tokens",
+            "9",
+            "--max-running-requests",
+            "7",
+            draft="draft-d2t",
+        )
+    )
+    assert (v.speculative_num_steps, v.speculative_eagle_topk, v.speculative_num_draft_tokens) == (3, 1, 4)
+    assert v.max_running_requests == 7
+
+
+def test_spec_class_answers_as_eagle3(sg):
+    from sglang.srt.managers.overlap_utils import FutureMap
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    algo = SpeculativeAlgorithm.from_string("DYNVOCAB")
+    eagle3 = SpeculativeAlgorithm.EAGLE3
+    for name in (
+        "is_eagle",
+        "is_eagle3",
+        "carries_draft_hidden_states",
+        "need_topk",
+        "supports_grammar_overlap",
+        "has_draft_kv",
+        "is_speculative",
+        "is_some",
+    ):
+        assert getattr(algo, name)() is True, name
+    assert algo.supports_mixed_chunk() is False and algo.is_none() is False and algo.is_standalone() is False
+    assert algo.get_platform_worker_cls() is None
+    # every public method of the enum is answered (a __getattr__ fallback to EAGLE3 for the rest)
+    for name in dir(eagle3):
+        if not name.startswith("_"):
+            assert hasattr(algo, name), name
+    assert algo.value == eagle3.value
+    pool = SimpleNamespace(req_to_token=torch.zeros(5, 8, dtype=torch.int32))
+    fm = algo.create_future_map(torch.device("cpu"), pool)
+    assert isinstance(fm, FutureMap) and fm.spec_algo is algo and fm.req_pool_size == 5
+
+
+def test_register_is_idempotent_and_flag_sources(sg, monkeypatch, tmp_path):
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.speculative import spec_registry
+
+    from sglang_specvocab.integration import plugin
+    from sglang_specvocab.integration.algorithm import config_location, default_config_path
+
+    before = spec_registry._REGISTRY["DYNVOCAB"]
+    plugin.register()
+    load_plugins()
+    plugin._registered = False  # as if a second copy of the plug-in ran in this process
+    plugin.register()
+    assert spec_registry._REGISTRY["DYNVOCAB"] is before
+    sa = prepare_server_args(argv(sg))  # the flag is added once (argparse would refuse a duplicate)
+
+    # flag > $SGLANG_DYNVOCAB_CONFIG > the shipped microspec.yaml; relative paths become absolute
+    monkeypatch.chdir(tmp_path)
+    assert config_location(sa)[0] == str(CONFIGS / "microspec.yaml")
+    sa = prepare_server_args(argv(sg, config="rel.yaml"))
+    assert config_location(sa) == (str(tmp_path / "rel.yaml"), "--speculative-dynvocab-config")
+    sa = prepare_server_args(argv(sg, config=None))
+    path, origin = config_location(sa)
+    assert path == str(default_config_path()) and Path(path).is_file() and "default" in origin
+    monkeypatch.setenv("SGLANG_DYNVOCAB_CONFIG", "env.yaml")
+    assert config_location(sa) == (str(tmp_path / "env.yaml"), "$SGLANG_DYNVOCAB_CONFIG")
+    sa = prepare_server_args(argv(sg, config=CONFIGS / "full.yaml"))
+    assert config_location(sa)[0] == str(CONFIGS / "full.yaml")
+
+
+# --- refusals before start --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "extra, flag",
+    [
+        (["--speculative-use-rejection-sampling"], "--speculative-use-rejection-sampling"),
+        (["--pp-size", "2", "--disable-overlap-schedule"], "--pp-size"),
+        (["--tp-size", "2", "--attn-dp-size", "2"], "--attn-dp-size"),
+        (["--enable-multi-layer-eagle"], "--enable-multi-layer-eagle"),
+        (["--speculative-adaptive"], "--speculative-adaptive"),
+        (["--disaggregation-mode", "decode"], "--disaggregation-mode"),
+        (["--enable-mixed-chunk"], "--enable-mixed-chunk"),
+        (["--speculative-token-map", "x.pt"], "--speculative-token-map"),
+        (["--enable-lora", "--max-lora-rank", "8", "--lora-target-modules", "q_proj"], "--enable-lora"),
+    ],
+)
+def test_unsupported_combinations_are_refused(sg, extra, flag):
+    msg = refusal(argv(sg, *extra))
+    assert f"DYNVOCAB does not support {flag}" in msg and "Remove" in msg
+
+
+def test_unsupported_table_rows(sg):
+    """Each row of the one table refuses on its own (also the ones SGLang itself refuses first)."""
+    from sglang_specvocab.integration.algorithm import UNSUPPORTED, UnsupportedCombinationError, check_combinations
+
+    on = dict(
+        speculative_use_rejection_sampling=True,
+        speculative_use_block_verification=True,
+        pp_size=2,
+        attn_dp_size=2,
+        enable_multi_layer_eagle=True,
+        speculative_adaptive=True,
+        disaggregation_mode="prefill",
+        enable_mixed_chunk=True,
+        speculative_token_map="m.pt",
+        enable_lora=True,
+    )
+    off = dict(
+        speculative_use_rejection_sampling=False,
+        speculative_use_block_verification=False,
+        pp_size=1,
+        attn_dp_size=1,
+        enable_dp_attention=False,
+        enable_multi_layer_eagle=False,
+        speculative_adaptive=False,
+        disaggregation_mode="null",
+        enable_mixed_chunk=False,
+        speculative_token_map=None,
+        enable_lora=None,
+        lora_paths=None,
+    )
+    check_combinations(SimpleNamespace(**off))
+    hit = set()
+    for key, value in on.items():
+        with pytest.raises(UnsupportedCombinationError) as info:
+            check_combinations(SimpleNamespace(**{**off, key: value}))
+        hit.add(next(r.flag for r in UNSUPPORTED if f"support {r.flag}:" in str(info.value)))
+    assert hit == {r.flag for r in UNSUPPORTED}
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_bad_configs_are_refused(sg, tmp_path, monkeypatch):
+    big = _write(tmp_path / "big.yaml", f"policy: window\ncapacity: {DRAFT_VOCAB + 1}\n")
+    cases = [
+        (argv(sg, config=tmp_path / "missing.yaml"), ["cannot read config file", "missing.yaml"]),
+        (
+            argv(sg, config=_write(tmp_path / "typo.yaml", "policy: window\ncapacity: 8\nwindw: {}\n")),
+            ["unknown key 'windw'"],
+        ),
+        (
+            argv(sg, config=big, draft="draft-d2t"),
+            [
+                f"capacity = {DRAFT_VOCAB + 1} is invalid: must be at most the vocabulary size {DRAFT_VOCAB}",
+                "draft-d2t (a d2t draft",
+            ],
+        ),
+        (
+            argv(sg, config=_write(tmp_path / "huge.yaml", f"policy: window\ncapacity: {VOCAB + 1}\n")),
+            [f"must be at most the vocabulary size {VOCAB} of the draft head", "a full-vocabulary draft"],
+        ),
+        # shipped data files were built for Gemma-3's 262144-token vocabulary
+        (
+            argv(sg, config=CONFIGS / "frspec.yaml"),
+            [
+                "static.table = 'data/gemma3-270m-sharegpt.freq.npz' is invalid",
+                "262144-token vocabulary",
+                f"the target model has {VOCAB}",
+            ],
+        ),
+        (argv(sg, config=CONFIGS / "evospec.yaml"), ["retrieval.table", "262144-token vocabulary"]),
+        (
+            argv(
+                sg,
+                config=_write(tmp_path / "rank.yaml", "policy: lowrank\nlowrank: {rank: 4, topk: 16, ranker: r.pt}\n"),
+            ),
+            ["lowrank.ranker = 'r.pt' is invalid", "is not a file"],
+        ),
+        (argv(sg, draft="target"), ["needs an EAGLE-3 draft", "LlamaForCausalLM"]),
+    ]
+    for args, parts in cases:
+        msg = refusal(args)
+        for part in parts:
+            assert part in msg, (part, msg)
+    # the same capacity is fine for a full-vocabulary draft; the env var is the fall-back
+    resolved(argv(sg, config=big))
+    monkeypatch.setenv("SGLANG_DYNVOCAB_CONFIG", str(tmp_path / "nope.yaml"))
+    msg = refusal(argv(sg, config=None))
+    assert "nope.yaml" in msg and "$SGLANG_DYNVOCAB_CONFIG" in msg
+    resolved(argv(sg))  # the flag wins over the env var
+
+
+# --- version and signature checks -------------------------------------------------------------
+
+
+def test_version_and_signature_checks(sg, monkeypatch):
+    import sglang_specvocab.patches as P
+
+    assert P.supported_versions() == ["0.5.23"]
+    assert P.check_sglang(worker=True) == "0.5.23"  # every recorded signature matches the installed SGLang
+    with pytest.raises(P.SGLangCompatibilityError, match=r"supports SGLang 0\.5\.23 only, but SGLang 0\.5\.24 is "):
+        P.check_sglang_version("0.5.24")
+    monkeypatch.setattr(P, "installed_sglang_version", lambda: "0.6.0")
+    with pytest.raises(P.SGLangCompatibilityError, match=r"0\.6\.0 is installed"):
+        P.check_sglang()
+    monkeypatch.undo()
+
+    target = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.verify"
+    with pytest.raises(P.SGLangCompatibilityError) as info:
+        P.check_signatures({target: "(self, batch)"})
+    msg = str(info.value)
+    assert target in msg and "recorded  (self, batch)" in msg and "pp_proxy_tensors=None" in msg
+    with pytest.raises(P.SGLangCompatibilityError, match="not found"):
+        P.check_signatures({"sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.gone": "(self)"})
+
+    # a changed signature of a live method is caught (simulated by swapping the method)
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+
+    monkeypatch.setattr(EagleDraftWorker, "alloc_memory_pool", lambda self, memory_pool_config=None: None)
+    with pytest.raises(P.SGLangCompatibilityError, match="EagleDraftWorker.alloc_memory_pool"):
+        P.check_signatures(P.recorded_signatures()["WORKER"])
+
+    # the version folder is not importable by name; its modules load by path, once
+    assert not (P.PATCH_ROOT / "sglang-0.5.23").name.isidentifier()
+    mod = P.load_patch_module("eagle_worker_v2")
+    assert callable(mod.worker_init) and P.load_patch_module("eagle_worker_v2") is mod
+
+
+# --- the worker (CPU: construction wiring and allocation, with the GPU parts faked) --------------
+
+
+def test_worker_init_and_alloc_memory_pool(sg, monkeypatch):
+    from sglang.srt.speculative import eagle_worker_v2 as ew
+    from transformers import AutoConfig
+
+    from sglang_specvocab.config import load_config
+    from sglang_specvocab.integration.worker import DynVocabDraftWorker, DynVocabWorkerV2
+
+    # DynVocabWorkerV2.__init__ (the copied EAGLE init) builds the draft worker class it names
+    spec = SimpleNamespace(
+        speculative_eagle_topk=1,
+        speculative_num_steps=3,
+        speculative_num_draft_tokens=4,
+        speculative_algorithm="DYNVOCAB",
+    )
+    monkeypatch.setattr(ew, "get_spec", lambda: spec)
+    monkeypatch.setattr(ew, "get_device", lambda: SimpleNamespace(device="cpu"))
+    monkeypatch.setattr(ew, "get_schedule", lambda: SimpleNamespace(page_size=1))
+    monkeypatch.setattr(ew, "get_parallel", lambda: SimpleNamespace(pp_group=SimpleNamespace(is_last_rank=True)))
+    monkeypatch.setattr(ew, "get_plan_stream", lambda device: (None, nullcontext()))
+    built = []
+
+    class Recorder(DynVocabWorkerV2):
+        draft_worker_cls = staticmethod(lambda *a: built.append(a) or SimpleNamespace(dynvocab_policy="p"))
+
+    w = Recorder("sa", 0, 1234, "target")
+    assert built == [("sa", 0, 1234, "target")] and w.dynvocab_policy == "p"
+    assert (w.topk, w.speculative_num_steps, w.speculative_num_draft_tokens, w.page_size) == (1, 3, 4, 1)
+    assert w.adaptive_controller is None and w._target_worker == "target" and w._hosts_draft
+    with pytest.raises(NotImplementedError, match="verify"):
+        w.verify(None)
+    with pytest.raises(NotImplementedError, match="_forward_prefill_batch"):
+        w._forward_prefill_batch(None)
+
+    # alloc_memory_pool: EAGLE's (faked) then the policy table sized by the request pool, then the GPU head
+    monkeypatch.setattr(ew.EagleDraftWorker, "alloc_memory_pool", lambda self, **kw: None)
+    d = object.__new__(DynVocabDraftWorker)
+    d.device = torch.device("cpu")
+    d.dynvocab_config = load_config(CONFIGS / "microspec.yaml")
+    hf = AutoConfig.from_pretrained(sg.draft_d2t)
+    d.draft_runner = SimpleNamespace(
+        model=SimpleNamespace(
+            lm_head=SimpleNamespace(weight=torch.zeros(DRAFT_VOCAB, 4)),
+            model=SimpleNamespace(embed_tokens=SimpleNamespace(weight=torch.zeros(VOCAB, 4))),
+        ),
+        model_config=SimpleNamespace(hf_config=hf, model_path=str(sg.draft_d2t)),
+    )
+    d.target_worker = SimpleNamespace(
+        model_runner=SimpleNamespace(model_config=SimpleNamespace(vocab_size=VOCAB, hf_eos_token_id={3, 2}))
+    )
+    pool = SimpleNamespace(req_to_token=torch.zeros(49, 16, dtype=torch.int32))
+    with pytest.raises(NotImplementedError, match="install_dynvocab_head"):
+        d.alloc_memory_pool(req_to_token_pool=pool)
+    table = d.dynvocab_policy.table
+    assert table.ids.shape == (49, 3072) and table.cnt.shape == (49,) and int(table.cnt[0]) >= 1
+    assert d.dynvocab_policy.model.eos_token_ids == (2, 3) and d.dynvocab_policy.model.vocab_size == VOCAB
+
+    d.dynvocab_config = load_config(CONFIGS / "full.yaml")
+    with pytest.raises(NotImplementedError):
+        d.alloc_memory_pool(req_to_token_pool=pool)
+    assert d.dynvocab_policy.table is None  # dense policy: no table
+
+
+# --- the entry point in a spawned process -----------------------------------------------------
+
+
+def _child(queue, server_args):
+    """Runs in a spawned process, like SGLang's scheduler: plug-ins come from the entry points."""
+    try:
+        from sglang.srt.plugins import load_plugins
+        from sglang.srt.server_args import ServerArgs
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        load_plugins()
+        load_plugins()
+        algo = SpeculativeAlgorithm.from_string("DYNVOCAB")
+        import argparse
+
+        parser = argparse.ArgumentParser()
+        ServerArgs.add_cli_args(parser)
+        flags = [a for a in parser._actions if "--speculative-dynvocab-config" in a.option_strings]
+        queue.put(
+            (
+                "ok",
+                type(algo).__module__ + "." + type(algo).__name__,
+                len(flags),
+                getattr(server_args, "_dynvocab_config", None),
+            )
+        )
+    except BaseException as exc:  # report, do not hang the parent
+        import traceback
+
+        queue.put(("error", repr(exc), traceback.format_exc(), None))
+
+
+def test_plugin_loads_in_spawned_child_through_the_entry_point(sg):
+    from importlib.metadata import entry_points
+
+    from sglang.srt.server_args import prepare_server_args
+
+    eps = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
+    assert eps.get("dynvocab") == "sglang_specvocab.integration.plugin:register", (
+        "entry point missing: pip install --no-build-isolation --no-deps -e . (a stale sglang_specvocab.egg-info "
+        "in the working directory shadows the installed metadata: python setup.py egg_info refreshes it)"
+    )
+    sa = prepare_server_args(argv(sg))
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(queue, sa))
+    proc.start()
+    try:
+        result = queue.get(timeout=240)
+    finally:
+        proc.join(timeout=30)
+        if proc.is_alive():
+            proc.kill()
+    assert result[0] == "ok", result[2]
+    assert result[1:] == ("sglang_specvocab.integration.algorithm.DynVocabAlgo", 1, str(CONFIGS / "microspec.yaml"))
