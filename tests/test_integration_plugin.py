@@ -350,10 +350,7 @@ def test_worker_init_and_alloc_memory_pool(sg, monkeypatch):
     assert built == [("sa", 0, 1234, "target")] and w.dynvocab_policy == "p"
     assert (w.topk, w.speculative_num_steps, w.speculative_num_draft_tokens, w.page_size) == (1, 3, 4, 1)
     assert w.adaptive_controller is None and w._target_worker == "target" and w._hosts_draft
-    with pytest.raises(NotImplementedError, match="verify"):
-        w.verify(None)
-    with pytest.raises(NotImplementedError, match="_forward_prefill_batch"):
-        w._forward_prefill_batch(None)
+    assert w._dv_live == {} and w._dv_seen is None  # DYNVOCAB state (tests/test_integration_worker.py)
 
     # alloc_memory_pool: EAGLE's (faked) then the policy table sized by the request pool, then the GPU head
     monkeypatch.setattr(ew.EagleDraftWorker, "alloc_memory_pool", lambda self, **kw: None)
@@ -372,15 +369,16 @@ def test_worker_init_and_alloc_memory_pool(sg, monkeypatch):
         model_runner=SimpleNamespace(model_config=SimpleNamespace(vocab_size=VOCAB, hf_eos_token_id={3, 2}))
     )
     pool = SimpleNamespace(req_to_token=torch.zeros(49, 16, dtype=torch.int32))
-    with pytest.raises(NotImplementedError, match="install_dynvocab_head"):
-        d.alloc_memory_pool(req_to_token_pool=pool)
+    installed = []
+    monkeypatch.setattr(DynVocabDraftWorker, "install_dynvocab_head", lambda self: installed.append(self))
+    d.alloc_memory_pool(req_to_token_pool=pool)
+    assert installed == [d] and d.dynvocab_telemetry.rounds.shape == (49,)
     table = d.dynvocab_policy.table
     assert table.ids.shape == (49, 3072) and table.cnt.shape == (49,) and int(table.cnt[0]) >= 1
     assert d.dynvocab_policy.model.eos_token_ids == (2, 3) and d.dynvocab_policy.model.vocab_size == VOCAB
 
     d.dynvocab_config = load_config(CONFIGS / "full.yaml")
-    with pytest.raises(NotImplementedError):
-        d.alloc_memory_pool(req_to_token_pool=pool)
+    d.alloc_memory_pool(req_to_token_pool=pool)
     assert d.dynvocab_policy.table is None  # dense policy: no table
 
 

@@ -1,55 +1,164 @@
-"""DYNVOCAB's speculative worker for SGLang 0.5.23 (first version: construction and allocation only).
+"""DYNVOCAB's speculative worker for SGLang 0.5.23 (Option C: compact draft logits over each request's set).
 
 Imported lazily by the worker factory (``plugin.worker_factory``), in the scheduler process.
 
 - ``DynVocabWorkerV2(EAGLEWorkerV2)``: ``__init__`` is EAGLE's (copied in
   ``patches/sglang-0.5.23/eagle_worker_v2.py``) with the draft worker class swapped, as
-  ``StandaloneWorkerV2`` does.
-- ``DynVocabDraftWorker(EagleDraftWorker)``: loads the policy config (the same file the launcher
-  validated, ``algorithm.config_location``); ``alloc_memory_pool`` runs EAGLE's (draft KV pools,
-  token map, LM head), then builds the policy and its candidate table with one row per request
-  slot, ``R = req_to_token_pool.req_to_token.shape[0]`` (row 0 is SGLang's padding row), on the
-  draft's device, through ``sglang_specvocab.policies.build_policy``.
+  ``StandaloneWorkerV2`` does; ``verify`` is EAGLE's followed by the telemetry and
+  ``policy.on_verify`` (``integration/events.verify_event``, on the forward stream, no host sync,
+  idle batches skipped); ``_forward_prefill_batch`` is a copy (``patches/.../dynvocab_worker.py``)
+  that calls ``dynvocab_prefill`` between the target forward and the draft extend: re-used slots
+  are reset (``reset_rows`` on the pool's generation counter; policy and telemetry rows), then
+  ``policy.on_prefill`` with the prompt ids (radix-cache hits seeded from ids) and the target's
+  top-K from ``last_hidden_states``; ``note_request_finished`` reports the request's telemetry
+  (``integration/telemetry.py``).
+- ``DynVocabDraftWorker(EagleDraftWorker)``: ``alloc_memory_pool`` runs EAGLE's (draft KV pools,
+  token map, LM head), builds the policy and its candidate table with one row per request slot
+  (``R = req_to_token_pool.req_to_token.shape[0]``, row 0 SGLang's padding row) and the telemetry,
+  then ``install_dynvocab_head``: the compact logits processor (``integration/logits.py``) over the
+  table replaces ``draft_runner.model.logits_processor`` (the table tensors are shared, never
+  rebound), and the target's ``logits_processor.keep_last_hidden_states`` is set when the policy
+  wants prefill top-K. ``draft_forward`` / ``_draft_extend_for_prefill`` /
+  ``_draft_extend_for_decode`` are copies (``patches/.../dynvocab_draft.py``) whose top-k is
+  ``proc.draft_topk``; a dense policy (``full``, no table) keeps SGLang's own methods and head.
 
-NOT IMPLEMENTED YET — GPU paths, each raising ``NotImplementedError`` with the reason (nothing is
-silently skipped; until they exist a DYNVOCAB server stops at start-up, in ``alloc_memory_pool``):
-
-- ``DynVocabDraftWorker.install_dynvocab_head``: replace ``draft_runner.model.logits_processor``
-  by the compact logits processor (``integration/logits.py``), sharing this table, and set the
-  target's ``logits_processor.keep_last_hidden_states`` for prefill seeding;
-- ``DynVocabWorkerV2.verify``: EAGLE's verify, then ``policy.on_verify`` from the verify outputs
-  (``integration/events.py``), on the forward stream, without host syncs;
-- ``DynVocabWorkerV2._forward_prefill_batch``: reset re-used request slots (the request pool's
-  generation counter), then ``policy.on_prefill`` with the prompt ids and target top-K before
-  the draft extend (a copied-and-trimmed method, to live in ``patches/sglang-0.5.23/``).
-
-Also left for that wiring: ranker policies (``lowrank``, ``cluster``) with a d2t draft rank the
-draft head's rows (draft-space indices) and need the ``hot_token_id`` map to target ids; with
-TP > 1 the head weight and embeddings given to the policy are this rank's vocabulary shard.
+Stepwise (ranker) policies (``lowrank``, ``cluster``, a union with one) choose the set inside each
+draft step: the installed processor is ``StepwiseProcessor``, whose ``_get_logits`` calls
+``policy.select(rows, step, hidden[B, n, d], tokens[B, n])`` on the LM head's input rows right
+before the head (``stepwise_inputs``): step 0 in the draft extends (the row of each request's last
+position: prefill last row, decode ``select_index`` / ``accept_lens - 1``), step ``i + 1`` in the
+``i``-th forward of ``draft_forward`` (its ``topk`` beams). Everything is static-shaped tensor code
+on the forward batch's ``req_pool_indices`` (the static buffer inside a CUDA graph), so it is
+captured with the draft graphs. Refused at start for a d2t draft (the rankers rank draft-head
+rows, the table holds target ids) and for TP > 1 (each rank holds a head shard: the rankers would
+differ between ranks).
 """
 
 from __future__ import annotations
 
 import logging
 
+import torch
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
+from ..errors import SpecVocabError
 from ..patches import load_patch_module
 from ..policies import ModelContext, Policy, build_policy
-from .algorithm import draft_info, load_server_config
+from . import logits as dv_logits
+from .algorithm import NAME, draft_info, load_server_config
+from .events import prefill_event, reset_rows, verify_event
+from .telemetry import Gauges, Telemetry, install_request_level_keys, report_to_request
 
 logger = logging.getLogger(__name__)
 
-_WIRING = "the DYNVOCAB GPU wiring is not implemented yet in this version of sglang-specvocab"
+
+# --- stepwise policies: select inside the LM head ----------------------------------------------------
+
+
+def stepwise_inputs(
+    mode: str,
+    hidden: torch.Tensor,
+    input_ids: torch.Tensor,
+    rows: torch.Tensor,
+    *,
+    extend_seq_lens: torch.Tensor | None = None,
+    select_index: torch.Tensor | None = None,
+    num_accept_tokens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(hidden[B, n, d], tokens[B, n])`` for ``policy.select`` from the LM head's input rows.
+
+    ``hidden`` is what the head gets (already pruned by SGLang), ``input_ids`` the forward's
+    unpruned ids, ``rows`` its ``req_pool_indices`` (B requests). Modes:
+    - ``"decode"`` (a ``draft_forward`` step): ``N = B * topk`` request-major beams, all kept;
+    - ``"extend"`` (the prefill draft extend): one pruned row per request, the last extended
+      position; its token is ``input_ids[cumsum(extend_seq_lens) - 1]``;
+    - ``"draft_extend"`` (the decode draft extend): pruned to ``select_index`` (graph path: one row
+      per request), or all ``num_draft_tokens`` rows per request (eager path), of which the
+      request's last accepted one, ``accept_lens - 1``, is taken.
+    Static shapes, no host sync.
+    """
+    bs = rows.shape[0]
+    if mode == "decode":
+        n = hidden.shape[0] // bs
+        return hidden.view(bs, n, hidden.shape[-1]), input_ids.view(bs, n)
+    if mode == "extend":
+        idx = torch.cumsum(extend_seq_lens, dim=0) - 1
+        return hidden.view(bs, 1, hidden.shape[-1]), input_ids[idx.long()].view(bs, 1)
+    if mode == "draft_extend":
+        if select_index is not None and hidden.shape[0] == bs:
+            return hidden.view(bs, 1, hidden.shape[-1]), input_ids[select_index.long()].view(bs, 1)
+        n = hidden.shape[0] // bs
+        idx = torch.arange(bs, device=hidden.device) * n + num_accept_tokens.long() - 1
+        return hidden[idx].view(bs, 1, hidden.shape[-1]), input_ids[idx].view(bs, 1)
+    raise ValueError(f"stepwise_inputs: unknown mode {mode!r}")
+
+
+def _forward_mode_name(forward_mode) -> str | None:
+    if forward_mode.is_idle():
+        return None
+    if forward_mode.is_draft_extend_v2():
+        return "draft_extend"
+    if forward_mode.is_extend():
+        return "extend"
+    if forward_mode.is_decode():
+        return "decode"
+    return None
+
+
+_STEPWISE_CLASS = None
+
+
+def stepwise_processor_class():
+    """``DynVocabLogitsProcessor`` that runs ``policy.select`` on the head's input right before the head."""
+    global _STEPWISE_CLASS
+    if _STEPWISE_CLASS is not None:
+        return _STEPWISE_CLASS
+    base = dv_logits.DynVocabLogitsProcessor
+
+    class StepwiseProcessor(base):
+        dv_policy = None
+        dv_step = 0
+        _dv_fb = None
+        _dv_input_ids = None
+
+        def forward(self, input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs):
+            self._dv_fb, self._dv_input_ids = logits_metadata, input_ids
+            try:
+                return super().forward(input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs)
+            finally:
+                self._dv_fb = self._dv_input_ids = None
+
+        def _get_logits(self, hidden_states, lm_head, logits_metadata, *args, **kwargs):
+            fb = self._dv_fb
+            mode = None if fb is None else _forward_mode_name(fb.forward_mode)
+            if mode is not None and hidden_states.shape[0] > 0:
+                spec = getattr(fb, "spec_info", None)
+                hidden, tokens = stepwise_inputs(
+                    mode,
+                    hidden_states,
+                    self._dv_input_ids,
+                    fb.req_pool_indices,
+                    extend_seq_lens=fb.extend_seq_lens,
+                    select_index=getattr(spec, "select_index", None),
+                    num_accept_tokens=getattr(spec, "num_accept_tokens", None),
+                )
+                step = 0 if mode != "decode" else self.dv_step
+                self.dv_policy.select(fb.req_pool_indices.long(), step, hidden, tokens)
+            return super()._get_logits(hidden_states, lm_head, logits_metadata, *args, **kwargs)
+
+    _STEPWISE_CLASS = StepwiseProcessor
+    return StepwiseProcessor
 
 
 class DynVocabDraftWorker(EagleDraftWorker):
-    """EAGLE's draft worker plus the candidate-set policy and its table."""
+    """EAGLE's draft worker plus the candidate-set policy, its table and the compact head."""
 
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
         # The config first: a bad file stops here, before the draft weights load.
         self.dynvocab_config = load_server_config(server_args)
         self.dynvocab_policy: Policy | None = None
+        self.dynvocab_proc = None
+        self.dynvocab_telemetry: Telemetry | None = None
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
 
     def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
@@ -59,6 +168,8 @@ class DynVocabDraftWorker(EagleDraftWorker):
             token_to_kv_pool_allocator=token_to_kv_pool_allocator,
         )
         self.dynvocab_policy = self.build_dynvocab_policy(req_to_token_pool)
+        num_rows = int(req_to_token_pool.req_to_token.shape[0])
+        self.dynvocab_telemetry = Telemetry(num_rows, device=self.device)
         self.install_dynvocab_head()
 
     def dynvocab_model_context(self) -> ModelContext:
@@ -76,6 +187,13 @@ class DynVocabDraftWorker(EagleDraftWorker):
             eos_token_ids=eos,
         )
 
+    def dynvocab_hot_token_id(self) -> torch.Tensor | None:
+        """The d2t map (draft row -> target id) of a reduced-vocabulary draft, None for a full head."""
+        hot = getattr(self, "hot_token_id", None)
+        if hot is None:
+            hot = getattr(self.draft_runner.model, "hot_token_id", None)
+        return hot
+
     def build_dynvocab_policy(self, req_to_token_pool) -> Policy:
         """The policy with a table of one row per request slot of ``req_to_token_pool``."""
         num_rows = int(req_to_token_pool.req_to_token.shape[0])
@@ -84,6 +202,10 @@ class DynVocabDraftWorker(EagleDraftWorker):
         info = draft_info(draft_config.hf_config, draft_config.model_path, model.vocab_size)
         self.dynvocab_config.check_vocab(info.head_size, info.describe())
         fallback = model.eos_token_ids[0] if model.eos_token_ids else 0
+        hot = self.dynvocab_hot_token_id()
+        if hot is not None:  # the fallback id must have a draft head row (start-up only: host reads)
+            hot_ids = set(hot.flatten().tolist())
+            fallback = next((e for e in model.eos_token_ids if e in hot_ids), int(hot.flatten()[0]))
         policy = build_policy(self.dynvocab_config, num_rows, device=self.device, fallback_id=fallback, model=model)
         table = policy.table
         logger.info(
@@ -95,16 +217,74 @@ class DynVocabDraftWorker(EagleDraftWorker):
         return policy
 
     def install_dynvocab_head(self) -> None:
-        """GPU path: swap in the compact logits processor over this policy's table."""
-        raise NotImplementedError(
-            f"{_WIRING}: DynVocabDraftWorker.install_dynvocab_head (replace draft_runner.model.logits_processor "
-            "by the compact logits processor of sglang_specvocab.integration.logits over the candidate table). "
-            "Use --speculative-algorithm EAGLE3 until then."
+        """The compact logits processor over this policy's table on the draft model instance; the
+        target keeps its last hidden states when the policy wants prefill top-K. A dense policy
+        (no table) keeps SGLang's head and draft methods."""
+        policy = self.dynvocab_policy
+        target_lp = getattr(self.target_worker.model_runner.model, "logits_processor", None)
+        if policy.prefill_topk > 0:
+            if target_lp is None:
+                raise SpecVocabError(f"{NAME}: the target model has no logits_processor to keep its hidden states")
+            target_lp.keep_last_hidden_states = True
+        table = policy.table
+        if table is None:
+            self.dynvocab_proc = None
+            return
+        hot = self.dynvocab_hot_token_id()
+        model = self.draft_runner.model
+        tp = int(getattr(getattr(model, "lm_head", None), "tp_size", 1))
+        if policy.stepwise and (hot is not None or tp > 1):
+            why = "a d2t draft (the rankers rank draft-head rows)" if hot is not None else f"TP = {tp}"
+            raise SpecVocabError(
+                f"{NAME}: policy '{self.dynvocab_config.policy}' ({self.dynvocab_config.source}) chooses its set "
+                f"inside each draft step, which is not supported with {why}; use a full-vocabulary EAGLE-3 draft "
+                "at TP 1, or a context policy (window, static, retrieval)"
+            )
+        kwargs = dict(
+            kernel=self.dynvocab_config.head.kernel,
+            hot_token_id=hot,
+            target_vocab_size=int(self.target_worker.model_runner.model_config.vocab_size),
+            fallback_id=table.fallback_id,
+        )
+        if policy.stepwise:
+            cls = stepwise_processor_class()
+            original = model.logits_processor
+            original = getattr(original, "_dv_original", original)
+            proc = cls.wrap(original, model.lm_head, table.ids, table.cnt, **kwargs)
+            object.__setattr__(proc, "_dv_original", original)
+            proc.dv_policy = policy
+            model.logits_processor = proc
+        else:
+            proc = dv_logits.install(model, table.ids, table.cnt, **kwargs)
+        self.dynvocab_proc = proc
+
+    # Option C copies (patches/sglang-0.5.23/dynvocab_draft.py); SGLang's own with a dense policy.
+    def draft_forward(self, forward_batch):
+        if self.dynvocab_proc is None:
+            return super().draft_forward(forward_batch)
+        return load_patch_module("dynvocab_draft").draft_forward(self, forward_batch)
+
+    def _draft_extend_for_prefill(
+        self, batch, target_hidden_states, next_token_ids, mm_input_embeds=None, kv_loc_plan=None
+    ):
+        if self.dynvocab_proc is None:
+            return super()._draft_extend_for_prefill(
+                batch, target_hidden_states, next_token_ids, mm_input_embeds, kv_loc_plan=kv_loc_plan
+            )
+        return load_patch_module("dynvocab_draft").draft_extend_for_prefill(
+            self, batch, target_hidden_states, next_token_ids, mm_input_embeds, kv_loc_plan
+        )
+
+    def _draft_extend_for_decode(self, batch, batch_result, *, kv_loc_plan=None):
+        if self.dynvocab_proc is None:
+            return super()._draft_extend_for_decode(batch, batch_result, kv_loc_plan=kv_loc_plan)
+        return load_patch_module("dynvocab_draft").draft_extend_for_decode(
+            self, batch, batch_result, kv_loc_plan=kv_loc_plan
         )
 
 
 class DynVocabWorkerV2(EAGLEWorkerV2):
-    """EAGLE's V2 worker with ``DynVocabDraftWorker`` as its draft worker."""
+    """EAGLE's V2 worker with ``DynVocabDraftWorker`` as its draft worker, the policy events and telemetry."""
 
     draft_worker_cls = DynVocabDraftWorker
 
@@ -112,22 +292,186 @@ class DynVocabWorkerV2(EAGLEWorkerV2):
         load_patch_module("eagle_worker_v2").worker_init(
             self, server_args, gpu_id, nccl_port, target_worker, self.draft_worker_cls
         )
+        self._init_dynvocab_state(server_args)
+
+    def _init_dynvocab_state(self, server_args) -> None:
+        self._dv_seen: torch.Tensor | None = None  # CPU [R]: pool generation each row was last seen at
+        self._dv_fed: torch.Tensor | None = None  # CPU [R]: positions already fed to the policy
+        self._dv_live: dict[str, tuple] = {}  # rid -> (row, req), for the finished-request report
+        self._dv_row_rid: dict[int, str] = {}
+        install_request_level_keys()
+        enabled = False
+        labels = {}
+        try:
+            from sglang.srt.runtime_context import get_observability
+
+            enabled = bool(get_observability().enable_metrics)
+        except Exception:  # no runtime context (tests, embedders): no gauges
+            enabled = False
+        if enabled:
+            name = getattr(server_args, "served_model_name", None) or getattr(server_args, "model_path", "")
+            labels = {"model_name": str(name)}
+        self.dynvocab_gauges = Gauges(enabled, labels)
 
     @property
     def dynvocab_policy(self) -> Policy | None:
         return None if self._draft_worker is None else self._draft_worker.dynvocab_policy
 
+    @property
+    def dynvocab_telemetry(self) -> Telemetry | None:
+        return None if self._draft_worker is None else getattr(self._draft_worker, "dynvocab_telemetry", None)
+
+    def _dynvocab_vocab_size(self) -> int:
+        return int(self.target_worker.model_runner.model_config.vocab_size)
+
+    # --- verify ---------------------------------------------------------------------------------
+
     def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
-        raise NotImplementedError(
-            f"{_WIRING}: DynVocabWorkerV2.verify (EAGLE's verify, then policy.on_verify from the verify outputs "
-            "via sglang_specvocab.integration.events, on the GPU)"
+        verify_input = batch.spec_info  # before verify replaces or consumes it
+        rows = batch.req_pool_indices
+        res = super().verify(batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier)
+        policy = self.dynvocab_policy
+        if policy is None or batch.forward_mode.is_idle() or rows is None or rows.shape[0] == 0:
+            return res
+        if getattr(res, "accept_index", None) is None:
+            return res
+        self.dynvocab_on_verify(policy, verify_input, rows, res)
+        return res
+
+    def dynvocab_on_verify(self, policy: Policy, verify_input, rows: torch.Tensor, res) -> None:
+        """The round's event: telemetry against the sets as they were, then ``policy.on_verify``."""
+        k = policy.verify_topk
+        logits = res.logits_output.next_token_logits if k > 0 else None
+        draft_tokens, verify_topk, accepted = verify_event(
+            verify_input.draft_token,
+            res.accept_index,
+            res.accept_lens,
+            res.next_token_ids,
+            logits,
+            num_draft_tokens=self.speculative_num_draft_tokens,
+            k=k,
+            compacted=self.topk > 1,
+            vocab_size=self._dynvocab_vocab_size(),
         )
+        rows = rows.long()
+        telemetry = self.dynvocab_telemetry
+        if telemetry is not None:
+            telemetry.record_verify(policy.table, rows, accepted, self._dynvocab_vocab_size())
+        policy.on_verify(rows, draft_tokens, verify_topk, accepted)
+
+    # --- prefill --------------------------------------------------------------------------------
 
     def _forward_prefill_batch(self, batch, on_publish=None, pp_proxy_tensors=None, coordination_plan=None):
-        raise NotImplementedError(
-            f"{_WIRING}: DynVocabWorkerV2._forward_prefill_batch (reset re-used request slots, then policy.on_prefill "
-            "with the prompt ids and the target's top-K before the draft extend, on the GPU)"
+        return load_patch_module("dynvocab_worker").forward_prefill_batch(
+            self, batch, on_publish, pp_proxy_tensors, coordination_plan
         )
 
+    def _dynvocab_target_head(self):
+        """The target LM head for the prefill top-K: its weight, or a callable that all-gathers TP shards."""
+        head = getattr(self.target_worker.model_runner.model, "lm_head", None)
+        base = getattr(head, "base_layer", head)  # a LoRA wrapper's inner layer
+        weight = getattr(base, "weight", None)
+        if weight is None or not weight.is_floating_point():
+            raise SpecVocabError(f"{NAME}: prefill top-K needs an unquantized target lm_head with a float weight")
+        tp = int(getattr(base, "tp_size", 1))
+        if tp == 1:
+            return weight
+        from sglang.srt.runtime_context import get_parallel
 
-__all__ = ["DynVocabDraftWorker", "DynVocabWorkerV2"]
+        group = get_parallel().tp_group
+
+        def head_fn(h: torch.Tensor) -> torch.Tensor:
+            return group.all_gather((h.to(weight.dtype) @ weight.T).contiguous(), dim=-1)
+
+        return head_fn
+
+    def dynvocab_prefill(self, batch, batch_output) -> None:
+        """Reset re-used slots, then ``policy.on_prefill`` (prompt ids and the target's top-K) of this extend."""
+        policy = self.dynvocab_policy
+        if policy is None or batch.forward_mode.is_idle() or not batch.reqs:
+            return
+        pool = self.req_to_token_pool
+        if self._dv_seen is None:
+            n = pool.req_generation.shape[0]
+            self._dv_seen = torch.full((n,), -1, dtype=torch.int64)
+            self._dv_fed = torch.zeros(n, dtype=torch.int64)
+        reqs = batch.reqs
+        rows_host = [int(r.kv.req_pool_idx) for r in reqs]
+        device = batch.req_pool_indices.device
+        stale = reset_rows(pool.req_generation, self._dv_seen, rows_host, self._dv_fed)
+        if stale.numel():
+            stale_dev = stale.to(device)
+            policy.on_reset(stale_dev)
+            if self.dynvocab_telemetry is not None:
+                self.dynvocab_telemetry.reset(stale_dev)
+            for row in stale.tolist():  # host tensor: no device sync
+                old = self._dv_row_rid.pop(row, None)
+                if old is not None and self._dv_live.get(old, (None,))[0] == row:
+                    del self._dv_live[old]
+        for r, row in zip(reqs, rows_host, strict=True):
+            self._dv_live[r.rid] = (row, r)
+            self._dv_row_rid[row] = r.rid
+
+        extend_lens = [int(x) for x in batch.extend_lens]
+        prefix_lens = [int(x) for x in batch.prefix_lens]
+        fed = self._dv_fed[rows_host].tolist()
+        full_ids = None
+        if any(p > f for p, f in zip(prefix_lens, fed, strict=True)):
+            full_ids = [_req_ids(r) for r in reqs]
+        k = policy.prefill_topk
+        hidden = head = None
+        if k > 0:
+            hidden = batch_output.logits_output.last_hidden_states
+            if hidden is None:
+                raise SpecVocabError(
+                    f"{NAME}: the target returned no last_hidden_states for the prefill top-K "
+                    "(keep_last_hidden_states with FULL capture and EAGLE-3 aux hidden states)"
+                )
+            head = self._dynvocab_target_head()
+        prompt_ids, prompt_topk = prefill_event(
+            hidden,
+            head,
+            batch.input_ids,
+            extend_lens,
+            prefix_lens,
+            full_ids,
+            fed,
+            k=k,
+            vocab_size=self._dynvocab_vocab_size(),
+        )
+        rows = batch.req_pool_indices.long()
+        policy.on_prefill(rows, prompt_ids, prompt_topk)
+        self._dv_fed[rows_host] = torch.tensor([p + e for p, e in zip(prefix_lens, extend_lens, strict=True)])
+
+    # --- finished requests -----------------------------------------------------------------------
+
+    def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
+        super().note_request_finished(rid=rid, natural_stop=natural_stop)
+        self.dynvocab_report(rid)
+
+    def dynvocab_report(self, rid: str, req=None) -> tuple[float, float] | None:
+        """One host copy per finished request: ``meta_info`` fields and the gauges."""
+        entry = self._dv_live.pop(rid, None)
+        telemetry = self.dynvocab_telemetry
+        if entry is None or telemetry is None:
+            return None
+        row, live_req = entry
+        if self._dv_row_rid.get(row) == rid:
+            del self._dv_row_rid[row]
+        set_size, coverage = telemetry.summary(row)
+        req = req if req is not None else live_req
+        if req is not None:
+            report_to_request(req, set_size, coverage)
+        self.dynvocab_gauges.update(set_size, coverage)
+        return set_size, coverage
+
+
+def _req_ids(req) -> list[int]:
+    """A request's ids from position 0 (prompt, then output: a retracted request's refill)."""
+    ids = getattr(req, "fill_ids", None)
+    if ids is None:
+        ids = list(req.origin_input_ids) + list(req.output_ids)
+    return list(ids)
+
+
+__all__ = ["DynVocabDraftWorker", "DynVocabWorkerV2", "stepwise_inputs", "stepwise_processor_class"]

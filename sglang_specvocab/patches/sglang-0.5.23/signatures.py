@@ -49,8 +49,62 @@ WORKER = {
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.alloc_memory_pool": (
         "(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None)"
     ),
-    # overridden by the final wiring (the worker raises NotImplementedError there today)
+    # init_lm_head runs inside alloc_memory_pool (hot_token_id is read after it)
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.init_lm_head": "(self)",
+    # copied and trimmed in dynvocab_draft.py (Option C top-k) and dynvocab_worker.py (prefill event)
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft_forward": "(self, forward_batch)",
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_prefill": (
+        "(self, batch, target_hidden_states, next_token_ids, mm_input_embeds=None, kv_loc_plan=None)"
+    ),
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode": (
+        "(self, batch, batch_result, *, kv_loc_plan=None)"
+    ),
+    # called by the copies
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_forward_idle": "(self, forward_batch, spec_info)",
+    "sglang.srt.speculative.spec_utils.select_top_k_tokens": "(i, topk_p, topk_index, hidden_states, scores, topk)",
+    "sglang.srt.speculative.eagle_utils.organize_draft_results": (
+        "(score_list, token_list, parents_list, num_draft_token)"
+    ),
+    "sglang.srt.speculative.eagle_utils.per_step_draft_out_cache_loc": "(out_cache_loc, batch_size, topk, num_steps)",
+    "sglang.srt.speculative.eagle_utils._eagle_prefill_tail_tokens": "(batch, next_token_ids)",
+    "sglang.srt.speculative.eagle_worker_common.prepare_for_draft_extend": (
+        "(draft_extend_input, batch, predict, num_draft_tokens, draft_model_runner, cuda_graph_runner, *, "
+        "return_hidden_states_before_norm, widened_out_cache_loc=None, widened_positions=None, kv_loc_plan=None)"
+    ),
+    "sglang.srt.speculative.eagle_info.EagleDraftInput.__init__": (
+        "(self, topk_p=None, topk_index=None, draft_probs=None, hidden_states=None, "
+        "capture_hidden_mode=<CaptureHiddenMode.FULL: 2>, dsa_topk_indices=None, bonus_tokens=None, kv_indptr=None, "
+        "kv_indices=None, window_kv_indptr=None, window_kv_indices=None, num_tokens_per_req=-1, "
+        "num_tokens_for_logprob_per_req=-1, future_indices=None, future_dsa_topk_indices_available=False, "
+        "cuda_graph_compatible=True)"
+    ),
+    "sglang.srt.speculative.eagle_info.EagleDraftExtendInput.__init__": (
+        "(self, hidden_states=None, num_correct_drafts=None, num_accept_tokens=None, num_front_tokens=0, "
+        "num_accept_tokens_cpu=None, input_ids=None, seq_lens=None, seq_lens_cpu=None, req_pool_indices=None, "
+        "positions=None, bonus_tokens=None, capture_hidden_mode=<CaptureHiddenMode.LAST: 1>, num_tokens_per_req=-1, "
+        "num_tokens_for_logprob_per_req=1, dsa_seed_topk_capture=None, dsa_seed_topk_select=None, select_index=None, "
+        "kv_indptr=None)"
+    ),
+    "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new": (
+        "(batch, model_runner, *, capture_hidden_mode=None, return_hidden_states_before_norm, "
+        "extend_position_info=None, spec_mrope_positions=None, kv_loc_plan=None, write_cols=None)"
+    ),
+    "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation": (
+        "(self, batch, forward_batch=None, pp_proxy_tensors=None, is_verify=False, skip_attn_backend_init=None, *, "
+        "capture_hidden_mode=None, return_kv_loc_plan=False)"
+    ),
+    # the stepwise processor (integration/worker.py) overrides both
+    "sglang.srt.layers.logits_processor.LogitsProcessor.forward": (
+        "(self, input_ids, hidden_states, lm_head, logits_metadata, aux_hidden_states=None, "
+        "hidden_states_before_norm=None)"
+    ),
+    "sglang.srt.layers.logits_processor.LogitsProcessor._get_logits": (
+        "(self, hidden_states, lm_head, logits_metadata, embedding_bias=None, use_logits_buffer=True)"
+    ),
+    # telemetry (integration/telemetry.py): the finished-request hook and the request-level keys
+    "sglang.srt.speculative.base_spec_worker.BaseSpecWorker.note_request_finished": "(self, *, rid, natural_stop)",
+    "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer."
+    "is_request_level_customized_info_key": "(self, key)",
     "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.verify": (
         "(self, batch, pp_proxy_tensors=None, grammar_barrier=None)"
     ),

@@ -1,0 +1,179 @@
+"""Per-request DYNVOCAB telemetry: the mean active-set size and the coverage of the committed tokens.
+
+Accumulated on the device in four ``[R]`` tensors keyed by request slot (``req_pool_idx``), one
+update per verify round, no host sync:
+
+- ``set_sum``: the sum over rounds of the set size the round drafted from (``cnt[row]``);
+- ``rounds``: verify rounds;
+- ``in_set``: committed tokens that were in the set (``table.contains(rows, accepted)``, taken
+  BEFORE ``on_verify`` updates the set);
+- ``committed``: committed tokens (accepted drafts + the bonus; SGLang cuts at EOS /
+  ``max_new_tokens`` later, on the host, so a request's last round may count a few more).
+
+``dynvocab_set_size = set_sum / rounds`` and ``dynvocab_coverage = in_set / committed``. A dense
+policy (no table) counts the vocabulary size and full coverage. For stepwise (ranker) policies the
+table at verify time holds the set of the round's last draft step, so both numbers describe that
+step's set.
+
+Rows are reset with the policy's rows (a re-used slot, ``reset_rows``). ``summary`` copies one
+row to the host: the worker calls it once per finished request (``note_request_finished``), never
+per step. Under overlap scheduling the finished request may still be in the batch already
+launched (SGLang's one-step overshoot), whose round may or may not be counted.
+
+Reporting (``report``): SGLang 0.5.23 lets a worker add fields to a request's ``meta_info``
+through ``req.customized_info`` (``batch_result_processor._maybe_collect_customized_info`` ->
+``output_streamer`` -> ``tokenizer_manager.update_request_meta_info``, which accumulates each
+key's values into a list). Keys the output streamer calls request-level
+(``SchedulerOutputStreamer.is_request_level_customized_info_key``) are sent whole, once, when a
+non-streaming request finishes; ``install_request_level_keys`` makes the two DYNVOCAB keys
+request-level. So a finished non-streaming request has ``meta_info["dynvocab_set_size"] == [x]``
+and ``meta_info["dynvocab_coverage"] == [y]`` (SGLang's accumulation makes every customized
+value a list). SGLang sends request-level keys of a *streaming* request only with its first
+chunk, before it finished, so streaming requests do not get them; the Prometheus gauges
+``sglang:dynvocab_set_size`` / ``sglang:dynvocab_coverage`` (most recent finished request, only
+with ``--enable-metrics``) cover every request.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SET_SIZE_KEY = "dynvocab_set_size"
+COVERAGE_KEY = "dynvocab_coverage"
+KEYS = (SET_SIZE_KEY, COVERAGE_KEY)
+
+
+class Telemetry:
+    """``[R]`` device accumulators, one row per request slot (row 0: SGLang's padding row)."""
+
+    def __init__(self, num_rows: int, device: torch.device | str | None = None) -> None:
+        self.set_sum = torch.zeros(num_rows, dtype=torch.float64, device=device)
+        self.rounds = torch.zeros(num_rows, dtype=torch.int64, device=device)
+        self.in_set = torch.zeros(num_rows, dtype=torch.int64, device=device)
+        self.committed = torch.zeros(num_rows, dtype=torch.int64, device=device)
+
+    def reset(self, rows: torch.Tensor) -> None:
+        for t in (self.set_sum, self.rounds, self.in_set, self.committed):
+            t.index_fill_(0, rows, 0)
+
+    def record(self, rows: torch.Tensor, set_size: torch.Tensor, in_set: torch.Tensor, committed: torch.Tensor) -> None:
+        """Add one round per row: ``set_size``/``in_set``/``committed`` are ``[B]`` device tensors."""
+        self.set_sum.index_add_(0, rows, set_size.to(self.set_sum.dtype))
+        self.rounds.index_add_(0, rows, torch.ones_like(rows, dtype=self.rounds.dtype))
+        self.in_set.index_add_(0, rows, in_set.to(self.in_set.dtype))
+        self.committed.index_add_(0, rows, committed.to(self.committed.dtype))
+
+    def record_verify(self, table, rows: torch.Tensor, accepted: torch.Tensor, vocab_size: int | None = None) -> None:
+        """One verify round: ``accepted[B, S]`` (-1 padded) against the sets of ``rows`` as they are
+        now. Call BEFORE ``policy.on_verify``. ``table`` None (a dense policy): the set is the
+        whole vocabulary ``vocab_size``, every token is in it."""
+        valid = accepted >= 0
+        committed = valid.sum(1)
+        if table is None:
+            size = torch.full(rows.shape, float(vocab_size or 0), dtype=torch.float64, device=rows.device)
+            self.record(rows, size, committed, committed)
+            return
+        hit = table.contains(rows, accepted) & valid
+        self.record(rows, table.cnt.index_select(0, rows), hit.sum(1), committed)
+
+    def summary(self, row: int) -> tuple[float, float]:
+        """Host ``(mean set size, coverage)`` of one row (one small device-to-host copy); NaN without rounds."""
+        vals = torch.stack(
+            [self.set_sum[row], self.rounds[row].double(), self.in_set[row].double(), self.committed[row].double()]
+        ).tolist()
+        set_sum, rounds, in_set, committed = vals
+        size = set_sum / rounds if rounds else math.nan
+        coverage = in_set / committed if committed else math.nan
+        return size, coverage
+
+
+# --- reporting ----------------------------------------------------------------------------------
+
+
+def report_to_request(req: Any, set_size: float, coverage: float) -> None:
+    """Put the two values on ``req.customized_info`` (request-level keys, see the module doc)."""
+    info = getattr(req, "customized_info", None)
+    if info is None:
+        info = {}
+        req.customized_info = info
+    info[SET_SIZE_KEY] = [set_size]
+    info[COVERAGE_KEY] = [coverage]
+
+
+_installed_streamer = None
+
+
+def install_request_level_keys() -> None:
+    """Make ``SchedulerOutputStreamer`` treat the DYNVOCAB keys as request-level (idempotent, per process)."""
+    global _installed_streamer
+    from sglang.srt.managers.scheduler_components.output_streamer import SchedulerOutputStreamer
+
+    if _installed_streamer is SchedulerOutputStreamer:
+        return
+    original = SchedulerOutputStreamer.is_request_level_customized_info_key
+
+    def is_request_level_customized_info_key(self, key: str) -> bool:
+        return key in KEYS or original(self, key)
+
+    is_request_level_customized_info_key.__wrapped__ = original
+    SchedulerOutputStreamer.is_request_level_customized_info_key = is_request_level_customized_info_key
+    _installed_streamer = SchedulerOutputStreamer
+
+
+class Gauges:
+    """``sglang:dynvocab_set_size`` / ``sglang:dynvocab_coverage`` (prometheus_client), or nothing."""
+
+    _cache: dict[tuple, Any] = {}
+
+    def __init__(self, enabled: bool, labels: dict[str, str] | None = None) -> None:
+        self.labels = dict(labels or {})
+        self.set_size = self.coverage = None
+        if not enabled:
+            return
+        try:
+            from prometheus_client import Gauge
+        except ImportError:
+            logger.warning("prometheus_client is not installed: no DYNVOCAB gauges")
+            return
+        names = tuple(sorted(self.labels))
+        key = ("gauges", names)
+        if key not in Gauges._cache:  # one registration per process
+            Gauges._cache[key] = (
+                Gauge(
+                    name="sglang:dynvocab_set_size",
+                    documentation="DYNVOCAB: mean candidate-set size over the rounds of the most recent finished request.",
+                    labelnames=names,
+                    multiprocess_mode="mostrecent",
+                ),
+                Gauge(
+                    name="sglang:dynvocab_coverage",
+                    documentation="DYNVOCAB: share of the most recent finished request's committed tokens that were in its set.",
+                    labelnames=names,
+                    multiprocess_mode="mostrecent",
+                ),
+            )
+        self.set_size, self.coverage = Gauges._cache[key]
+
+    def update(self, set_size: float, coverage: float) -> None:
+        if self.set_size is None:
+            return
+        for gauge, value in ((self.set_size, set_size), (self.coverage, coverage)):
+            if not math.isnan(value):
+                (gauge.labels(**self.labels) if self.labels else gauge).set(value)
+
+
+__all__ = [
+    "COVERAGE_KEY",
+    "KEYS",
+    "SET_SIZE_KEY",
+    "Gauges",
+    "Telemetry",
+    "install_request_level_keys",
+    "report_to_request",
+]

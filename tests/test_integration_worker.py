@@ -1,0 +1,319 @@
+"""The DYNVOCAB worker's GPU wiring on CPU, with SGLang's GPU parts faked: the verify override (policy
+table == the literal window, chain and tree rounds; telemetry coverage taken before the update),
+the prefill event with slot reuse (policy row and telemetry reset), the finished-request report,
+the stepwise select inputs, and the copied methods (loadable by path, signatures recorded)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from literal import LiteralWindow
+from test_integration_events import literal_event, sglang_round, window_config
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed")
+
+NUM_ROWS, V = 9, 60
+
+
+@pytest.fixture(scope="module")
+def W(torchvision_standin):
+    from sglang_specvocab.integration import worker
+
+    return worker
+
+
+class Mode:
+    def __init__(self, idle=False):
+        self.idle = idle
+
+    def is_idle(self):
+        return self.idle
+
+
+def make_worker(W, monkeypatch, policy, *, topk, nd, results=None):
+    from sglang_specvocab.integration.telemetry import Gauges, Telemetry
+
+    w = object.__new__(W.DynVocabWorkerV2)
+    w._draft_worker = SimpleNamespace(dynvocab_policy=policy, dynvocab_telemetry=Telemetry(NUM_ROWS))
+    w._target_worker = SimpleNamespace(model_runner=SimpleNamespace(model_config=SimpleNamespace(vocab_size=V)))
+    w.topk, w.speculative_num_draft_tokens = topk, nd
+    w._dv_seen = w._dv_fed = None
+    w._dv_live, w._dv_row_rid = {}, {}
+    w.dynvocab_gauges = Gauges(False)
+    calls = []
+
+    def fake_verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
+        calls.append(batch)
+        batch.spec_info = "replaced by verify"  # the override must have read it before
+        return results.pop(0)
+
+    monkeypatch.setattr(W.EAGLEWorkerV2, "verify", fake_verify)
+    return w, calls
+
+
+def verify_result(rnd, compacted):
+    from test_integration_events import compact
+
+    predict = compact(rnd["predict"], rnd["accept_index"], rnd["nd"]) if compacted else rnd["predict"]
+    return SimpleNamespace(
+        logits_output=SimpleNamespace(next_token_logits=rnd["logits"].float()),
+        accept_index=rnd["accept_index"],
+        accept_lens=rnd["accept_lens"],
+        next_token_ids=predict,
+    )
+
+
+@pytest.mark.parametrize("chain", [True, False])
+def test_verify_updates_policy_as_literal_window_and_telemetry(W, monkeypatch, chain):
+    from sglang_specvocab.policies import build_policy
+
+    cap, k = 14, 3
+    pol = build_policy(window_config(cap, 2, k), num_rows=NUM_ROWS, fallback_id=0)
+    gen = torch.Generator().manual_seed(3 + chain)
+    nd, steps, topk = (5, 4, 1) if chain else (8, 4, 3)
+    rounds = [sglang_round(gen, 3, nd, steps, V, chain, accept_depths=[r, 4 - r, 2]) for r in range(4)]
+    w, calls = make_worker(W, monkeypatch, pol, topk=topk, nd=nd,
+                           results=[verify_result(r, compacted=topk > 1) for r in rounds])
+    rows = torch.tensor([5, 2, 7])
+    lit = {r: LiteralWindow(cap, 2, k, ["context", "extension"]) for r in rows.tolist()}
+    want = {r: [0.0, 0, 0, 0] for r in rows.tolist()}  # set_sum, rounds, in_set, committed
+    for no, rnd in enumerate(rounds):
+        for r, (_, _, committed) in zip(rows.tolist(), literal_event(rnd, k), strict=True):
+            active = set(pol.table.row(r))  # the set the round drafted from (before on_verify)
+            want[r][0] += len(active)
+            want[r][1] += 1
+            want[r][2] += sum(t in active for t in committed)
+            want[r][3] += len(committed)
+        batch = SimpleNamespace(spec_info=SimpleNamespace(draft_token=rnd["draft_token"]), req_pool_indices=rows,
+                                forward_mode=Mode())
+        res = w.verify(batch)
+        assert res is not None and calls[-1] is batch
+        for r, (drafts, vt, _) in zip(rows.tolist(), literal_event(rnd, k), strict=True):
+            lit[r].verify(drafts, vt)
+            assert pol.table.row(r) == lit[r].active(), f"row {r}, round {no}"
+    t = w.dynvocab_telemetry
+    for r in rows.tolist():
+        assert [float(t.set_sum[r]), int(t.rounds[r]), int(t.in_set[r]), int(t.committed[r])] == want[r]
+        size, cov = t.summary(r)
+        assert size == pytest.approx(want[r][0] / want[r][1]) and cov == pytest.approx(want[r][2] / want[r][3])
+    assert int(t.rounds[0]) == 0  # untouched rows stay zero
+
+
+def test_idle_and_empty_batches_are_skipped(W, monkeypatch):
+    from sglang_specvocab.policies import build_policy
+
+    pol = build_policy(window_config(10, 2, 2), num_rows=NUM_ROWS, fallback_id=0)
+    before = pol.table.ids.clone()
+    w, calls = make_worker(W, monkeypatch, pol, topk=1, nd=4, results=["idle", "empty"])
+    idle = SimpleNamespace(spec_info=None, req_pool_indices=torch.zeros(0, dtype=torch.int64), forward_mode=Mode(True))
+    assert w.verify(idle) == "idle"
+    empty = SimpleNamespace(spec_info=None, req_pool_indices=torch.zeros(0, dtype=torch.int64), forward_mode=Mode())
+    assert w.verify(empty) == "empty"
+    assert len(calls) == 2 and torch.equal(pol.table.ids, before)
+    assert int(w.dynvocab_telemetry.rounds.sum()) == 0
+
+
+# --- prefill, slot reuse, finished-request report -------------------------------------------------
+
+
+class Pool:
+    def __init__(self, n):
+        self.req_generation = torch.zeros(n, dtype=torch.int64)
+
+    def alloc(self, row):
+        self.req_generation[row] += 1
+
+
+def prefill_batch(reqs, ids, prefix_lens, extend_lens):
+    return SimpleNamespace(
+        reqs=reqs,
+        input_ids=torch.tensor(ids),
+        req_pool_indices=torch.tensor([r.kv.req_pool_idx for r in reqs]),
+        extend_lens=list(extend_lens),
+        prefix_lens=list(prefix_lens),
+        forward_mode=Mode(),
+    )
+
+
+def test_prefill_slot_reuse_and_report(W, monkeypatch):
+    from sglang_specvocab.integration.telemetry import COVERAGE_KEY, SET_SIZE_KEY
+    from sglang_specvocab.policies import build_policy
+
+    H, k, cap = 8, 2, 30
+    gen = torch.Generator().manual_seed(9)
+    weight = torch.randn(V, H, generator=gen, dtype=torch.float64)
+    pol = build_policy(window_config(cap, k, k), num_rows=NUM_ROWS, fallback_id=0)
+    w, _ = make_worker(W, monkeypatch, pol, topk=1, nd=4)
+    w.req_to_token_pool = Pool(NUM_ROWS)
+    w._target_worker.model_runner.model = SimpleNamespace(lm_head=SimpleNamespace(weight=weight, tp_size=1))
+
+    def req(rid, row, prompt):
+        return SimpleNamespace(rid=rid, kv=SimpleNamespace(req_pool_idx=row), fill_ids=prompt,
+                               customized_info=None)
+
+    def run(batch):
+        n = batch.input_ids.numel()
+        out = SimpleNamespace(logits_output=SimpleNamespace(last_hidden_states=torch.randn(n, H, generator=gen,
+                                                                                             dtype=torch.float64)))
+        w.dynvocab_prefill(batch, out)
+        return out.logits_output.last_hidden_states
+
+    p1 = torch.randint(0, V, (7,), generator=gen).tolist()
+    w.req_to_token_pool.alloc(4)
+    a = req("a", 4, p1)
+    hidden = run(prefill_batch([a], p1, [0], [7]))
+    lw = LiteralWindow(cap, k, k, ["context", "extension"])
+    topk = [sorted(range(V), key=lambda v, h=h: -float(h @ weight[v]))[:k] for h in hidden]
+    lw.prefill(p1, topk)
+    assert pol.table.row(4) == lw.active()
+
+    # one verify round's telemetry, then the request finishes: one report, on the request and the gauges
+    t = w.dynvocab_telemetry
+    t.record_verify(pol.table, torch.tensor([4]), torch.tensor([[p1[0], V - 1 if V - 1 not in lw.active() else -1]]))
+    gauges = []
+    w.dynvocab_gauges = SimpleNamespace(update=lambda s, c: gauges.append((s, c)))
+    w.note_request_finished(rid="a", natural_stop=True)
+    size, cov = len(lw.active()), 1 / int(t.committed[4])
+    assert a.customized_info == {SET_SIZE_KEY: [pytest.approx(size)], COVERAGE_KEY: [pytest.approx(cov)]}
+    assert gauges == [(pytest.approx(size), pytest.approx(cov))]
+    w.note_request_finished(rid="a", natural_stop=True)  # twice (or unknown rid): no second report
+    assert len(gauges) == 1
+
+    # the slot is re-used by a new request with a 3-token radix hit: row and telemetry reset, hit seeded from ids
+    w.req_to_token_pool.alloc(4)
+    p2 = torch.randint(0, V, (6,), generator=gen).tolist()
+    b = req("b", 4, p2)
+    hidden = run(prefill_batch([b], p2[3:], [3], [3]))
+    assert int(t.rounds[4]) == 0 and int(t.committed[4]) == 0 and float(t.set_sum[4]) == 0
+    lw = LiteralWindow(cap, k, k, ["context", "extension"])
+    topk = [sorted(range(V), key=lambda v, h=h: -float(h @ weight[v]))[:k] for h in hidden]
+    lw.prefill(p2, topk)
+    assert pol.table.row(4) == lw.active()
+    assert w._dv_live["b"][0] == 4 and "a" not in w._dv_live
+
+    # a second chunk of b (same row, same generation): no reset, appended
+    more = torch.randint(0, V, (2,), generator=gen).tolist()
+    b.fill_ids = p2 + more
+    hidden = run(prefill_batch([b], more, [6], [2]))
+    lw.prefill(more, [sorted(range(V), key=lambda v, h=h: -float(h @ weight[v]))[:k] for h in hidden])
+    assert pol.table.row(4) == lw.active()
+    assert w.dynvocab_report("b") is not None and math.isnan(b.customized_info[SET_SIZE_KEY][0])  # no rounds yet
+
+
+def test_dense_policy_telemetry_counts_the_vocabulary():
+    from sglang_specvocab.integration.telemetry import Telemetry
+
+    t = Telemetry(4)
+    t.record_verify(None, torch.tensor([2]), torch.tensor([[5, 6, -1]]), vocab_size=100)
+    assert t.summary(2) == (100.0, 1.0)
+    t.reset(torch.tensor([2]))
+    s, c = t.summary(2)
+    assert math.isnan(s) and math.isnan(c)
+
+
+def test_request_level_keys(W):
+    from sglang.srt.managers.scheduler_components.output_streamer import SchedulerOutputStreamer
+
+    from sglang_specvocab.integration.telemetry import KEYS, install_request_level_keys
+
+    install_request_level_keys()
+    install_request_level_keys()  # idempotent: wrapped once
+    fn = SchedulerOutputStreamer.is_request_level_customized_info_key
+    assert not hasattr(fn.__wrapped__, "__wrapped__")
+    streamer = object.__new__(SchedulerOutputStreamer)
+    assert all(streamer.is_request_level_customized_info_key(k) for k in KEYS)
+    assert not streamer.is_request_level_customized_info_key("other")
+
+
+# --- stepwise select inputs -------------------------------------------------------------------------
+
+
+def test_stepwise_inputs_layouts(W):
+    d, bs = 4, 3
+    rows = torch.tensor([5, 2, 7])
+    hidden = torch.arange(bs * 2 * d, dtype=torch.float32).view(bs * 2, d)
+    ids = torch.arange(100, 100 + bs * 2)
+    h, t = W.stepwise_inputs("decode", hidden, ids, rows)  # topk = 2 beams per request
+    assert h.shape == (bs, 2, d) and t.tolist() == [[100, 101], [102, 103], [104, 105]]
+    assert torch.equal(h[1, 0], hidden[2])
+    # prefill extend: one pruned row per request, the token at each request's last position
+    ext = torch.tensor([3, 1, 2])
+    ids = torch.arange(200, 206)
+    h, t = W.stepwise_inputs("extend", hidden[:bs], ids, rows, extend_seq_lens=ext)
+    assert h.shape == (bs, 1, d) and t.view(-1).tolist() == [202, 203, 205]
+    # decode draft extend, graph path: pruned to select_index
+    sel = torch.tensor([1, 4, 6])
+    ids = torch.arange(300, 309)
+    h, t = W.stepwise_inputs("draft_extend", hidden[:bs], ids, rows, select_index=sel)
+    assert t.view(-1).tolist() == [301, 304, 306] and torch.equal(h[:, 0], hidden[:bs])
+    # eager path: all num_draft_tokens rows per request, the last accepted one taken
+    nd = 3
+    full = torch.randn(bs * nd, d)
+    acc = torch.tensor([2, 1, 3])
+    h, t = W.stepwise_inputs("draft_extend", full, ids, rows, num_accept_tokens=acc)
+    assert t.view(-1).tolist() == [301, 303, 308] and torch.equal(h[:, 0], full[[1, 3, 8]])
+
+
+def test_stepwise_inputs_meta_device_no_sync(W):
+    meta = torch.device("meta")
+    rows = torch.empty(4, dtype=torch.int64, device=meta)
+    h, t = W.stepwise_inputs("decode", torch.empty(8, 16, device=meta), torch.empty(8, dtype=torch.int64, device=meta),
+                             rows)
+    assert h.shape == (4, 2, 16) and t.shape == (4, 2)
+    h, t = W.stepwise_inputs("draft_extend", torch.empty(12, 16, device=meta),
+                             torch.empty(12, dtype=torch.int64, device=meta), rows,
+                             num_accept_tokens=torch.empty(4, dtype=torch.int64, device=meta))
+    assert h.shape == (4, 1, 16) and t.shape == (4, 1)
+
+
+# --- copied methods: in the patch folder, loadable by path, signatures recorded ---------------------
+
+
+COPIES = {
+    "dynvocab_draft": {
+        "draft_forward": "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft_forward",
+        "draft_extend_for_prefill": "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_prefill",
+        "draft_extend_for_decode": "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode",
+    },
+    "dynvocab_worker": {
+        "forward_prefill_batch": "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2._forward_prefill_batch",
+    },
+    "eagle_worker_v2": {"worker_init": "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.__init__"},
+}
+
+
+def test_copied_methods_load_by_path_and_signatures_are_recorded(W):
+    import inspect
+    import pkgutil
+
+    import sglang_specvocab.patches as P
+
+    folder = P.PATCH_ROOT / "sglang-0.5.23"
+    recorded = P.recorded_signatures()["WORKER"]
+    for module, funcs in COPIES.items():
+        assert (folder / f"{module}.py").is_file()
+        mod = P.load_patch_module(module)
+        assert P.load_patch_module(module) is mod and "Copied-and-trimmed from SGLang 0.5.23" in (mod.__doc__ or "")
+        for name, target in funcs.items():
+            assert callable(getattr(mod, name)) and target in recorded, target
+            # the copy takes the upstream parameters after the ones it adds
+            copy = list(inspect.signature(getattr(mod, name)).parameters)
+            upstream = list(inspect.signature(pkgutil.resolve_name(target)).parameters)
+            assert copy[: len(upstream)] == upstream or set(upstream) <= set(copy), (target, copy, upstream)
+    # every SGLang method the worker classes override is recorded
+    for cls, base in ((W.DynVocabDraftWorker, "EagleDraftWorker"), (W.DynVocabWorkerV2, "EAGLEWorkerV2")):
+        for name, value in vars(cls).items():
+            if callable(value) and not name.startswith("dynvocab") and hasattr(cls.__mro__[1], name):
+                owner = next(c for c in cls.__mro__[1:] if name in vars(c))
+                assert f"{owner.__module__}.{owner.__qualname__}.{name}" in recorded, (base, name)
+    P.check_signatures(recorded)  # and they all match the installed SGLang
+
+
+def test_worker_module_path_has_no_not_implemented(W):
+    src = Path(W.__file__).read_text()
+    assert "NotImplementedError" not in src
