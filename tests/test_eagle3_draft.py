@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import tiny_llama
+from sglang_child import STUBS
 
 from sglang_specvocab import eagle3 as E
 from sglang_specvocab.errors import SpecVocabError
@@ -321,35 +322,8 @@ def test_bad_arguments_fail_clearly(target_dir, tmp_path, capsys):
 # SGLang's own model, in a child process (it initialises torch.distributed and stubs two imports that
 # a CPU machine lacks: torchvision, which only multimodal configs import, and vllm's rotary kernel,
 # which SGLang's RotaryEmbedding imports on a non-CUDA, non-CPU-engine build; no forward here uses them).
-_SGLANG_CHECK = textwrap.dedent(
+_SGLANG_CHECK = STUBS + textwrap.dedent(
     """
-    import importlib.abc, importlib.machinery, json, sys, types
-    from transformers.utils import import_utils
-
-    import_utils.is_torchvision_available()  # cached as False before the stub exists
-
-
-    def _missing(attr):
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        return type(attr, (), {})
-
-
-    class _Stub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-        def find_spec(self, name, path, target=None):
-            if name.split(".")[0] in ("torchvision", "vllm"):
-                return importlib.machinery.ModuleSpec(name, self, is_package=True)
-
-        def create_module(self, spec):
-            m = types.ModuleType(spec.name)
-            m.__path__, m.__getattr__ = [], _missing
-            return m
-
-        def exec_module(self, module):
-            pass
-
-
-    sys.meta_path.insert(0, _Stub())
     import torch
     from safetensors.torch import load_file
     from sglang.test.layer_ut_utils import init_single_process_dist

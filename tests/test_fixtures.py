@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from sglang_child import STUBS
 
 from sglang_specvocab import fixtures as F
 from sglang_specvocab.errors import SpecVocabError
@@ -134,35 +135,8 @@ def test_refuses_a_non_empty_dir_without_force(tmp_path, capsys):
 
 # SGLang in a child process: its config package imports torchvision (absent on this CPU machine and
 # unused by Llama configs), so that is stubbed, as in test_eagle3_draft.py.
-_SGLANG_CHECK = textwrap.dedent(
+_SGLANG_CHECK = STUBS + textwrap.dedent(
     """
-    import importlib.abc, importlib.machinery, json, sys, types
-    from transformers.utils import import_utils
-
-    import_utils.is_torchvision_available()  # cached as False before the stub exists
-
-
-    def _missing(attr):
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        return type(attr, (), {})
-
-
-    class _Stub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-        def find_spec(self, name, path, target=None):
-            if name.split(".")[0] == "torchvision":
-                return importlib.machinery.ModuleSpec(name, self, is_package=True)
-
-        def create_module(self, spec):
-            m = types.ModuleType(spec.name)
-            m.__path__, m.__getattr__ = [], _missing
-            return m
-
-        def exec_module(self, module):
-            pass
-
-
-    sys.meta_path.insert(0, _Stub())
     from sglang.srt.arg_groups.model_override_base import resolving_view
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.server_args import prepare_server_args

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from sglang_child import STUBS
 
 from sglang_specvocab.head import DraftHead
 from sglang_specvocab.table import CandidateTable
@@ -24,38 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 V, D, R, W, HOT = 512, 64, 6, 16, 128
 SOFTCAP = 3.0
 
-_CHILD = textwrap.dedent(
+_CHILD = STUBS + textwrap.dedent(
     """
-    import importlib.abc, importlib.machinery, importlib.util, sys, types
-    from transformers.utils import import_utils
-
-    import_utils.is_torchvision_available()  # cached as False before the stub exists
-
-
-    def _missing(attr):
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        return type(attr, (), {})
-
-
-    _MISSING = tuple(m for m in ("torchvision", "vllm") if importlib.util.find_spec(m) is None)
-
-
-    class _Stub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-        def find_spec(self, name, path, target=None):
-            if name.split(".")[0] in _MISSING:
-                return importlib.machinery.ModuleSpec(name, self, is_package=True)
-
-        def create_module(self, spec):
-            m = types.ModuleType(spec.name)
-            m.__path__, m.__getattr__ = [], _missing
-            return m
-
-        def exec_module(self, module):
-            pass
-
-
-    sys.meta_path.insert(0, _Stub())
     import torch
     from sglang.test.layer_ut_utils import init_single_process_dist
 
