@@ -66,8 +66,7 @@ class DraftHead:
             R, W, d = table.num_rows, table.capacity, weight.shape[1]
             self.packed = weight.new_zeros((R, W, d))
             self.packed_ids = torch.full((R, W), -1, dtype=torch.int32, device=weight.device)
-            update = kernel if kernel in ("cuda", "torch") else "auto"  # no Triton update
-            self._pack = ops.implementation(update, weight.device, "pack_update")
+            self._pack = ops.implementation(ops.update_backend(kernel), weight.device, "pack_update")
             on_gpu = weight.device.type == "cuda"
             self._stream = torch.cuda.Stream(weight.device) if on_gpu else None
             self._ready = torch.cuda.Event() if on_gpu else None

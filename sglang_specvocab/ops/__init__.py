@@ -102,6 +102,12 @@ def resolve(backend: str, device: torch.device | str, op: str) -> str:
     return backend
 
 
+def update_backend(kernel: str) -> str:
+    """The backend the set updates use for a configured ``head.kernel``: they have no Triton
+    version, so a Triton head (or ``auto``) gets the extension's update where it runs, else torch."""
+    return kernel if kernel in ("cuda", "torch") else "auto"
+
+
 def implementation(backend: str, device: torch.device | str, op: str) -> Callable:
     """The function that runs ``op`` with ``resolve(backend, device, op)``."""
     chosen = resolve(backend, device, op)
@@ -144,5 +150,6 @@ __all__ = [
     "pack_update",
     "packed_logits",
     "resolve",
+    "update_backend",
     "window_update",
 ]

@@ -80,10 +80,8 @@ class WindowPolicy(Policy):
         self.length = torch.zeros(table.num_rows, dtype=torch.int64, device=table.device)
         # Ids at or past the vocabulary are holes; without a model any int32 id is one.
         self.vocab_size = self.model.vocab_size or 2**31 - 1
-        # The updates have no Triton version: a Triton head still gets the extension's update on a GPU.
-        kernel = config.head.kernel
-        self.update_backend = kernel if kernel in ("cuda", "torch") else "auto"
-        ops.resolve(self.update_backend, table.device, "window_update")  # an unavailable choice fails now
+        # Chosen once (an unavailable choice fails here), never per event.
+        self._window_update = ops.implementation(ops.update_backend(config.head.kernel), table.device, "window_update")
 
     @property
     def prefill_topk(self) -> int:
@@ -135,17 +133,8 @@ class WindowPolicy(Policy):
     def _update(self, rows: torch.Tensor, blocks: list[torch.Tensor]) -> None:
         """Append the blocks' entries (holes skipped) to the rows' streams, in order, and publish the sets."""
         block = torch.cat([b.to(torch.int32) for b in blocks], dim=1) if blocks else self._no_entries(rows)
-        ops.window_update(
-            self.ring,
-            self.length,
-            self.table.ids,
-            self.table.cnt,
-            rows,
-            block,
-            fallback_id=self.table.fallback_id,
-            vocab_size=self.vocab_size,
-            backend=self.update_backend,
-        )
+        t = self.table
+        self._window_update(self.ring, self.length, t.ids, t.cnt, rows, block, t.fallback_id, self.vocab_size)
 
     def _no_entries(self, rows: torch.Tensor) -> torch.Tensor:
         return torch.empty((rows.shape[0], 0), dtype=torch.int32, device=rows.device)
