@@ -37,6 +37,15 @@ def tiny_llama(vocab_size: int = 512, layers: int = 4, seed: int = 0, dtype=torc
     return LlamaForCausalLM(cfg).to(dtype).eval()
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: one thread is several times faster than two on a shared 2-core machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def llama():
     return tiny_llama()

@@ -7,6 +7,8 @@ on a non-CUDA, non-CPU-engine build; no CPU forward uses it), each only when it 
 Tests run SGLang in a child because it initialises ``torch.distributed`` for the process.
 """
 
+import importlib.util
+import socket
 import textwrap
 
 STUBS = textwrap.dedent(
@@ -43,3 +45,14 @@ STUBS = textwrap.dedent(
     sys.meta_path.insert(0, _Stub())
     """
 )
+
+
+def sglang_available() -> bool:
+    return importlib.util.find_spec("sglang") is not None
+
+
+def free_port() -> int:
+    """A free local TCP port for a child's torch.distributed rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

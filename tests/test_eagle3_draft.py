@@ -3,7 +3,6 @@ loss in both head modes, and the checkpoint loads into SGLang's ``LlamaForCausal
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import tiny_llama
-from sglang_child import STUBS
+from sglang_child import STUBS, free_port, sglang_available
 
 from sglang_specvocab import eagle3 as E
 from sglang_specvocab.errors import SpecVocabError
@@ -20,15 +19,7 @@ from sglang_specvocab.errors import SpecVocabError
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = 8  # SGLang's default capture layers [2, n//2, n-3] are distinct from 7 layers on
 VOCAB = 512
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one thread is several times faster than two on a shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -401,19 +392,7 @@ _SGLANG_CHECK = STUBS + textwrap.dedent(
 )
 
 
-def _sglang_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("sglang") is not None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.mark.skipif(not _sglang_available(), reason="sglang is not installed")
+@pytest.mark.skipif(not sglang_available(), reason="sglang is not installed")
 def test_sglang_loads_the_checkpoint_and_computes_the_same_draft(target, data, tmp_path):
     """Both head modes: every SGLang parameter but the ones the worker binds from the target comes
     from the checkpoint, d2t gives SGLang's hot_token_id, and SGLang's modules run the draft-extend
@@ -434,7 +413,7 @@ def test_sglang_loads_the_checkpoint_and_computes_the_same_draft(target, data, t
     script.write_text(_SGLANG_CHECK)
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     env.pop("SGLANG_USE_CPU_ENGINE", None)
-    argv = [sys.executable, str(script), str(_free_port()), *(str(tmp_path / h) for h in drafts)]
+    argv = [sys.executable, str(script), str(free_port()), *(str(tmp_path / h) for h in drafts)]
     run = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
     assert run.returncode == 0, run.stderr[-4000:]
     for head, (d, aux) in drafts.items():

@@ -21,15 +21,8 @@ from sglang_specvocab.errors import SpecVocabError
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 128256
+pytestmark = pytest.mark.usefixtures("one_thread")
 SMALL = ["--vocab", "1024", "--draft-vocab", "512"]  # fast builds for the CLI and determinism tests
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -341,32 +341,9 @@ def test_draft_extend_for_decode_eager_matches_upstream(ew, draft, monkeypatch, 
     predict = torch.tensor([SETS[r][j] for r in ROWS for j in torch.randint(0, 8, (nd,), generator=g).tolist()])
     hidden = torch.randn(bs * nd, D, generator=g, dtype=torch.float64)
     accept_lens = torch.tensor([2, 4, 1], dtype=torch.int32)
-    got = run_extend_for_decode(
-        ew,
-        draft,
-        monkeypatch,
-        model,
-        compact=True,
-        topk=topk,
-        nd=nd,
-        rows=rows,
-        predict=predict,
-        hidden=hidden,
-        accept_lens=accept_lens,
-    )
-    want = run_extend_for_decode(
-        ew,
-        draft,
-        monkeypatch,
-        model,
-        compact=False,
-        topk=topk,
-        nd=nd,
-        rows=rows,
-        predict=predict,
-        hidden=hidden,
-        accept_lens=accept_lens,
-    )
+    same = dict(topk=topk, nd=nd, rows=rows, predict=predict, hidden=hidden, accept_lens=accept_lens)
+    got = run_extend_for_decode(ew, draft, monkeypatch, model, compact=True, **same)
+    want = run_extend_for_decode(ew, draft, monkeypatch, model, compact=False, **same)
     assert torch.equal(got.topk_index, want.topk_index)
     assert torch.equal(got.hidden_states, want.hidden_states) and got.hidden_states.shape == (bs, D)
     assert got.cuda_graph_compatible is True

@@ -6,9 +6,7 @@ ids equal ``DraftHead(...)(...).topk(k)``, for a full-vocabulary head and a d2t 
 SGLang runs in a child process (it initialises torch.distributed and stubs torchvision and vllm,
 as tests/test_eagle3_draft.py does)."""
 
-import importlib.util
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from sglang_child import STUBS
+from sglang_child import STUBS, free_port, sglang_available
 
 from sglang_specvocab.head import DraftHead
 from sglang_specvocab.table import CandidateTable
@@ -139,16 +137,6 @@ _CHILD = STUBS + textwrap.dedent(
 )
 
 
-def _sglang_available() -> bool:
-    return importlib.util.find_spec("sglang") is not None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _inputs():
     g = torch.Generator().manual_seed(0)
     weight = torch.randn(V, D, generator=g)
@@ -174,7 +162,7 @@ def _inputs():
 
 @pytest.fixture(scope="module")
 def sglang_run(tmp_path_factory):
-    if not _sglang_available():
+    if not sglang_available():
         pytest.skip("sglang is not installed")
     tmp = tmp_path_factory.mktemp("dynvocab_logits")
     inp = _inputs()
@@ -186,7 +174,7 @@ def sglang_run(tmp_path_factory):
         "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
     }
     env.pop("SGLANG_USE_CPU_ENGINE", None)
-    argv = [sys.executable, str(tmp / "child.py"), str(_free_port()), str(tmp / "in.pt"), str(tmp / "out.pt")]
+    argv = [sys.executable, str(tmp / "child.py"), str(free_port()), str(tmp / "in.pt"), str(tmp / "out.pt")]
     run = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, cwd=tmp)
     assert run.returncode == 0, run.stderr[-4000:]
     return inp, torch.load(tmp / "out.pt")

@@ -6,13 +6,13 @@ Torch only: ``logits.py`` is loaded from its file, so neither the processes nor 
 import SGLang."""
 
 import importlib.util
-import socket
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from sglang_child import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 V, D, R, W = 1000, 16, 7, 24
@@ -102,12 +102,6 @@ def _rank(rank: int, world: int, port: int, outdir: str):
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_vocab_shard_follows_parallel_lm_head():
     L = load_logits()
     # 1000 pads to 1024: 512 rows a rank, the last one ends at the real vocabulary.
@@ -119,7 +113,7 @@ def test_vocab_shard_follows_parallel_lm_head():
 
 def test_sharded_topk_equals_one_process_topk(tmp_path):
     ctx = mp.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, 2, port, str(tmp_path))) for r in range(2)]
     for p in procs:
         p.start()

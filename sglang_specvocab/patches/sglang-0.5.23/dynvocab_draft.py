@@ -110,6 +110,17 @@ def draft_forward(self, forward_batch):
     return parent_list, top_scores_index, draft_tokens, None
 
 
+def _extend_canary_ctx(self, forward_batch):
+    """The canary context both draft extends enter around their one forward (upstream, unchanged)."""
+    c = self.draft_runner.canary_manager
+    if c is None:
+        return contextlib.nullcontext()
+    return ew.context_tuple(
+        c.with_ops_outside_graph(single_forward_indices=[0], maybe_inaccurate_forward_batch=forward_batch),
+        c.with_active_single_forward_manager(0),
+    )
+
+
 def draft_extend_for_prefill(
     self, batch, target_hidden_states, next_token_ids, mm_input_embeds=None, kv_loc_plan=None
 ):
@@ -147,14 +158,7 @@ def draft_extend_for_prefill(
     if mm_input_embeds is not None:
         forward_batch.mm_input_embeds = mm_input_embeds
 
-    canary_ctx = (
-        ew.context_tuple(
-            c.with_ops_outside_graph(single_forward_indices=[0], maybe_inaccurate_forward_batch=forward_batch),
-            c.with_active_single_forward_manager(0),
-        )
-        if (c := self.draft_runner.canary_manager) is not None
-        else contextlib.nullcontext()
-    )
+    canary_ctx = _extend_canary_ctx(self, forward_batch)
     proc.dv_step = 0
     with canary_ctx:
         logits_output = self.draft_runner.forward(forward_batch).logits_output
@@ -226,14 +230,7 @@ def draft_extend_for_decode(self, batch, batch_result, *, kv_loc_plan=None):
         self.cuda_graph_runner_for_draft_extend
         and self.cuda_graph_runner_for_draft_extend.can_run_graph(forward_batch)
     )
-    canary_ctx = (
-        ew.context_tuple(
-            c.with_ops_outside_graph(single_forward_indices=[0], maybe_inaccurate_forward_batch=forward_batch),
-            c.with_active_single_forward_manager(0),
-        )
-        if (c := self.draft_runner.canary_manager) is not None
-        else contextlib.nullcontext()
-    )
+    canary_ctx = _extend_canary_ctx(self, forward_batch)
     proc.dv_step = 0
     with canary_ctx:
         if can_run_decode_cuda_graph:
