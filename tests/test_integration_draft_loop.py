@@ -72,7 +72,8 @@ class Mode:
 class Model:
     """The fake draft model and both heads over one candidate table."""
 
-    def __init__(self, seed=0):
+    def __init__(self, seed=0, table=None):
+        """Over ``table`` (a policy's, shared) when given, else a table holding ``SETS``."""
         from sglang_specvocab.integration import logits as L
         from sglang_specvocab.table import CandidateTable
 
@@ -80,22 +81,29 @@ class Model:
         self.A = torch.randn(D, D, generator=g, dtype=torch.float64) * 0.7
         self.E = torch.randn(V, D, generator=g, dtype=torch.float64)
         self.W = torch.randn(V, D, generator=g, dtype=torch.float64) * 2.0
-        self.table = CandidateTable(R, CAP, fallback_id=0)
-        rows = torch.tensor(list(SETS))
-        cand = torch.full((len(SETS), CAP), -1, dtype=torch.int64)
-        for i, s in enumerate(SETS.values()):
-            cand[i, : len(s)] = torch.tensor(s)[torch.randperm(len(s), generator=g)]  # assign sorts them
-        self.table.assign(rows, cand)
-        assert all(self.table.row(r) == s for r, s in SETS.items())
+        if table is None:
+            table = CandidateTable(R, CAP, fallback_id=0)
+            rows = torch.tensor(list(SETS))
+            cand = torch.full((len(SETS), CAP), -1, dtype=torch.int64)
+            for i, s in enumerate(SETS.values()):
+                cand[i, : len(s)] = torch.tensor(s)[torch.randperm(len(s), generator=g)]  # assign sorts them
+            table.assign(rows, cand)
+            assert all(table.row(r) == s for r, s in SETS.items())
+        self.table = table
         original = torch.nn.Module()
         original.logit_scale, original.final_logit_softcapping = None, None
         self.lm_head = SimpleNamespace(weight=self.W, tp_size=1)
         self.proc = L.DynVocabLogitsProcessor.wrap(
             original, self.lm_head, self.table.ids, self.table.cnt, kernel="torch", target_vocab_size=V
         )
-        self.mask = torch.full((R, V), float("-inf"), dtype=torch.float32)
-        for r, s in SETS.items():
-            self.mask[r, s] = 0.0
+
+    @property
+    def mask(self):
+        """``[R, V]``: 0 on each row's current set, ``-inf`` elsewhere (read from the table when used)."""
+        mask = torch.full((self.table.ids.shape[0], V), float("-inf"), dtype=torch.float32)
+        for r in range(mask.shape[0]):
+            mask[r, self.table.row(r)] = 0.0
+        return mask
 
     def step(self, tokens, hidden):
         return torch.tanh(hidden @ self.A + self.E[tokens.long()])
@@ -137,6 +145,8 @@ class Runner:
             )
         )
         h = self.m.step(fb.input_ids, fb.spec_info.hidden_states)
+        if fb.forward_mode.name == "extend":  # CaptureHiddenMode.LAST: each request's last position only
+            h = h[torch.cumsum(fb.extend_seq_lens, dim=0) - 1]
         rows = fb.req_pool_indices
         logits = self.m.compact(h, rows) if self.compact else self.m.full(h, rows)
         return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=h))
