@@ -22,6 +22,7 @@ from sglang_specvocab.specbench import (
     markdown,
     parse_config_spec,
     run_bench,
+    sigterm_as_interrupt,
     write_report,
 )
 
@@ -139,8 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         turns = sum(len(q.turns) for q in questions)
         print(f"{len(questions)} questions ({turns} turns) x {len(configs)} configurations: "
               + ", ".join(f"{c.name} ({c.algorithm})" for c in configs), flush=True)
-        result = run_bench(configs, questions, settings, cache_path=args.cache or args.out / "specbench-cache.jsonl",
-                           log_dir=args.out / "logs", command=command, progress=not args.no_progress)
+        with sigterm_as_interrupt():
+            cache = args.cache or args.out / "specbench-cache.jsonl"
+            result = run_bench(configs, questions, settings, cache_path=cache, log_dir=args.out / "logs",
+                               command=command, progress=not args.no_progress)
     except SpecVocabError as exc:  # SpecBenchError and the question loader's errors
         print(f"bench_specbench: error: {exc}", file=sys.stderr)
         return 1

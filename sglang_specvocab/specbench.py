@@ -21,6 +21,7 @@ columns are the mean over requests of each request's value (a per-step list is a
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -45,7 +46,7 @@ from .lab.prompts import Question, format_prompt, load_questions
 
 __all__ = [
     "ALGORITHMS", "PROMPT_FORMATS", "TELEMETRY", "BenchSettings", "ResultCache", "Server", "ServerConfig",
-    "SpecBenchError", "check_unique", "load_bench_questions", "load_config_file", "make_config", "markdown",
+    "SpecBenchError", "check_unique", "sigterm_as_interrupt", "load_bench_questions", "load_config_file", "make_config", "markdown",
     "parse_config_spec", "plot", "run_bench", "summarize", "write_report",
 ]
 
@@ -416,6 +417,24 @@ class Server:
                 return
             except subprocess.TimeoutExpired:
                 continue
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """Inside: SIGTERM (``timeout``, a job runner) raises KeyboardInterrupt, so launched servers are
+    stopped by their context managers and the cache stays readable, as on Ctrl-C."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _free_port(host: str) -> int:
