@@ -35,11 +35,43 @@ class Mode:
         return self.idle
 
 
+class FakeEvent:
+    """A CUDA event stand-in: ``done`` says whether the copy it follows has finished."""
+
+    def __init__(self, done=True):
+        self.done, self.waited = done, False
+
+    def query(self):
+        return self.done
+
+    def synchronize(self):
+        self.waited, self.done = True, True
+
+
+def mirrored_telemetry(num_rows, done=True):
+    """``Telemetry`` with its GPU host mirror on CPU: plain host buffers, fake events (``events`` lists them)."""
+    from sglang_specvocab.integration.telemetry import Telemetry
+
+    class Mirrored(Telemetry):
+        def _host_buffer(self):
+            return torch.full(self.acc.shape, float("nan"), dtype=self.acc.dtype)
+
+        def _new_event(self):
+            self.events.append(FakeEvent(done))
+            return self.events[-1]
+
+    t = Mirrored.__new__(Mirrored)
+    t.events = []
+    Telemetry.__init__(t, num_rows, mirror=True)
+    return t
+
+
 def make_worker(W, monkeypatch, policy, *, topk, nd, results=None):
-    from sglang_specvocab.integration.telemetry import Gauges, Telemetry
+    from sglang_specvocab.integration.telemetry import Gauges
 
     w = object.__new__(W.DynVocabWorkerV2)
-    w._draft_worker = SimpleNamespace(dynvocab_policy=policy, dynvocab_telemetry=Telemetry(NUM_ROWS))
+    # the GPU path of the telemetry: summaries read what verify published
+    w._draft_worker = SimpleNamespace(dynvocab_policy=policy, dynvocab_telemetry=mirrored_telemetry(NUM_ROWS))
     w._target_worker = SimpleNamespace(model_runner=SimpleNamespace(model_config=SimpleNamespace(vocab_size=V)))
     w.topk, w.speculative_num_draft_tokens = topk, nd
     w._dv_seen = w._dv_fed = None
@@ -175,6 +207,7 @@ def test_prefill_slot_reuse_and_report(W, monkeypatch):
     # one verify round's telemetry, then the request finishes: one report, on the request and the gauges
     t = w.dynvocab_telemetry
     t.record_verify(pol.table, torch.tensor([4]), torch.tensor([[p1[0], V - 1 if V - 1 not in lw.active() else -1]]))
+    t.publish()  # as the verify override does
     gauges = []
     w.dynvocab_gauges = SimpleNamespace(update=lambda s, c: gauges.append((s, c)))
     w.note_request_finished(rid="a", natural_stop=True)
@@ -203,6 +236,48 @@ def test_prefill_slot_reuse_and_report(W, monkeypatch):
     lw.prefill(more, [sorted(range(V), key=lambda v, h=h: -float(h @ weight[v]))[:k] for h in hidden])
     assert pol.table.row(4) == lw.active()
     assert w.dynvocab_report("b") is not None and math.isnan(b.customized_info[SET_SIZE_KEY][0])  # no rounds yet
+
+
+def test_telemetry_summary_reads_the_newest_finished_copy():
+    """On a GPU the summary never reads the live accumulators: the newest published copy that has
+    finished, waiting only when none has; a reset row is published as zeros."""
+    t = mirrored_telemetry(4, done=False)
+    assert all(math.isnan(v) for v in t.summary(2))  # nothing published yet
+    rows = torch.tensor([2])
+
+    def round_(size, hits, committed):
+        t.record(rows, torch.tensor([float(size)]), torch.tensor([hits]), torch.tensor([committed]))
+        t.publish()
+
+    round_(10, 1, 2)
+    assert t.summary(2) == (10.0, 0.5) and t.events[0].waited  # none finished: waited for it
+    round_(20, 2, 2)  # second buffer, its copy not finished: the first one is read, no wait
+    assert t.summary(2) == (10.0, 0.5) and not t.events[1].waited
+    t.events[1].done = True
+    assert t.summary(2) == (15.0, 0.75)
+    round_(30, 0, 2)  # overwrites the first buffer; unfinished, so the second is read
+    assert t.summary(2) == (15.0, 0.75) and not t.events[2].waited
+    t.events[2].done = True
+    assert t.summary(2) == pytest.approx((20.0, 0.5))
+    t.reset(rows)  # published: a new request in the slot never reads the old one's numbers
+    t.events[-1].done = True
+    assert all(math.isnan(v) for v in t.summary(2))
+    assert float(t.acc.abs().sum()) == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (pinned memory, events)")
+def test_telemetry_mirror_on_cuda():
+    from sglang_specvocab.integration.telemetry import Telemetry
+
+    t = Telemetry(8, device="cuda")
+    assert t.mirror and all(h.is_pinned() for h in t._host)
+    rows = torch.tensor([3, 5], device="cuda")
+    for size in (100.0, 200.0):
+        t.record(rows, torch.full((2,), size, device="cuda"), torch.tensor([1, 2], device="cuda"),
+                 torch.tensor([2, 2], device="cuda"))
+        t.publish()
+    torch.cuda.synchronize()
+    assert t.summary(3) == (150.0, 0.5) and t.summary(5) == (150.0, 1.0)
 
 
 def test_dense_policy_telemetry_counts_the_vocabulary():

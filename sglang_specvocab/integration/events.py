@@ -125,7 +125,7 @@ def verify_event(
     return draft_tokens, verify_topk, accepted
 
 
-def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A host tensor on ``device``: pinned + non-blocking on CUDA (no stream sync), a plain copy elsewhere."""
     if device.type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
@@ -206,8 +206,8 @@ def prefill_event(
     # Extended token t of request i: source row start[i] + t, destination i * width + hit[i] + t.
     owner = torch.repeat_interleave(torch.arange(b), ext_t)
     offset = torch.arange(n_ext) - torch.repeat_interleave(torch.cumsum(ext_t, 0) - ext_t, ext_t)
-    src = _to_device(start[owner] + offset, device)
-    dst = _to_device(owner * width + hit_t[owner] + offset, device)
+    src = host_to_device(start[owner] + offset, device)
+    dst = host_to_device(owner * width + hit_t[owner] + offset, device)
 
     prompt_ids = torch.full((b * width,), -1, dtype=torch.int64, device=device)
     prompt_ids[dst] = input_ids.long().view(-1)[src]
@@ -217,8 +217,8 @@ def prefill_event(
         seq = [int(t) for i in range(b) for t in full_ids[i][fed[i] : pre[i]]]
         hit_owner = torch.repeat_interleave(torch.arange(b), hit_t)
         hit_pos = torch.arange(len(seq)) - torch.repeat_interleave(torch.cumsum(hit_t, 0) - hit_t, hit_t)
-        hit_dst = _to_device(hit_owner * width + hit_pos, device)
-        prompt_ids[hit_dst] = _to_device(torch.tensor(seq, dtype=torch.int64), device)
+        hit_dst = host_to_device(hit_owner * width + hit_pos, device)
+        prompt_ids[hit_dst] = host_to_device(torch.tensor(seq, dtype=torch.int64), device)
     prompt_ids = prompt_ids.view(b, width)
     if k <= 0:
         return prompt_ids, None
@@ -279,4 +279,4 @@ def reset_rows(
     return stale
 
 
-__all__ = ["prefill_event", "reset_rows", "verify_event"]
+__all__ = ["host_to_device", "prefill_event", "reset_rows", "verify_event"]

@@ -15,10 +15,16 @@ policy (no table) counts the vocabulary size and full coverage. For stepwise (ra
 table at verify time holds the set of the round's last draft step, so both numbers describe that
 step's set.
 
-Rows are reset with the policy's rows (a re-used slot, ``reset_rows``). ``summary`` copies one
-row to the host: the worker calls it once per finished request (``note_request_finished``), never
-per step. Under overlap scheduling the finished request may still be in the batch already
-launched (SGLang's one-step overshoot), whose round may or may not be counted.
+Rows are reset with the policy's rows (a re-used slot, ``reset_rows``). The worker reads a
+finished request's row in ``note_request_finished``, on the scheduler's host thread while (under
+overlap scheduling) the next batch is already on the GPU, so reading the device accumulators
+there would either wait for that batch or race with it. Instead, on a GPU, ``publish`` (called
+after each round's ``record``, on the forward stream) copies the accumulators without blocking
+into one of two pinned host buffers and records an event; ``summary`` reads the newest buffer
+whose copy has finished (the batch whose results the scheduler is processing has always
+finished its copy, since it precedes that batch's output copy on the same stream), and waits on
+an event only when neither copy has finished. A request's summary therefore includes its round
+in the batch that finished it, and possibly the one-step overshoot round of the batch after.
 
 Reporting (``report``): SGLang 0.5.23 lets a worker add fields to a request's ``meta_info``
 through ``req.customized_info`` (``batch_result_processor._maybe_collect_customized_info`` ->
@@ -50,17 +56,34 @@ KEYS = (SET_SIZE_KEY, COVERAGE_KEY)
 
 
 class Telemetry:
-    """``[R]`` device accumulators, one row per request slot (row 0: SGLang's padding row)."""
+    """``[R]`` device accumulators, one row per request slot (row 0: SGLang's padding row).
 
-    def __init__(self, num_rows: int, device: torch.device | str | None = None) -> None:
-        self.set_sum = torch.zeros(num_rows, dtype=torch.float64, device=device)
-        self.rounds = torch.zeros(num_rows, dtype=torch.int64, device=device)
-        self.in_set = torch.zeros(num_rows, dtype=torch.int64, device=device)
-        self.committed = torch.zeros(num_rows, dtype=torch.int64, device=device)
+    The four are rows of one ``[4, R]`` float64 tensor (counts stay exact below 2**53), so one
+    copy publishes them all. ``mirror`` (default: on CUDA) keeps the two pinned host buffers."""
+
+    def __init__(self, num_rows: int, device: torch.device | str | None = None, mirror: bool | None = None) -> None:
+        self.acc = torch.zeros(4, num_rows, dtype=torch.float64, device=device)
+        self.set_sum, self.rounds, self.in_set, self.committed = self.acc.unbind(0)
+        self.mirror = self.acc.is_cuda if mirror is None else mirror
+        self._host: list[torch.Tensor] = []
+        self._events: list = [None, None]
+        self._next = 0
+        if self.mirror:
+            self._host = [self._host_buffer() for _ in range(2)]
+
+    # seams for tests (a CPU machine has neither pinned memory nor CUDA events)
+    def _host_buffer(self) -> torch.Tensor:
+        return torch.empty(self.acc.shape, dtype=self.acc.dtype, pin_memory=True)
+
+    def _new_event(self):
+        event = torch.cuda.Event()
+        event.record()
+        return event
 
     def reset(self, rows: torch.Tensor) -> None:
-        for t in (self.set_sum, self.rounds, self.in_set, self.committed):
-            t.index_fill_(0, rows, 0)
+        """Zero ``rows`` (published too: a request that finishes before its first round reads zeros)."""
+        self.acc.index_fill_(1, rows, 0)
+        self.publish()
 
     def record(self, rows: torch.Tensor, set_size: torch.Tensor, in_set: torch.Tensor, committed: torch.Tensor) -> None:
         """Add one round per row: ``set_size``/``in_set``/``committed`` are ``[B]`` device tensors."""
@@ -82,11 +105,37 @@ class Telemetry:
         hit = table.contains(rows, accepted) & valid
         self.record(rows, table.cnt.index_select(0, rows), hit.sum(1), committed)
 
+    def publish(self) -> None:
+        """After a round's ``record``, on the same stream: a non-blocking copy to the next host buffer."""
+        if not self.mirror:
+            return
+        i = self._next
+        self._host[i].copy_(self.acc, non_blocking=True)
+        self._events[i] = self._new_event()
+        self._next = 1 - i
+
+    def _host_values(self) -> torch.Tensor | None:
+        """The newest finished host copy (waiting only if none has finished); None before any publish."""
+        newest, older = 1 - self._next, self._next
+        for i in (newest, older):
+            if self._events[i] is not None and self._events[i].query():
+                return self._host[i]
+        for i in (older, newest):  # neither finished: wait for the earlier copy
+            if self._events[i] is not None:
+                self._events[i].synchronize()
+                return self._host[i]
+        return None
+
     def summary(self, row: int) -> tuple[float, float]:
-        """Host ``(mean set size, coverage)`` of one row (one small device-to-host copy); NaN without rounds."""
-        vals = torch.stack(
-            [self.set_sum[row], self.rounds[row].double(), self.in_set[row].double(), self.committed[row].double()]
-        ).tolist()
+        """Host ``(mean set size, coverage)`` of one row; NaN without rounds. Off-GPU it reads the
+        accumulators; on a GPU the published host copy (see the module doc)."""
+        if self.mirror:
+            host = self._host_values()
+            if host is None:
+                return math.nan, math.nan
+            vals = host[:, row].tolist()
+        else:
+            vals = self.acc[:, row].tolist()
         set_sum, rounds, in_set, committed = vals
         size = set_sum / rounds if rounds else math.nan
         coverage = in_set / committed if committed else math.nan

@@ -46,7 +46,7 @@ from ..patches import load_patch_module
 from ..policies import ModelContext, Policy, build_policy
 from . import logits as dv_logits
 from .algorithm import NAME, draft_info, load_server_config
-from .events import prefill_event, reset_rows, verify_event
+from .events import host_to_device, prefill_event, reset_rows, verify_event
 from .telemetry import Gauges, Telemetry, install_request_level_keys, report_to_request
 
 logger = logging.getLogger(__name__)
@@ -357,6 +357,7 @@ class DynVocabWorkerV2(EAGLEWorkerV2):
         telemetry = self.dynvocab_telemetry
         if telemetry is not None:
             telemetry.record_verify(policy.table, rows, accepted, self._dynvocab_vocab_size())
+            telemetry.publish()
         policy.on_verify(rows, draft_tokens, verify_topk, accepted)
 
     # --- prefill --------------------------------------------------------------------------------
@@ -400,7 +401,7 @@ class DynVocabWorkerV2(EAGLEWorkerV2):
         device = batch.req_pool_indices.device
         stale = reset_rows(pool.req_generation, self._dv_seen, rows_host, self._dv_fed)
         if stale.numel():
-            stale_dev = stale.to(device)
+            stale_dev = host_to_device(stale, device)  # pinned, non-blocking: no stream sync
             policy.on_reset(stale_dev)
             if self.dynvocab_telemetry is not None:
                 self.dynvocab_telemetry.reset(stale_dev)
@@ -450,7 +451,7 @@ class DynVocabWorkerV2(EAGLEWorkerV2):
         self.dynvocab_report(rid)
 
     def dynvocab_report(self, rid: str, req=None) -> tuple[float, float] | None:
-        """One host copy per finished request: ``meta_info`` fields and the gauges."""
+        """Per finished request: ``meta_info`` fields and the gauges, from the published host copy (no device read)."""
         entry = self._dv_live.pop(rid, None)
         telemetry = self.dynvocab_telemetry
         if entry is None or telemetry is None:
