@@ -10,10 +10,10 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from http_fake import FakeServer, JsonHandler
 
 from sglang_specvocab.lossless import TINY_SET, load_prompts, tiny_configs
 from sglang_specvocab.specbench import SpecBenchError
@@ -38,7 +38,7 @@ def model_text(prompt: str, n: int) -> str:
     return " ".join(words[:n])
 
 
-class Fake:
+class Fake(FakeServer):
     """A server answering greedily with ``model_text``, except where ``wrong(route, prompt)`` is true.
 
     It records every request and the most requests it had in flight at once (a handler sleeps a little,
@@ -52,17 +52,7 @@ class Fake:
         self.delay = delay
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _send(self, code, body=None):
-                data = b"" if body is None else json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+        class Handler(JsonHandler):
 
             def do_GET(self):
                 if self.path == "/health":
@@ -73,7 +63,7 @@ class Fake:
                     self._send(404, {"detail": "Not Found"})
 
             def do_POST(self):
-                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                payload = self._payload()
                 with fake.lock:
                     fake.in_flight += 1
                     fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
@@ -85,9 +75,7 @@ class Fake:
                         fake.in_flight -= 1
                 self._send(code, body)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._listen(Handler)
 
     def reply(self, path, payload):
         if path == "/v1/chat/completions":
@@ -122,23 +110,14 @@ class Fake:
             meta["dynvocab_coverage"] = 0.75
         return 200, {"text": text, "output_ids": [ord(ch) for ch in text], "meta_info": meta}
 
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def serve_from_argv(argv) -> None:
     """A launched fake: ``... --serve --model-path M --pid-file F --delay S --host H --port P``."""
     opt = {argv[i]: argv[i + 1] for i in range(0, len(argv) - 1, 2)}
     fake = Fake(delay=float(opt.get("--delay", 0.01)))
-    fake.httpd.server_close()
-    fake.httpd = ThreadingHTTPServer((opt["--host"], int(opt["--port"])), fake.httpd.RequestHandlerClass)
     Path(opt["--pid-file"]).write_text(str(os.getpid()))
-    fake.httpd.serve_forever()
+    fake.serve_forever_at(opt["--host"], opt["--port"])
 
 
 @pytest.fixture

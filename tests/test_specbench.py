@@ -8,10 +8,10 @@ import shlex
 import sys
 import threading
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from http_fake import FakeServer, JsonHandler
 
 from sglang_specvocab.specbench import SpecBenchError, make_config, parse_config_spec, summarize
 
@@ -62,7 +62,7 @@ def make_tokenizer(path: Path, chat_template: bool = True) -> Path:
     return path
 
 
-class FakeSGLang:
+class FakeSGLang(FakeServer):
     """Speaks the parts of SGLang's HTTP API the runner uses, with deterministic answers and timings.
 
     A request with prompt ids P gets n = 3 + sum(P) % 9 tokens (at most max_new_tokens), reported as
@@ -77,17 +77,7 @@ class FakeSGLang:
         self.lock = threading.Lock()
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _send(self, code, body=None):
-                data = b"" if body is None else json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+        class Handler(JsonHandler):
 
             def do_GET(self):
                 if self.path == "/health":
@@ -102,14 +92,12 @@ class FakeSGLang:
             def do_POST(self):
                 if self.path != "/generate":
                     return self._send(404, {"detail": "Not Found"})
-                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                payload = self._payload()
                 if fake.fail:
                     return self._send(400, {"error": {"message": fake.fail}})
                 self._send(200, fake.reply(payload))
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._listen(Handler)
 
     def reply(self, payload):
         ids = payload["input_ids"]
@@ -135,13 +123,6 @@ class FakeSGLang:
         """(payload, reply) of the recorded requests: those of full length (not warmup)."""
         return [r for r in self.requests if r["payload"]["sampling_params"]["max_new_tokens"] > 32]
 
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def serve_from_argv() -> None:
@@ -149,10 +130,8 @@ def serve_from_argv() -> None:
     argv = sys.argv[1:]
     opt = {argv[i]: argv[i + 1] for i in range(0, len(argv) - 1, 2)}
     fake = FakeSGLang(opt["--model-path"], accept=float(opt["--accept"]) if "--accept" in opt else None)
-    fake.httpd.server_close()
-    fake.httpd = ThreadingHTTPServer((opt["--host"], int(opt["--port"])), fake.httpd.RequestHandlerClass)
     print("fake server up", flush=True)
-    fake.httpd.serve_forever()
+    fake.serve_forever_at(opt["--host"], opt["--port"])
 
 
 @pytest.fixture(scope="module")
