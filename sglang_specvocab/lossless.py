@@ -29,20 +29,23 @@ import json
 import math
 import sys
 import time
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .specbench import (
+    TELEMETRY,
     BenchSettings,
     ResultCache,
     Server,
     ServerConfig,
     SpecBenchError,
+    _fmt,
+    _numbers,
     check_unique,
     device_name,
     http_json,
     load_bench_questions,
+    run_concurrently,
     versions,
 )
 
@@ -52,7 +55,6 @@ __all__ = [
 ]
 
 ROUTES = ("chat", "completions", "generate")
-TELEMETRY = ("dynvocab_set_size", "dynvocab_coverage")
 
 
 @dataclass(frozen=True)
@@ -131,11 +133,9 @@ def request(url: str, route: str, prompt: str, max_new_tokens: int, model: str, 
                "completion_tokens": meta.get("completion_tokens"), "spec_verify_ct": meta.get("spec_verify_ct"),
                "finish_reason": _finish(meta.get("finish_reason"))}
         for name in TELEMETRY:
-            value = meta.get(name)
-            values = value if isinstance(value, list) else [value]
-            values = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            values = _numbers(meta.get(name))
             if values:
-                out[name] = sum(values) / len(values)
+                out[name] = sum(values) / len(values)  # as bench_specbench: a per-step list becomes its mean
         if not isinstance(out["text"], str):
             raise SpecBenchError("/generate reply has no 'text' (a server started with --skip-tokenizer-init cannot "
                                  "be used)")
@@ -246,14 +246,7 @@ def _run_case(server, config, fp, route, concurrency, batch, settings, model, ca
                       "concurrency": concurrency, "prompt": p.pid, "wall_s": time.perf_counter() - t0, **out})
         bar.update(1)
 
-    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=f"lossless-{config.name}")
-    try:
-        done, _ = wait([pool.submit(one, p) for p in batch], return_when=FIRST_EXCEPTION)
-        for f in done:
-            if f.exception() is not None:
-                raise f.exception()
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+    run_concurrently(one, batch, concurrency, f"lossless-{config.name}")
 
 
 # --- comparison ---------------------------------------------------------------------------------
@@ -367,10 +360,6 @@ def tiny_configs(root: str | Path, extra_args: list[str] | None = None, dynvocab
 
 
 # --- report -------------------------------------------------------------------------------------
-
-
-def _fmt(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
 
 
 def markdown(result: dict) -> str:

@@ -46,7 +46,7 @@ from .lab.prompts import Question, format_prompt, load_questions
 
 __all__ = [
     "ALGORITHMS", "PROMPT_FORMATS", "TELEMETRY", "BenchSettings", "ResultCache", "Server", "ServerConfig",
-    "SpecBenchError", "check_unique", "sigterm_as_interrupt", "load_bench_questions", "load_config_file", "make_config", "markdown",
+    "SpecBenchError", "check_unique", "run_concurrently", "sigterm_as_interrupt", "load_bench_questions", "load_config_file", "make_config", "markdown",
     "parse_config_spec", "plot", "run_bench", "summarize", "write_report",
 ]
 
@@ -563,17 +563,23 @@ def _run_config(config: ServerConfig, server: Server, questions: list[Question],
 
     todo = [q for q in questions if any(cache.get(ResultCache.key(config.name, fp, q, t)) is None
                                         for t in range(len(q.turns)))]
-    pool = ThreadPoolExecutor(max_workers=settings.concurrency, thread_name_prefix=f"specbench-{config.name}")
     try:
-        futures = [pool.submit(ask, q) for q in todo]
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        run_concurrently(ask, todo, settings.concurrency, f"specbench-{config.name}")
+    finally:
+        stop.set()
+        bar.close()
+
+
+def run_concurrently(fn, items, workers: int, name: str) -> None:
+    """``fn(item)`` for every item, ``workers`` at a time; the first failure is raised, the rest cancelled."""
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+    try:
+        done, _ = wait([pool.submit(fn, x) for x in items], return_when=FIRST_EXCEPTION)
         for f in done:
             if f.exception() is not None:
                 raise f.exception()
     finally:
-        stop.set()
         pool.shutdown(wait=False, cancel_futures=True)
-        bar.close()
 
 
 def run_bench(configs: list[ServerConfig], questions: list[Question], settings: BenchSettings, cache_path: Path,

@@ -28,6 +28,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from test_integration_worker import Mode
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed")
 
@@ -59,14 +60,6 @@ def _eager_and_spec(ew, monkeypatch):
     monkeypatch.setattr(ew, "get_spec", lambda: SimpleNamespace(speculative_use_rejection_sampling=False))
     with torch.compiler.set_stance("force_eager"):
         yield
-
-
-class Mode:
-    def __init__(self, idle=False):
-        self.idle = idle
-
-    def is_idle(self):
-        return self.idle
 
 
 class Model:

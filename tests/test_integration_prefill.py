@@ -26,6 +26,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from literal import LiteralWindow
+from test_integration_worker import Mode, Pool
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed")
 
@@ -67,14 +68,6 @@ def _stand_ins(mods, monkeypatch):
     monkeypatch.setattr(ew, "speculative_moe_backend_context", contextlib.nullcontext)
     monkeypatch.setattr(ew, "speculative_moe_a2a_backend_context", contextlib.nullcontext)
     return init_calls
-
-
-class Pool:
-    def __init__(self, n):
-        self.req_generation = torch.zeros(n, dtype=torch.int64)
-
-    def alloc(self, row):
-        self.req_generation[row] += 1
 
 
 class Target:
@@ -126,17 +119,13 @@ def schedule_batch(reqs, ids, prefix_lens, extend_lens, *, chunked=None, next_pr
         extend_lens=list(extend_lens),
         prefix_lens=list(prefix_lens),
         seq_lens=torch.tensor([p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]),
-        forward_mode=mods_mode(),
+        forward_mode=Mode(),
         sampling_info=SimpleNamespace(temperatures=None),
         chunked_req=chunked,
         chunked_req_next_prompt_token=next_prompt_token,
         global_num_tokens=None,
         spec_info=None,
     )
-
-
-def mods_mode(idle=False):
-    return SimpleNamespace(is_idle=lambda: idle)
 
 
 def clone_batch(b):
@@ -389,7 +378,7 @@ def test_idle_prefill_batch_runs_the_draft_without_a_policy_event(mods, _stand_i
     called = []
     monkeypatch.setattr(s.draft_worker, "_draft_extend_for_prefill", lambda *a, **k: called.append(a[0]) or "next")
     empty = torch.zeros(0, dtype=torch.int64)
-    batch = SimpleNamespace(reqs=[], forward_mode=mods_mode(True), seq_lens=empty, req_pool_indices=empty,
+    batch = SimpleNamespace(reqs=[], forward_mode=Mode(True), seq_lens=empty, req_pool_indices=empty,
                             input_ids=empty)
     out = s.run(batch, target_output(0, 0, seed=1))
     assert out.next_draft_input == "next" and called == [batch]
