@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from sglang_specvocab.errors import SpecVocabError
-from sglang_specvocab.specbench import (
+from sglang_specvocab.bench.specbench import (
     PROMPT_FORMATS,
     BenchSettings,
     SpecBenchError,

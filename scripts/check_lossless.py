@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from sglang_specvocab.errors import SpecVocabError
-from sglang_specvocab.lossless import (
+from sglang_specvocab.bench.lossless import (
     LosslessSettings,
     check_tiny_names,
     load_prompts,
@@ -37,7 +37,7 @@ from sglang_specvocab.lossless import (
     tiny_configs,
     write_report,
 )
-from sglang_specvocab.specbench import (
+from sglang_specvocab.bench.specbench import (
     BenchSettings,
     SpecBenchError,
     load_config_file,
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             only = _csv(args.only) if args.only else None
             check_tiny_names(only)  # before minutes of making checkpoints
             if not (args.tiny / "target" / "config.json").is_file():
-                from sglang_specvocab.fixtures import make_tiny_checkpoints
+                from sglang_specvocab.testing.tiny import make_tiny_checkpoints
 
                 print(f"making the tiny checkpoints in {args.tiny}", flush=True)
                 make_tiny_checkpoints(args.tiny)

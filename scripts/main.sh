@@ -26,8 +26,8 @@ esac
 work="${SPECVOCAB_MAIN_DIR:-main-results}"
 target="$work/gemma3-270m"
 draft="$work/draft-full"
-[ -f "$target/config.json" ] || "$py" scripts/convert_gemma3.py --out "$target" --chat-template gemma --force
-[ -f "$draft/config.json" ] || "$py" scripts/train_eagle3_draft.py --target gemma3-270m --head full --device cuda \
+[ -f "$target/config.json" ] || "$py" -m sglang_specvocab.lab.convert_gemma3 --out "$target" --chat-template gemma --force
+[ -f "$draft/config.json" ] || "$py" -m sglang_specvocab.train.train --target gemma3-270m --head full --device cuda \
   --conversations 1000 --steps 1000 --data "$work/eagle3-data.pt" --out "$draft"
 common="--model-path $target --attention-backend triton --mem-fraction-static 0.5"
 exec "$py" scripts/bench_specbench.py --out "$work/specbench" --limit-per-category 2 --concurrency 1 --temperature 0 \

@@ -30,7 +30,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from sglang_specvocab.fixtures import make_tiny_checkpoints
+    from sglang_specvocab.testing.tiny import make_tiny_checkpoints
 
     try:
         ck = make_tiny_checkpoints(

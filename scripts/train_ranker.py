@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sglang_specvocab.training import add_recording_args, recorded_states, save_trained, train_ranker
+from sglang_specvocab.lab.training import add_recording_args, recorded_states, save_trained, train_ranker
 
 
 def main(argv: list[str] | None = None) -> int:

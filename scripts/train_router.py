@@ -17,7 +17,7 @@ import sys
 from sglang_specvocab.config import load_config
 from sglang_specvocab.errors import SpecVocabError
 from sglang_specvocab.policies import ModelContext, build_policy
-from sglang_specvocab.training import add_recording_args, recorded_states, save_trained, train_router
+from sglang_specvocab.lab.training import add_recording_args, recorded_states, save_trained, train_router
 
 
 def main(argv: list[str] | None = None) -> int:

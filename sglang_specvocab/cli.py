@@ -79,7 +79,7 @@ def _lab(args, argv) -> int:
 
     from .lab import report
     from .lab.runner import LabSettings, run_lab
-    from .reference import DraftShape
+    from .lab.decoder import DraftShape
 
     if args.draft_layers == "target":
         layers = None
@@ -112,7 +112,7 @@ def _lab(args, argv) -> int:
 
 def _replay(args, argv) -> int:
     from .config import load_config
-    from .replay import read_trace, replay, replay_policy
+    from .lab.replay import read_trace, replay, replay_policy
 
     cfg = load_config(args.config)
     if args.vocab_size is not None:

@@ -1,6 +1,5 @@
 """scripts/bench_kernels.py on the CPU: the sweep, the bandwidth math and the report files."""
 
-import importlib.util
 import json
 import math
 import sys
@@ -11,11 +10,7 @@ import torch
 
 from sglang_specvocab import ops
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_kernels.py"
-spec = importlib.util.spec_from_file_location("bench_kernels", SCRIPT)
-bench = importlib.util.module_from_spec(spec)
-sys.modules.setdefault("bench_kernels", bench)  # dataclasses look their module up there
-spec.loader.exec_module(bench)
+from sglang_specvocab.bench import kernels as bench
 
 
 # -- pure parts ------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "convert_gemma3.py"
+MODULE = "sglang_specvocab.lab.convert_gemma3"
 PROMPTS = [
     "Question: What is the capital of France?\nAnswer:",
     "Translate German to English: Der Hund spielt im Garten mit einem roten Ball.\nEnglish:",
@@ -18,10 +18,7 @@ PROMPTS = [
 
 
 def _script_module():
-    spec = importlib.util.spec_from_file_location("convert_gemma3", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(MODULE)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +26,7 @@ def converted(tmp_path_factory):
     """The default conversion (bf16) with Gemma's chat template, made once by the script itself."""
     out = tmp_path_factory.mktemp("gemma3-hf") / "ckpt"
     run = subprocess.run(
-        [sys.executable, str(SCRIPT), "--out", str(out), "--chat-template", "gemma"],
+        [sys.executable, "-m", MODULE, "--out", str(out), "--chat-template", "gemma"],
         capture_output=True, text=True, cwd=ROOT,
     )
     assert run.returncode == 0, run.stderr[-3000:]

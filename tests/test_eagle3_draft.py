@@ -13,7 +13,7 @@ import torch
 from conftest import tiny_llama
 from sglang_child import STUBS, free_port, sglang_available
 
-from sglang_specvocab import eagle3 as E
+from sglang_specvocab.train import eagle3 as E
 from sglang_specvocab.errors import SpecVocabError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -225,7 +225,7 @@ def test_data_cache_round_trip(data, tmp_path):
 
 
 def test_responses_are_the_targets_greedy_continuation(target, data):
-    from sglang_specvocab.reference import CausalLM, greedy_generate
+    from sglang_specvocab.lab.decoder import CausalLM, greedy_generate
 
     for s, p in list(zip(data.sequences, data.prompt_lens, strict=True))[:2]:
         ref = greedy_generate(CausalLM(target), s[:p].tolist(), 20, eos_token_ids=[2])
@@ -243,11 +243,8 @@ def target_dir(target, tmp_path_factory):
 
 
 def _script():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import train_eagle3_draft
-    finally:
-        sys.path.pop(0)
+    from sglang_specvocab.train import train as train_eagle3_draft
+
     return train_eagle3_draft
 
 

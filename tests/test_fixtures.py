@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 from sglang_child import STUBS
 
-from sglang_specvocab import fixtures as F
+from sglang_specvocab.testing import tiny as F
 from sglang_specvocab.errors import SpecVocabError
 
 ROOT = Path(__file__).resolve().parents[1]

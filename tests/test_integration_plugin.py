@@ -24,7 +24,7 @@ CONFIGS = ROOT / "configs"
 @pytest.fixture(scope="module")
 def sg(torchvision_standin, tmp_path_factory):
     """SGLang with DYNVOCAB registered in this process, and tiny checkpoints."""
-    from sglang_specvocab.fixtures import make_tiny_checkpoints
+    from sglang_specvocab.testing.tiny import make_tiny_checkpoints
     from sglang_specvocab.integration import plugin
 
     tiny = make_tiny_checkpoints(tmp_path_factory.mktemp("tiny"), vocab_size=VOCAB, draft_vocab_size=DRAFT_VOCAB)

@@ -7,7 +7,7 @@ import torch
 from conftest import tiny_llama
 
 from sglang_specvocab.cli import main
-from sglang_specvocab.lab.prompts import format_prompt, load_questions
+from sglang_specvocab.prompts import format_prompt, load_questions
 
 
 @pytest.fixture(scope="module")
@@ -15,7 +15,7 @@ def tiny_checkpoint(tmp_path_factory):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from sglang_specvocab.lab.prompts import load_questions
+    from sglang_specvocab.prompts import load_questions
 
     corpus = [t for q in load_questions() for t in q.turns] * 3
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -100,7 +100,7 @@ def test_prompt_format_without_chat_template():
 
 
 def test_interrupted_lab_keeps_the_finished_turns(tiny_checkpoint, tmp_path, monkeypatch, capsys):
-    from sglang_specvocab.reference import SpeculativeDecoder
+    from sglang_specvocab.lab.decoder import SpeculativeDecoder
 
     real = SpeculativeDecoder.generate
     calls = {"n": 0}

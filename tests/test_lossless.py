@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from http_fake import FakeServer, JsonHandler
 
-from sglang_specvocab.lossless import TINY_SET, load_prompts, tiny_configs
-from sglang_specvocab.specbench import SpecBenchError
+from sglang_specvocab.bench.lossless import TINY_SET, load_prompts, tiny_configs
+from sglang_specvocab.bench.specbench import SpecBenchError
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "check_lossless.py"
@@ -278,7 +278,7 @@ def test_tiny_configs_need_the_checkpoints(tmp_path):
 def tiny(tmp_path_factory, torchvision_standin):
     if importlib.util.find_spec("sglang") is None:
         pytest.skip("sglang is not installed")
-    from sglang_specvocab.fixtures import make_tiny_checkpoints
+    from sglang_specvocab.testing.tiny import make_tiny_checkpoints
     from sglang_specvocab.integration.plugin import register
 
     register()

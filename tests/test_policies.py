@@ -13,7 +13,7 @@ from sglang_specvocab.errors import ConfigError
 from sglang_specvocab.policies import ModelContext, build_policy
 from sglang_specvocab.policies.cluster import step_budget
 from sglang_specvocab.policies.lowrank import svd_ranker
-from sglang_specvocab.reference import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
+from sglang_specvocab.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
 from sglang_specvocab.vocab_data import save_frequency_table, save_successors
 
 V = 512

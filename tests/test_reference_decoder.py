@@ -6,7 +6,7 @@ from conftest import tiny_llama
 
 from sglang_specvocab import SpecVocabError
 from sglang_specvocab.config import parse_config
-from sglang_specvocab.reference import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
+from sglang_specvocab.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
 
 CONFIGS = {
     "full": {"policy": "full"},

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from http_fake import FakeServer, JsonHandler
 
-from sglang_specvocab.specbench import SpecBenchError, make_config, parse_config_spec, summarize
+from sglang_specvocab.bench.specbench import SpecBenchError, make_config, parse_config_spec, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "bench_specbench.py"
@@ -434,7 +434,7 @@ def test_bad_inputs_give_clear_errors(tokdir, questions, tmp_path, capsys):
 def test_summary_skips_unfinished_questions_and_compares_common_ones():
     base, other = (make_config({"name": n, "algorithm": a, "url": "http://x:1"}, "t")
                    for n, a in (("b", "none"), ("o", "EAGLE3")))
-    from sglang_specvocab.lab.prompts import Question
+    from sglang_specvocab.prompts import Question
 
     qs = [Question("1", "qa", ("a",)), Question("2", "qa", ("b",)), Question("3", "mt_bench", ("c", "d"))]
 

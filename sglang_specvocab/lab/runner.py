@@ -19,9 +19,9 @@ import torch
 from .. import __version__
 from ..config import PolicyConfig, load_config, parse_config
 from ..errors import SpecVocabError
-from ..reference import CausalLM, DraftShape, Generation, SpeculativeDecoder
+from .decoder import CausalLM, DraftShape, Generation, SpeculativeDecoder
 from .models import GEMMA3_270M, load_model
-from .prompts import DEFAULT_PROMPTS, format_prompt, load_questions
+from ..prompts import DEFAULT_PROMPTS, format_prompt, load_questions
 
 FULL = "full"
 

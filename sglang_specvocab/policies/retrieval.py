@@ -26,7 +26,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from ..align import AlignSection
+from ..lab.align import AlignSection
 from ..config import PolicyConfig, Section
 from ..table import CandidateTable, unique_first
 from .arc import BatchedARC

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run from a plain checkout (the device machine has no install)
     sys.path.insert(0, str(ROOT))
 

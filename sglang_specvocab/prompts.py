@@ -9,11 +9,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterator
 
-from ..errors import SpecVocabError
+from .errors import SpecVocabError
 
 #: Spec-Bench reports its eight MT-Bench categories together as one.
 MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
-DEFAULT_PROMPTS = "the lab's own prompts (sglang_specvocab/lab/prompts.jsonl)"
+DEFAULT_PROMPTS = "the lab's own prompts (sglang_specvocab/prompts.jsonl)"
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Question:
 def load_questions(path: str | Path | None = None, per_category: int | None = None) -> list[Question]:
     """Questions of a Spec-Bench jsonl (default: the lab's own set), at most ``per_category`` of each."""
     if path is None:
-        text = resources.files("sglang_specvocab.lab").joinpath("prompts.jsonl").read_text(encoding="utf-8")
+        text = resources.files("sglang_specvocab").joinpath("prompts.jsonl").read_text(encoding="utf-8")
         where = "lab prompts"
     else:
         try:

@@ -15,7 +15,7 @@ import copy
 import torch
 from pydantic import Field
 
-from .config import Section
+from ..config import Section
 
 
 class AlignSection(Section):

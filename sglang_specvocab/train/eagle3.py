@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import SpecVocabError
+from ..errors import SpecVocabError
 
 SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
 DATA_FORMAT = "sglang-specvocab/eagle3-self-distill/1"
@@ -678,7 +678,7 @@ def hot_vocabulary(
     frequency table (``scripts/build_frequency_table.py``) or counted over ``data``'s responses
     (ties, and ids never seen, by lower id)."""
     if freq_path is not None:
-        from .vocab_data import load_frequency_ids
+        from ..vocab_data import load_frequency_ids
 
         ids = load_frequency_ids(freq_path, vocab_size, size)
     elif data is not None:

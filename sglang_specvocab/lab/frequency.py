@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from sglang_specvocab.errors import SpecVocabError
 from sglang_specvocab.lab.models import GEMMA3_270M
-from sglang_specvocab.lab.prompts import sharegpt_conversations
+from sglang_specvocab.prompts import sharegpt_conversations
 from sglang_specvocab.vocab_data import count_tokens, save_frequency_table, save_successors
 
 DESCRIPTION = f"""\

@@ -143,7 +143,7 @@ def sharegpt_prompts(lm, skip: int, count: int, max_tokens: int) -> tuple[list[l
     answer cue), and how many were left out."""
     from itertools import islice
 
-    from sglang_specvocab.lab.prompts import format_prompt, sharegpt_conversations
+    from sglang_specvocab.prompts import format_prompt, sharegpt_conversations
 
     prompts, dropped = [], 0
     for turns in islice(sharegpt_conversations(), skip, None):
@@ -158,7 +158,7 @@ def sharegpt_prompts(lm, skip: int, count: int, max_tokens: int) -> tuple[list[l
 
 
 def training_data(args, model, with_tokenizer):
-    from sglang_specvocab.eagle3 import SelfDistillData, build_data
+    from sglang_specvocab.train.eagle3 import SelfDistillData, build_data
 
     vocab = model.get_input_embeddings().weight.shape[0]
     if args.data and Path(args.data).is_file():
@@ -206,7 +206,7 @@ def _pad_id(model, tokenizer=None) -> int:
 def hot_ids(args, data, vocab: int):
     from importlib import resources
 
-    from sglang_specvocab.eagle3 import hot_vocabulary
+    from sglang_specvocab.train.eagle3 import hot_vocabulary
     from sglang_specvocab.lab.models import GEMMA3_270M
 
     if args.head == "full":
@@ -225,7 +225,7 @@ def hot_ids(args, data, vocab: int):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from sglang_specvocab import eagle3
+    from sglang_specvocab.train import eagle3
 
     start = time.perf_counter()
     device = torch.device(args.device)

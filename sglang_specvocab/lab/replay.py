@@ -24,9 +24,9 @@ from typing import Iterator
 
 import torch
 
-from .config import PolicyConfig
-from .errors import TraceError
-from .policies import Policy, build_policy
+from ..config import PolicyConfig
+from ..errors import TraceError
+from ..policies import Policy, build_policy
 
 _REQUEST_KEYS = {"prompt_ids", "prompt_topk", "rounds"}
 _ROUND_KEYS = {"draft_tokens", "verify_topk", "accepted"}

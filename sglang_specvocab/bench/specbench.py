@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
-from .errors import SpecVocabError
-from .lab.prompts import Question, format_prompt, load_questions
+from ..errors import SpecVocabError
+from ..prompts import Question, format_prompt, load_questions
 
 __all__ = [
     "ALGORITHMS", "PROMPT_FORMATS", "TELEMETRY", "BenchSettings", "ResultCache", "Server", "ServerConfig",

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import SpecVocabError
+from ..errors import SpecVocabError
 
 TARGET_SHAPE = dict(
     hidden_size=64,
@@ -97,7 +97,7 @@ def tiny_capture_layers(num_layers: int) -> list[int]:
         raise SpecVocabError(
             f"a tiny EAGLE-3 target needs at least 4 layers for 3 distinct capture layers, got {num_layers}"
         )
-    from .eagle3 import check_capture_layers
+    from ..train.eagle3 import check_capture_layers
 
     return check_capture_layers([1, num_layers // 2, num_layers - 1], num_layers)
 
@@ -189,7 +189,7 @@ def make_tiny_checkpoints(
     """Write ``out/target``, ``out/draft-d2t`` and ``out/draft-full`` (see the module docstring).
 
     Refuses a non-empty ``out`` unless ``force`` (which removes only the three sub-folders)."""
-    from . import eagle3 as E
+    from ..train import eagle3 as E
 
     root = Path(out)
     if root.exists() and not root.is_dir():

@@ -10,8 +10,8 @@ from typing import Iterable, Sequence
 
 import torch
 
-from .config import parse_config
-from .reference import CausalLM, DraftShape, SpeculativeDecoder
+from ..config import parse_config
+from .decoder import CausalLM, DraftShape, SpeculativeDecoder
 
 
 @torch.no_grad()
@@ -66,7 +66,7 @@ def train_ranker(
 
     Starts from the truncated SVD (or ``init``); returns the weights and the loss per step.
     """
-    from .policies.lowrank import svd_ranker
+    from ..policies.lowrank import svd_ranker
 
     w = weight.detach().float()
     w_down, w_vocab = init if init is not None else svd_ranker(w, rank)
@@ -118,7 +118,7 @@ def train_router(
     progress: bool = False,
 ):
     """DynaSpec's router, fitted with multi-label BCE; returns (router, loss per step)."""
-    from .policies.cluster import Router
+    from ..policies.cluster import Router
 
     torch.manual_seed(seed)
     targets = cluster_targets(weight, hidden, perm, offsets, top_l)
@@ -160,8 +160,8 @@ def recorded_states(args, lm=None):
     from itertools import islice
     from pathlib import Path
 
-    from .lab.models import load_model
-    from .lab.prompts import format_prompt, sharegpt_conversations
+    from .models import load_model
+    from ..prompts import format_prompt, sharegpt_conversations
 
     lm = lm or load_model(args.model)
     target = CausalLM(lm.model)

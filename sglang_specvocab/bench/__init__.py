@@ -1,0 +1,1 @@
+"""Server benchmarks (Spec-Bench, greedy losslessness) and the kernel sweep."""

@@ -1,0 +1,1 @@
+"""Tiny checkpoints and stand-ins for tests and first GPU runs."""
