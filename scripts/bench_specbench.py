@@ -11,7 +11,6 @@ import shlex
 import sys
 from pathlib import Path
 
-from sglang_specvocab.errors import SpecVocabError
 from sglang_specvocab.bench.specbench import (
     PROMPT_FORMATS,
     BenchSettings,
@@ -25,6 +24,7 @@ from sglang_specvocab.bench.specbench import (
     sigterm_as_interrupt,
     write_report,
 )
+from sglang_specvocab.errors import SpecVocabError
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_QUESTIONS = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"

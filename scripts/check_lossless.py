@@ -27,7 +27,6 @@ import shlex
 import sys
 from pathlib import Path
 
-from sglang_specvocab.errors import SpecVocabError
 from sglang_specvocab.bench.lossless import (
     LosslessSettings,
     check_tiny_names,
@@ -44,6 +43,7 @@ from sglang_specvocab.bench.specbench import (
     parse_config_spec,
     sigterm_as_interrupt,
 )
+from sglang_specvocab.errors import SpecVocabError
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_QUESTIONS = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"

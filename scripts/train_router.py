@@ -14,10 +14,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sglang_specvocab.config import load_config
 from sglang_specvocab.errors import SpecVocabError
-from sglang_specvocab.policies import ModelContext, build_policy
 from sglang_specvocab.lab.training import add_recording_args, recorded_states, save_trained, train_router
+from sglang_specvocab.policies import ModelContext, build_policy, load_config
 
 
 def main(argv: list[str] | None = None) -> int:

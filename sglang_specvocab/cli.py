@@ -78,8 +78,8 @@ def _lab(args, argv) -> int:
     import torch
 
     from .lab import report
-    from .lab.runner import LabSettings, run_lab
     from .lab.decoder import DraftShape
+    from .lab.runner import LabSettings, run_lab
 
     if args.draft_layers == "target":
         layers = None
@@ -111,8 +111,8 @@ def _lab(args, argv) -> int:
 
 
 def _replay(args, argv) -> int:
-    from .config import load_config
     from .lab.replay import read_trace, replay, replay_policy
+    from .policies import load_config
 
     cfg = load_config(args.config)
     if args.vocab_size is not None:
@@ -132,7 +132,7 @@ def _replay(args, argv) -> int:
 
 
 def _check(args, argv) -> int:
-    from .config import load_config
+    from .policies import load_config
 
     cfg = load_config(args.config)
     if args.vocab_size is not None:

@@ -1,16 +1,16 @@
-"""YAML -> typed policy config.
+"""The config schema's bases: every policy module defines its config as a ``PolicyConfig`` subclass.
 
-Every bad input fails with one ``ConfigError`` whose message names the file, the key, the
-value and what would be valid. Each policy module defines its own config class (a
-``PolicyConfig`` subclass); ``parse_config`` picks it from the ``policy:`` key.
+Every bad input fails with one ``ConfigError`` whose message names the file, the key, the value
+and what would be valid (``explain`` turns pydantic's errors into those lines). Reading and
+dispatching a YAML file by its ``policy:`` key is ``sglang_specvocab.policies.load_config``; this
+module imports no policy.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Callable, Literal, get_args, get_origin
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from .errors import ConfigError
@@ -33,6 +33,10 @@ class HeadSection(Section):
         description="fused: gather each request's rows in the head kernel; packed: keep them in a per-request "
         "buffer updated after each set change (context policies only)",
     )
+
+
+#: ``parse_config(data, source)``, handed to ``PolicyConfig.finish`` (so this module needs no policy).
+ParseConfig = Callable[[Any, str], "PolicyConfig"]
 
 
 class PolicyConfig(Section):
@@ -59,8 +63,14 @@ class PolicyConfig(Section):
         src = Path(self._base or self.source)
         return p if p.is_absolute() or not src.is_file() else src.parent / p
 
-    def finish(self) -> None:
-        """Checks that need ``source`` (called by ``parse_config`` after validation)."""
+    def finish(self, parse: ParseConfig) -> None:
+        """Checks that need ``source`` (called by ``parse_config`` after validation); ``parse`` parses a
+        nested policy config (a union's members) as ``parse_config`` does."""
+
+    @property
+    def member_configs(self) -> list[PolicyConfig]:
+        """Configs of the member policies a composite policy (``union``) is built from; none by default."""
+        return []
 
     def check_vocab(self, vocab_size: int, model_name: str = "the model") -> None:
         """Refuse a capacity the model's vocabulary cannot fill."""
@@ -72,60 +82,10 @@ class PolicyConfig(Section):
             )
 
 
-def policy_names() -> list[str]:
-    from .policies import POLICIES
-
-    return sorted(POLICIES)
-
-
-def load_config(path: str | Path) -> PolicyConfig:
-    """Read and validate a policy YAML file."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ConfigError(f"cannot read config file {path}: {reason}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
-    return parse_config(data, source=str(path))
-
-
-def parse_config(data: Any, source: str = "<config>") -> PolicyConfig:
-    """Validate an already-parsed mapping (what ``yaml.safe_load`` returns)."""
-    from .policies import POLICIES
-
-    valid = ", ".join(sorted(POLICIES))
-    if data is None:
-        raise ConfigError(f"{source}: is empty; it must be a YAML mapping with at least 'policy' (one of: {valid})")
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"{source}: must be a YAML mapping of keys to values, got {type(data).__name__} {_short(data)}"
-        )
-    if "policy" not in data:
-        raise ConfigError(f"{source}: missing required key 'policy' (one of: {valid})")
-    name = data["policy"]
-    if not isinstance(name, str) or name not in POLICIES:
-        raise ConfigError(f"{source}: policy = {_short(name)} is invalid: must be one of {valid}")
-    cls = POLICIES[name].config_cls
-    try:
-        cfg = cls.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(_explain(exc, cls, data, source, name)) from None
-    cfg._source = source
-    cfg.finish()
-    return cfg
-
-
 # --- error messages -------------------------------------------------------------------------
 
 
-def _short(value: Any, limit: int = 60) -> str:
+def short(value: Any, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -152,7 +112,8 @@ def _model_at(cls: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
     return cls
 
 
-def _explain(exc: ValidationError, cls: type[BaseModel], data: dict, source: str, policy: str) -> str:
+def explain(exc: ValidationError, cls: type[BaseModel], source: str, policy: str) -> str:
+    """One line per pydantic error of ``cls`` (policy ``policy``, from ``source``): key, value, what is valid."""
     lines = []
     for err in exc.errors():
         loc = tuple(err["loc"])
@@ -163,7 +124,7 @@ def _explain(exc: ValidationError, cls: type[BaseModel], data: dict, source: str
             keys = ", ".join(owner.model_fields) if owner is not None else "?"
             under = f" under '{_key(loc[:-1])}'" if loc[:-1] else ""
             lines.append(
-                f"{source}: unknown key '{key}' (value {_short(err['input'])}); "
+                f"{source}: unknown key '{key}' (value {short(err['input'])}); "
                 f"valid keys{under} for policy '{policy}': {keys}"
             )
         elif kind == "missing":
@@ -173,7 +134,7 @@ def _explain(exc: ValidationError, cls: type[BaseModel], data: dict, source: str
         elif kind in ("model_type", "model_attributes_type", "dict_type"):
             owner = _model_at(cls, loc)
             keys = f" with keys {', '.join(owner.model_fields)}" if owner is not None else ""
-            lines.append(f"{source}: {key} = {_short(err['input'])} is invalid: must be a mapping{keys}")
+            lines.append(f"{source}: {key} = {short(err['input'])} is invalid: must be a mapping{keys}")
         elif isinstance(err["input"], dict):  # a rule across several keys of one section
             msg = err["msg"].removeprefix("Value error, ")
             lines.append(f"{source}: {msg}" if not key else f"{source}: in '{key}': {msg}")
@@ -182,5 +143,5 @@ def _explain(exc: ValidationError, cls: type[BaseModel], data: dict, source: str
             for prefix in ("Value error, ", "Assertion failed, "):
                 msg = msg.removeprefix(prefix)
             msg = msg.replace("Input should be", "must be").replace("List should have", "must have")
-            lines.append(f"{source}: {key} = {_short(err['input'])} is invalid: {msg}")
+            lines.append(f"{source}: {key} = {short(err['input'])} is invalid: {msg}")
     return "\n".join(lines)

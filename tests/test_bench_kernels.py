@@ -2,16 +2,12 @@
 
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from sglang_specvocab import ops
-
 from sglang_specvocab.bench import kernels as bench
-
 
 # -- pure parts ------------------------------------------------------------------------------
 

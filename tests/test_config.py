@@ -8,7 +8,7 @@ import pytest
 
 from sglang_specvocab import ConfigError
 from sglang_specvocab.cli import main
-from sglang_specvocab.config import load_config
+from sglang_specvocab.policies import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

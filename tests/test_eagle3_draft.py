@@ -13,8 +13,8 @@ import torch
 from conftest import tiny_llama
 from sglang_child import STUBS, free_port, sglang_available
 
-from sglang_specvocab.train import eagle3 as E
 from sglang_specvocab.errors import SpecVocabError
+from sglang_specvocab.train import eagle3 as E
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = 8  # SGLang's default capture layers [2, n//2, n-3] are distinct from 7 layers on

@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file
 from sglang_child import STUBS
 
-from sglang_specvocab.testing import tiny as F
 from sglang_specvocab.errors import SpecVocabError
+from sglang_specvocab.testing import tiny as F
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 128256

@@ -12,9 +12,8 @@ import pytest
 import torch
 from literal import LiteralWindow
 
-from sglang_specvocab.config import load_config, parse_config
 from sglang_specvocab.integration.events import prefill_event, reset_rows, verify_event
-from sglang_specvocab.policies import build_policy
+from sglang_specvocab.policies import build_policy, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_ROWS = 9  # pool rows, row 0 the padding row as in SGLang

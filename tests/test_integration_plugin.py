@@ -24,8 +24,8 @@ CONFIGS = ROOT / "configs"
 @pytest.fixture(scope="module")
 def sg(torchvision_standin, tmp_path_factory):
     """SGLang with DYNVOCAB registered in this process, and tiny checkpoints."""
-    from sglang_specvocab.testing.tiny import make_tiny_checkpoints
     from sglang_specvocab.integration import plugin
+    from sglang_specvocab.testing.tiny import make_tiny_checkpoints
 
     tiny = make_tiny_checkpoints(tmp_path_factory.mktemp("tiny"), vocab_size=VOCAB, draft_vocab_size=DRAFT_VOCAB)
     plugin.register()
@@ -326,8 +326,8 @@ def test_worker_init_and_alloc_memory_pool(sg, monkeypatch):
     from sglang.srt.speculative import eagle_worker_v2 as ew
     from transformers import AutoConfig
 
-    from sglang_specvocab.config import load_config
     from sglang_specvocab.integration.worker import DynVocabDraftWorker, DynVocabWorkerV2
+    from sglang_specvocab.policies import load_config
 
     # DynVocabWorkerV2.__init__ (the copied EAGLE init) builds the draft worker class it names
     spec = SimpleNamespace(

@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 from literal import LiteralWindow
 
 from sglang_specvocab import ops
-from sglang_specvocab.config import ConfigError, parse_config
-from sglang_specvocab.ops import _ext, reference
-from sglang_specvocab.policies import build_policy
+from sglang_specvocab.errors import ConfigError
 from sglang_specvocab.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
+from sglang_specvocab.ops import _ext, reference
+from sglang_specvocab.policies import build_policy, parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = {

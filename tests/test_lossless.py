@@ -278,8 +278,8 @@ def test_tiny_configs_need_the_checkpoints(tmp_path):
 def tiny(tmp_path_factory, torchvision_standin):
     if importlib.util.find_spec("sglang") is None:
         pytest.skip("sglang is not installed")
-    from sglang_specvocab.testing.tiny import make_tiny_checkpoints
     from sglang_specvocab.integration.plugin import register
+    from sglang_specvocab.testing.tiny import make_tiny_checkpoints
 
     register()
     return make_tiny_checkpoints(tmp_path_factory.mktemp("tiny"), vocab_size=4096, draft_vocab_size=1024)

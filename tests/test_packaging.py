@@ -2,7 +2,7 @@ import re
 from importlib import resources
 from pathlib import Path
 
-from sglang_specvocab.config import load_config
+from sglang_specvocab.policies import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

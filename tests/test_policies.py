@@ -8,12 +8,11 @@ from conftest import tiny_llama
 from literal import LiteralRetrieval, cluster_budget, cluster_set, frequent_set, lowrank_set, union_set
 
 from sglang_specvocab import SpecVocabError
-from sglang_specvocab.config import parse_config
 from sglang_specvocab.errors import ConfigError
-from sglang_specvocab.policies import ModelContext, build_policy
+from sglang_specvocab.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
+from sglang_specvocab.policies import ModelContext, build_policy, parse_config
 from sglang_specvocab.policies.cluster import step_budget
 from sglang_specvocab.policies.lowrank import svd_ranker
-from sglang_specvocab.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
 from sglang_specvocab.vocab_data import save_frequency_table, save_successors
 
 V = 512
@@ -67,7 +66,7 @@ def test_static_is_the_most_frequent_ids_with_eos_forced_in(files, size):
 
 def test_static_paths_are_relative_to_the_config_file(files, tmp_path):
     (tmp_path / "frspec.yaml").write_text("policy: static\nstatic: {table: ../" + files.name + "/freq.npz, size: 8}\n")
-    from sglang_specvocab.config import load_config
+    from sglang_specvocab.policies import load_config
 
     cfg = load_config(tmp_path / "frspec.yaml")
     assert cfg.resolve(cfg.static.table) == tmp_path / ".." / files.name / "freq.npz"

@@ -5,8 +5,8 @@ import torch
 from conftest import tiny_llama
 
 from sglang_specvocab import SpecVocabError
-from sglang_specvocab.config import parse_config
 from sglang_specvocab.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
+from sglang_specvocab.policies import parse_config
 
 CONFIGS = {
     "full": {"policy": "full"},

@@ -8,10 +8,9 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from sglang_specvocab.config import parse_config
-from sglang_specvocab.policies import ModelContext, build_policy
 from sglang_specvocab.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
 from sglang_specvocab.lab.training import record_draft_states, train_ranker, train_router
+from sglang_specvocab.policies import ModelContext, build_policy, parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,8 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from literal import LiteralWindow
 
-from sglang_specvocab.config import parse_config
-from sglang_specvocab.policies import build_policy
+from sglang_specvocab.policies import build_policy, parse_config
 
 SOURCES = [["context", "extension"], ["context"], ["extension"]]
 

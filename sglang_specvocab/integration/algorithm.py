@@ -38,8 +38,10 @@ from typing import Any, Callable
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from ..config import PolicyConfig, load_config
+from ..config import PolicyConfig
 from ..errors import ConfigError, SpecVocabError
+from ..policies import load_config
+from ..vocab_data import table_vocab_size
 
 logger = logging.getLogger(__name__)
 
@@ -210,8 +212,6 @@ _TRAINED_FILES = (("lowrank", "ranker", "svd"), ("cluster", "router", "centroid"
 
 def check_config_for_models(config: PolicyConfig, draft: DraftInfo) -> None:
     """The module docstring's rules: the draft kind, capacities against ``H``, data files against ``V``."""
-    from ..vocab_data import table_vocab_size
-
     if not any("eagle3" in a.lower() for a in draft.architectures):
         raise ConfigError(
             f"--speculative-algorithm {NAME} needs an EAGLE-3 draft (an architecture like LlamaForCausalLMEagle3); "

@@ -35,6 +35,7 @@ import os
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import get_spec
 
+from ..patches import SGLangCompatibilityError, check_sglang, check_worker_signatures
 from .algorithm import ATTR, ENV, FLAG, NAME, DynVocabAlgo, validate_server_args
 
 logger = logging.getLogger(__name__)
@@ -53,8 +54,6 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    from ..patches import SGLangCompatibilityError, check_sglang
-
     try:
         check_sglang()
     except SGLangCompatibilityError as exc:
@@ -79,10 +78,8 @@ def register() -> None:
 
 def worker_factory(server_args):
     """``create_worker``'s factory: the worker class, after checking the worker-level signatures."""
-    from ..patches import check_worker_signatures
-
     check_worker_signatures()
-    from .worker import DynVocabWorkerV2
+    from .worker import DynVocabWorkerV2  # SGLang's worker and model code: only in the scheduler, when asked
 
     return DynVocabWorkerV2
 

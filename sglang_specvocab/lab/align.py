@@ -13,15 +13,8 @@ from __future__ import annotations
 import copy
 
 import torch
-from pydantic import Field
 
-from ..config import Section
-
-
-class AlignSection(Section):
-    rank: int = Field(8, ge=1, description="LoRA rank")
-    alpha: float = Field(16.0, gt=0, description="LoRA scale numerator (the update is scaled by alpha / rank)")
-    lr: float = Field(1e-4, gt=0, description="Adam learning rate")
+from ..policies.retrieval import AlignSection
 
 
 class LoRALinear(torch.nn.Module):

@@ -27,11 +27,11 @@ from typing import Callable, Sequence
 
 import torch
 
-from .align import OnlineLoRA
 from ..config import PolicyConfig
 from ..errors import SpecVocabError
 from ..head import DraftHead
 from ..policies import ModelContext, build_policy
+from .align import OnlineLoRA
 
 
 class CausalLM:

@@ -17,11 +17,12 @@ from pathlib import Path
 import torch
 
 from .. import __version__
-from ..config import PolicyConfig, load_config, parse_config
+from ..config import PolicyConfig
 from ..errors import SpecVocabError
+from ..policies import load_config, parse_config
+from ..prompts import DEFAULT_PROMPTS, format_prompt, load_questions
 from .decoder import CausalLM, DraftShape, Generation, SpeculativeDecoder
 from .models import GEMMA3_270M, load_model
-from ..prompts import DEFAULT_PROMPTS, format_prompt, load_questions
 
 FULL = "full"
 

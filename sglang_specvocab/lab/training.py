@@ -6,12 +6,18 @@ policy sees at serve time), against the draft's own full-vocabulary head as the 
 
 from __future__ import annotations
 
+from itertools import islice
+from pathlib import Path
 from typing import Iterable, Sequence
 
 import torch
 
-from ..config import parse_config
+from ..policies import parse_config
+from ..policies.cluster import Router
+from ..policies.lowrank import svd_ranker
+from ..prompts import format_prompt, sharegpt_conversations
 from .decoder import CausalLM, DraftShape, SpeculativeDecoder
+from .models import load_model
 
 
 @torch.no_grad()
@@ -25,7 +31,7 @@ def record_draft_states(
     progress: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(hidden ``[N, d]``, input tokens ``[N]``) of every draft step while decoding ``prompts``."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # the lab extra
 
     hidden, tokens = [], []
     dec = SpeculativeDecoder(
@@ -42,7 +48,7 @@ def record_draft_states(
 
 
 def _batches(n: int, batch_size: int, steps: int, seed: int, desc: str, progress: bool):
-    from tqdm import tqdm
+    from tqdm import tqdm  # the lab extra
 
     g = torch.Generator().manual_seed(seed)
     for _ in tqdm(range(steps), desc=desc, unit="step", disable=not progress):
@@ -66,7 +72,6 @@ def train_ranker(
 
     Starts from the truncated SVD (or ``init``); returns the weights and the loss per step.
     """
-    from ..policies.lowrank import svd_ranker
 
     w = weight.detach().float()
     w_down, w_vocab = init if init is not None else svd_ranker(w, rank)
@@ -118,7 +123,6 @@ def train_router(
     progress: bool = False,
 ):
     """DynaSpec's router, fitted with multi-label BCE; returns (router, loss per step)."""
-    from ..policies.cluster import Router
 
     torch.manual_seed(seed)
     targets = cluster_targets(weight, hidden, perm, offsets, top_l)
@@ -157,12 +161,6 @@ def add_recording_args(parser) -> None:
 
 def recorded_states(args, lm=None):
     """(loaded model, draft CausalLM, hidden [N, d], tokens [N]) for the scripts' arguments."""
-    from itertools import islice
-    from pathlib import Path
-
-    from .models import load_model
-    from ..prompts import format_prompt, sharegpt_conversations
-
     lm = lm or load_model(args.model)
     target = CausalLM(lm.model)
     draft = CausalLM(lm.model, num_layers=args.draft_layers)
@@ -182,8 +180,6 @@ def recorded_states(args, lm=None):
 
 def save_trained(path, data: dict, losses: list[float], name: str, loss_name: str) -> None:
     """Write a trained file and print how the loss moved (mean of the first and last tenth of steps)."""
-    from pathlib import Path
-
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     torch.save(data, path)
     k = max(1, len(losses) // 10)

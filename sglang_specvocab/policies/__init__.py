@@ -1,10 +1,21 @@
-"""Candidate-set policies, one module each, chosen by the ``policy:`` key of a config."""
+"""Candidate-set policies, one module each, and the registry that picks one by a config's ``policy:`` key.
+
+``load_config(path)`` / ``parse_config(data, source)`` read and validate a policy config (every
+error a ``ConfigError`` naming file, key, value and what is valid); ``build_policy(config, rows)``
+makes the policy with its own candidate table. Every policy module imports only ``base`` and the
+core (``config``, ``table``, ``ops``, ``vocab_data``), never this registry.
+"""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple
 
-from ..config import PolicyConfig
+import yaml
+from pydantic import ValidationError
+
+from ..config import PolicyConfig, explain, short
+from ..errors import ConfigError
 from ..table import CandidateTable
 from .base import ModelContext, Policy
 from .cluster import ClusterConfig, ClusterPolicy
@@ -32,6 +43,50 @@ POLICIES: dict[str, PolicyEntry] = {
 }
 
 
+def policy_names() -> list[str]:
+    return sorted(POLICIES)
+
+
+def load_config(path: str | Path) -> PolicyConfig:
+    """Read and validate a policy YAML file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"cannot read config file {path}: {reason}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
+    return parse_config(data, source=str(path))
+
+
+def parse_config(data: Any, source: str = "<config>") -> PolicyConfig:
+    """Validate an already-parsed mapping (what ``yaml.safe_load`` returns)."""
+    valid = ", ".join(sorted(POLICIES))
+    if data is None:
+        raise ConfigError(f"{source}: is empty; it must be a YAML mapping with at least 'policy' (one of: {valid})")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: must be a YAML mapping of keys to values, got {type(data).__name__} {short(data)}")
+    if "policy" not in data:
+        raise ConfigError(f"{source}: missing required key 'policy' (one of: {valid})")
+    name = data["policy"]
+    if not isinstance(name, str) or name not in POLICIES:
+        raise ConfigError(f"{source}: policy = {short(name)} is invalid: must be one of {valid}")
+    cls = POLICIES[name].config_cls
+    try:
+        cfg = cls.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(explain(exc, cls, source, name)) from None
+    cfg._source = source
+    cfg.finish(parse_config)
+    return cfg
+
+
 def build_policy(
     config: PolicyConfig,
     num_rows: int,
@@ -43,12 +98,25 @@ def build_policy(
     """The policy of ``config`` with its own table of ``num_rows`` request slots (None if dense).
 
     ``model`` gives what ranker and file-based policies need (LM head, embeddings, vocabulary
-    size, EOS ids); policies that need a missing part say so.
+    size, EOS ids); policies that need a missing part say so. A composite policy (``union``) gets
+    its member policies, built here first, each with its own table.
     """
-    entry = POLICIES[config.policy]
     cap = config.table_capacity
     table = None if cap is None else CandidateTable(num_rows, cap, device=device, fallback_id=fallback_id)
-    return entry.policy_cls(config, table, model)
+    policy_cls = POLICIES[config.policy].policy_cls
+    if config.member_configs:
+        kw = {"device": device, "fallback_id": fallback_id, "model": model}
+        return policy_cls(config, table, model, [build_policy(c, num_rows, **kw) for c in config.member_configs])
+    return policy_cls(config, table, model)
 
 
-__all__ = ["POLICIES", "ModelContext", "Policy", "PolicyEntry", "build_policy"]
+__all__ = [
+    "POLICIES",
+    "ModelContext",
+    "Policy",
+    "PolicyEntry",
+    "build_policy",
+    "load_config",
+    "parse_config",
+    "policy_names",
+]

@@ -15,7 +15,7 @@ already computed: the policy takes them from ``verify_topk``, an exact search at
 so no approximate index (HNSW) is needed. The co-occurrence graph comes from
 ``scripts/build_frequency_table.py --cooccurrence``.
 
-``align:`` (opt-in) adds EvoSpec's online LoRA alignment of the draft (``align.py``); the
+``align:`` (opt-in) adds EvoSpec's online LoRA alignment of the draft (``lab/align.py``); the
 reference decoder runs it.
 """
 
@@ -26,9 +26,9 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from ..lab.align import AlignSection
 from ..config import PolicyConfig, Section
 from ..table import CandidateTable, unique_first
+from ..vocab_data import load_successors
 from .arc import BatchedARC
 from .base import ModelContext, Policy
 from .static import frequent_ids, vocab_size
@@ -41,6 +41,14 @@ class RetrievalSection(Section):
     neighbours: int = Field(8, ge=0, description="nearest LM-head rows to the target hidden state per miss")
     graph: str | None = Field(None, description="co-occurrence successor graph (.npz); null: no successors")
     successors: int = Field(4, ge=0, description="co-occurrence successors per miss")
+
+
+class AlignSection(Section):
+    """EvoSpec's online LoRA alignment of the draft (run by the reference decoder, ``lab/align.py``)."""
+
+    rank: int = Field(8, ge=1, description="LoRA rank")
+    alpha: float = Field(16.0, gt=0, description="LoRA scale numerator (the update is scaled by alpha / rank)")
+    lr: float = Field(1e-4, gt=0, description="Adam learning rate")
 
 
 class RetrievalConfig(PolicyConfig):
@@ -58,8 +66,6 @@ class RetrievalPolicy(Policy):
 
     def __init__(self, config: RetrievalConfig, table: CandidateTable, model: ModelContext | None = None) -> None:
         super().__init__(config, table, model)
-        from ..vocab_data import load_successors
-
         c = config.retrieval
         dev = table.device
         self.core = frequent_ids(config, c.table, c.static_size, self.model, table.fallback_id).to(dev)

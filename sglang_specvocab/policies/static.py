@@ -14,6 +14,7 @@ from pydantic import Field
 
 from ..config import PolicyConfig, Section
 from ..table import CandidateTable
+from ..vocab_data import load_frequency_ids, table_vocab_size
 from .base import ModelContext, Policy
 
 
@@ -33,8 +34,6 @@ class StaticConfig(PolicyConfig):
 
 def vocab_size(model: ModelContext, table_file) -> int:
     """The model's vocabulary size, or (without a model, e.g. in replay) the one a data file was built for."""
-    from ..vocab_data import table_vocab_size
-
     return model.vocab_size if model.vocab_size is not None else table_vocab_size(table_file)
 
 
@@ -43,8 +42,6 @@ def frequent_ids(config: PolicyConfig, path: str, size: int, model: ModelContext
 
     One-time set-up on the host, never per step.
     """
-    from ..vocab_data import load_frequency_ids
-
     file = config.resolve(path)
     ids = load_frequency_ids(file, vocab_size(model, file), size).tolist()  # most frequent first
     eos = list(dict.fromkeys(model.eos_token_ids or (fallback,)))[:size]

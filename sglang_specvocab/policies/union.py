@@ -3,6 +3,7 @@
 A request's set is the distinct ids of its members' sets; when they exceed ``capacity``, the
 members listed first keep theirs (all of member 1, then member 2's new ids, ...). Members get
 every event; if any member is a ranker (``stepwise``), the union is rebuilt at every draft step.
+The registry parses the members (``finish``) and builds their policies (``build_policy``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, PrivateAttr
 
-from ..config import PolicyConfig
+from ..config import ParseConfig, PolicyConfig
 from ..errors import ConfigError
 from ..table import CandidateTable, unique_first
 from .base import ModelContext, Policy
@@ -24,13 +25,11 @@ class UnionConfig(PolicyConfig):
     members: list[dict[str, Any]] = Field(min_length=1, description="member policy configs, each with its budget")
     _members: list[PolicyConfig] = PrivateAttr(default_factory=list)
 
-    def finish(self) -> None:
-        from ..config import parse_config
-
+    def finish(self, parse: ParseConfig) -> None:
         self._members = []
         for i, m in enumerate(self.members):
             where = f"{self.source} members[{i}]"
-            cfg = parse_config(m, source=where)
+            cfg = parse(m, where)
             if cfg.table_capacity is None or cfg.policy == "union":
                 raise ConfigError(f"{where}: policy = {cfg.policy!r} is invalid: a member must be a set policy")
             cfg._base = self._base or self.source  # relative paths resolve from the union's file
@@ -48,18 +47,11 @@ class UnionConfig(PolicyConfig):
 class UnionPolicy(Policy):
     name = "union"
 
-    def __init__(self, config: UnionConfig, table: CandidateTable, model: ModelContext | None = None) -> None:
+    def __init__(
+        self, config: UnionConfig, table: CandidateTable, model: ModelContext | None, members: list[Policy]
+    ) -> None:
         super().__init__(config, table, model)
-        from . import POLICIES
-
-        self.members = [
-            POLICIES[c.policy].policy_cls(
-                c,
-                CandidateTable(table.num_rows, c.table_capacity, device=table.device, fallback_id=table.fallback_id),
-                self.model,
-            )
-            for c in config.member_configs
-        ]
+        self.members = members  # one per member config, each with its own table of the same rows
         self.stepwise = any(m.stepwise for m in self.members)
         self.check_head_mode()
         self._publish(torch.arange(table.num_rows, device=table.device))

@@ -55,6 +55,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import SpecVocabError
+from ..vocab_data import load_frequency_ids
 
 SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
 DATA_FORMAT = "sglang-specvocab/eagle3-self-distill/1"
@@ -678,8 +679,6 @@ def hot_vocabulary(
     frequency table (``scripts/build_frequency_table.py``) or counted over ``data``'s responses
     (ties, and ids never seen, by lower id)."""
     if freq_path is not None:
-        from ..vocab_data import load_frequency_ids
-
         ids = load_frequency_ids(freq_path, vocab_size, size)
     elif data is not None:
         resp = [s[p:] for s, p in zip(data.sequences, data.prompt_lens, strict=True)]

@@ -206,8 +206,8 @@ def _pad_id(model, tokenizer=None) -> int:
 def hot_ids(args, data, vocab: int):
     from importlib import resources
 
-    from sglang_specvocab.train.eagle3 import hot_vocabulary
     from sglang_specvocab.lab.models import GEMMA3_270M
+    from sglang_specvocab.train.eagle3 import hot_vocabulary
 
     if args.head == "full":
         return None, None

@@ -1,0 +1,127 @@
+"""The package's import graph: no cycle, read from the source (AST), so nothing is imported here.
+
+An edge ``a -> b`` is an import of package module ``b`` by module ``a``, relative imports resolved;
+``from p import x`` where ``p.x`` is a module counts as an import of ``p.x``. Two graphs are checked:
+module-level imports (what runs at import time) and all imports, function-local ones included
+(a cycle hidden behind a function-local import is still a cycle in the design).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "sglang_specvocab"
+NAME = PACKAGE.name
+
+
+def modules() -> dict[str, Path]:
+    """Dotted name -> file of every importable module (the version folders under patches/ are loaded by path)."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if not all(p.isidentifier() for p in parts):
+            continue
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _absolute(node: ast.ImportFrom, name: str, is_package: bool) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = name.split(".") if is_package else name.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports(name: str, path: Path, known: set[str], module_level: bool) -> set[str]:
+    """The package modules ``name`` imports (only its module-level statements when ``module_level``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    if module_level:
+        nodes = []
+        todo = list(tree.body)
+        while todo:  # module-level code, including inside if/try blocks, but not inside def/class bodies
+            node = todo.pop()
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            nodes.append(node)
+            todo.extend(ast.iter_child_nodes(node))
+    else:
+        nodes = list(ast.walk(tree))
+    out = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node, name, path.name == "__init__.py")
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        for target in targets:
+            if target in known and target != name:
+                out.add(target)
+    return out
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path ``[a, b, ..., a]``, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def graph(module_level: bool) -> dict[str, set[str]]:
+    mods = modules()
+    return {name: imports(name, path, set(mods), module_level) for name, path in mods.items()}
+
+
+def test_the_walker_sees_the_package():
+    g = graph(module_level=True)
+    assert {f"{NAME}.policies", f"{NAME}.integration.worker", f"{NAME}.lab.decoder"} <= set(g)
+    assert f"{NAME}.table" in g[f"{NAME}.head"] and f"{NAME}.ops" in g[f"{NAME}.head"]
+
+
+def test_find_cycle_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+@pytest.mark.parametrize("module_level", [True, False], ids=["module-level", "all-imports"])
+def test_no_import_cycle(module_level):
+    cycle = find_cycle(graph(module_level))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_only_integration_imports_sglang():
+    mods = modules()
+    for name, path in mods.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                found = [node.module or ""]
+            else:
+                continue
+            if any(m == "sglang" or m.startswith("sglang.") for m in found):
+                assert name.startswith(f"{NAME}.integration") or name.startswith(f"{NAME}.patches"), (
+                    f"{name} imports SGLang ({found}); only {NAME}.integration may"
+                )
