@@ -36,19 +36,20 @@ _CHILD = STUBS + textwrap.dedent(
     from transformers import LlamaConfig
 
     from sglang_specvocab.integration import logits as L
+    from sglang_specvocab.ops import topk as T
 
     torch.set_num_threads(1)
     inp = torch.load(sys.argv[2])
     out = {}
 
-    # The shard layout of logits.vocab_shard is SGLang's.
+    # The shard layout of ops.topk.vocab_shard is SGLang's.
     layout = []
     for vocab in (1000, 300, 128256, 32000, 151936):
         for tp in (1, 2, 3, 4, 8):
-            pad = 64 * (tp if L._pad(vocab, 64) % tp else 1)  # VocabParallelEmbedding.__init__
+            pad = 64 * (tp if T._pad(vocab, 64) % tp else 1)  # VocabParallelEmbedding.__init__
             for rank in range(tp):
-                si = VocabParallelEmbedding._get_indices(L._pad(vocab, pad), L._pad(vocab, pad), vocab, vocab, rank, tp)
-                layout.append(((si.org_vocab_start_index, si.org_vocab_end_index), L.vocab_shard(vocab, tp, rank)))
+                si = VocabParallelEmbedding._get_indices(T._pad(vocab, pad), T._pad(vocab, pad), vocab, vocab, rank, tp)
+                layout.append(((si.org_vocab_start_index, si.org_vocab_end_index), T.vocab_shard(vocab, tp, rank)))
     out["layout"] = layout
 
 

@@ -2,33 +2,20 @@
 (SGLang's ParallelLMHead layout); the local top-k and the merge give exactly the one-process
 top-k (values, token ids, tie order, probabilities), identically on every rank.
 
-Torch only: ``logits.py`` is loaded from its file, so neither the processes nor this module
-import SGLang."""
+Torch only (``sglang_specvocab.ops.topk``): neither the processes nor this module import SGLang."""
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from sglang_child import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+from sglang_specvocab.ops import topk as L
+
 V, D, R, W = 1000, 16, 7, 24
 KS = (1, 3, 8, W)
 HOT = 300  # the d2t draft's vocabulary
 NEG_INF = float("-inf")
-
-
-def load_logits():
-    name = "_specvocab_integration_logits"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "sglang_specvocab" / "integration" / "logits.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
 
 
 def _case(space: str):
@@ -66,7 +53,6 @@ def _case(space: str):
 def _reference(space: str, k: int):
     from sglang_specvocab.head import DraftHead
 
-    L = load_logits()
     weight, _, _, table, hidden, rpi = _case(space)
     slots = L.row_slots(rpi, hidden.shape[0])
     out = DraftHead(weight, table, kernel="torch")(hidden, slots)
@@ -80,7 +66,6 @@ def _rank(rank: int, world: int, port: int, outdir: str):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        L = load_logits()
         out = {}
         for space in ("full", "d2t"):
             _, head, hot, table, hidden, rpi = _case(space)
@@ -103,7 +88,6 @@ def _rank(rank: int, world: int, port: int, outdir: str):
 
 
 def test_vocab_shard_follows_parallel_lm_head():
-    L = load_logits()
     # 1000 pads to 1024: 512 rows a rank, the last one ends at the real vocabulary.
     assert [L.vocab_shard(1000, 2, r) for r in range(2)] == [(0, 512), (512, 1000)]
     # 300 pads to 320 (divisible by 2); 3 ranks: 320 % 3 != 0, so padding becomes 64 * 3 = 192 -> 384.
@@ -136,7 +120,6 @@ def test_sharded_topk_equals_one_process_topk(tmp_path):
 def test_merge_orders_ties_by_column_and_canonicalises_dead_columns():
     """One process, the merge fed by hand: equal values across ranks keep column order, and a
     rank's -inf entry naming another rank's column is replaced by the reference dead column."""
-    L = load_logits()
     full = torch.tensor([[1.0, 5.0, 5.0, 2.0, 5.0, NEG_INF, NEG_INF, NEG_INF]])
     own0 = torch.tensor([True, False, True, False, False, False, False, False])
     shards = [full.masked_fill(~own0, NEG_INF), full.masked_fill(own0, NEG_INF)]

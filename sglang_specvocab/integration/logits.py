@@ -26,7 +26,7 @@ Vocabulary spaces. Table ids are always *target* token ids. The head rows are
   with a host sync, for tests and debugging.
 
 Tensor parallelism. Each rank holds a vocabulary shard of the head (``ParallelLMHead``: rank r
-owns rows ``[r*Vp/tp, (r+1)*Vp/tp) ∩ [0, V)`` of the padded vocabulary, see ``vocab_shard``).
+owns rows ``[r*Vp/tp, (r+1)*Vp/tp) ∩ [0, V)`` of the padded vocabulary, see ``ops.topk.vocab_shard``).
 Every rank holds the same table; each computes the columns whose head row is in its shard
 (others ``-inf``). ``next_token_logits`` is then that *rank-local* part; ``draft_topk`` takes a
 local top-k and merges it across ranks (``sharded_topk``: one all-gather of ``[tp, N, 2k+1]``),
@@ -36,8 +36,8 @@ Tie rule (every path): order by value descending, then by column ascending (tabl
 sorted, so the lower token id first). Columns past a row's count come last, as ``-inf`` with
 columns ``cnt, cnt+1, ...`` (the fallback id): exactly ``ops.compact_topk`` / ``HeadOutput.topk``.
 
-This module imports SGLang only when ``DynVocabLogitsProcessor`` is first used; the plain
-functions (shards, maps, top-k, merge) are torch only.
+The torch-only pieces (shards, row maps, compact logits, top-k and its merge) are in
+``sglang_specvocab.ops.topk``; this module adds SGLang's processor around them.
 """
 
 from __future__ import annotations
@@ -45,202 +45,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
+from sglang.srt.layers.logits_processor import LogitsProcessor
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.runtime_context import get_parallel
 
-from sglang_specvocab import ops
-
-NEG_INF = float("-inf")
-DEFAULT_VOCAB_PADDING_SIZE = 64  # sglang.srt.layers.vocab_parallel_embedding
-
-
-# --- layout and maps --------------------------------------------------------------------------------
-
-
-def _pad(n: int, to: int) -> int:
-    return (n + to - 1) // to * to
-
-
-def vocab_shard(
-    vocab_size: int, tp_size: int, tp_rank: int, padding_size: int = DEFAULT_VOCAB_PADDING_SIZE
-) -> tuple[int, int]:
-    """Head rows ``[start, end)`` (global ids) that rank ``tp_rank`` owns, as SGLang's ``ParallelLMHead``.
-
-    The vocabulary is padded to a multiple of ``padding_size`` (times ``tp_size`` when the padded
-    size does not divide by it), split evenly, and the padding removed; the local weight row of
-    id ``i`` is ``i - start``. No LoRA-added vocabulary.
-    """
-    if tp_size < 1 or not 0 <= tp_rank < tp_size:
-        raise ValueError(f"vocab_shard: tp_rank = {tp_rank} must be in [0, tp_size = {tp_size})")
-    if _pad(vocab_size, padding_size) % tp_size:
-        padding_size *= tp_size
-    per = _pad(vocab_size, padding_size) // tp_size
-    return min(tp_rank * per, vocab_size), min((tp_rank + 1) * per, vocab_size)
-
-
-def head_row_map(
-    target_vocab_size: int,
-    *,
-    hot_token_id: torch.Tensor | None = None,
-    shard: tuple[int, int] | None = None,
-    device: torch.device | str | None = None,
-) -> torch.Tensor | None:
-    """int32 ``[target_vocab_size]``: the local head row of each target id, -1 where this rank has none.
-
-    ``hot_token_id[j]`` is the target id of draft row j (a d2t draft; None for a full-vocabulary
-    head), ``shard = (start, end)`` the draft rows this rank holds (None: all). Returns None for
-    the identity (full vocabulary, one rank), where table ids are head rows directly.
-    """
-    if hot_token_id is None and shard is None:
-        return None
-    if hot_token_id is None:
-        draft = torch.arange(target_vocab_size, device=device)
-    else:
-        hot = hot_token_id.to(device=device, dtype=torch.long).flatten()
-        if hot.numel() and (int(hot.min()) < 0 or int(hot.max()) >= target_vocab_size):
-            raise ValueError(f"head_row_map: hot_token_id must hold target ids in [0, {target_vocab_size})")
-        if hot.unique().numel() != hot.numel():
-            raise ValueError("head_row_map: hot_token_id must hold distinct target ids")
-        draft = torch.full((target_vocab_size,), -1, dtype=torch.long, device=device)
-        draft[hot] = torch.arange(hot.numel(), device=device)
-    if shard is not None:
-        start, end = shard
-        draft = torch.where((draft >= start) & (draft < end), draft - start, -1)
-    return draft.to(torch.int32)
-
-
-def row_slots(req_pool_indices: torch.Tensor, num_rows: int) -> torch.Tensor:
-    """int32 ``[num_rows]``: the request slot of each request-major row (``num_rows // bs`` per request)."""
-    bs = req_pool_indices.shape[0]
-    if num_rows == 0:
-        return req_pool_indices.new_zeros(0, dtype=torch.int32)
-    if bs == 0 or num_rows % bs:
-        raise ValueError(
-            f"dynvocab logits: {num_rows} rows do not split evenly over {bs} requests (rows must be request-major)"
-        )
-    return req_pool_indices[:, None].expand(bs, num_rows // bs).reshape(-1).to(torch.int32)
-
-
-def compact_logits(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    ids: torch.Tensor,
-    cnt: torch.Tensor,
-    slots: torch.Tensor,
-    *,
-    row_map: torch.Tensor | None = None,
-    logits_fn=None,
-) -> torch.Tensor:
-    """fp32 ``[N, W]``: row m over the set of slot ``slots[m]``, ``-inf`` past its count and where
-    ``row_map`` (see ``head_row_map``) gives no local head row. ``weight`` is the local head
-    ``[V_local, d]``; ``logits_fn`` an ``indexed_logits`` implementation (default: torch reference)."""
-    fn = logits_fn or ops.implementation("torch", hidden.device, "indexed_logits")
-    W = ids.shape[1]
-    if hidden.shape[0] == 0:
-        return torch.empty((0, W), dtype=torch.float32, device=hidden.device)
-    hidden = hidden.to(weight.dtype)
-    if row_map is None:
-        return fn(hidden, weight, ids, cnt, slots)
-    # Map only the rows of the requests in this batch (shape-static; bs*W gathers, no sync).
-    per_row = slots.long()
-    loc = row_map[ids.index_select(0, per_row).long()]  # [N, W] int32: each hidden row's set as local head rows
-    own = loc >= 0
-    local_slots = torch.arange(hidden.shape[0], device=hidden.device, dtype=torch.int32)
-    logits = fn(hidden, weight, loc.clamp(min=0), cnt.index_select(0, per_row), local_slots)
-    return logits.masked_fill_(~own, NEG_INF)
-
-
-# --- top-k: local, merged across ranks --------------------------------------------------------------
-
-
-def local_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(values fp32 ``[N, k]``, columns int64 ``[N, k]``, logsumexp fp32 ``[N]``) of ``[N, W]`` logits.
-
-    Order: value descending, then column ascending (``torch.max`` returns the first maximum;
-    a stable sort keeps column order among equals).
-    """
-    if not 1 <= k <= logits.shape[1]:
-        raise ValueError(f"local_topk: k = {k} must be in [1, W = {logits.shape[1]}]")
-    logits = logits.float()
-    if k == 1:
-        values, cols = logits.max(dim=1, keepdim=True)
-    else:
-        values, cols = torch.sort(logits, dim=1, descending=True, stable=True)
-        values, cols = values[:, :k], cols[:, :k]
-    return values, cols, torch.logsumexp(logits, dim=1)
-
-
-def _world(group: Any) -> int:
-    if group is not None and hasattr(group, "all_gather_into_tensor") and hasattr(group, "world_size"):
-        return int(group.world_size)  # an SGLang GroupCoordinator
-    return dist.get_world_size(group) if dist.is_initialized() else 1
-
-
-def _all_gather(out: torch.Tensor, inp: torch.Tensor, group: Any) -> None:
-    if group is not None and hasattr(group, "all_gather_into_tensor") and hasattr(group, "world_size"):
-        group.all_gather_into_tensor(out, inp)
-    else:
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
-        gather(out, inp, group=group)
-
-
-def canonical_dead_columns(values: torch.Tensor, cols: torch.Tensor, cnt_rows: torch.Tensor) -> torch.Tensor:
-    """Give the ``-inf`` entries of a merged top-k the columns ``cnt, cnt+1, ...`` (the reference order).
-
-    A row's ``-inf`` entries only appear once all its live columns are in the top-k, so the
-    ``i``-th of them is column ``cnt + i``. (A rank's local top-k may list another rank's column
-    as ``-inf``; this drops that.)
-    """
-    live = values > NEG_INF
-    n_live = live.sum(1, keepdim=True)
-    pos = torch.arange(values.shape[1], device=values.device)[None, :]
-    return torch.where(live, cols, cnt_rows.long()[:, None] + pos - n_live)
-
-
-def merge_topk(
-    values: torch.Tensor,
-    cols: torch.Tensor,
-    lse: torch.Tensor,
-    k: int,
-    group: Any = None,
-    cnt_rows: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Merge every rank's local top-k into the global one, identical on every rank.
-
-    One all-gather of ``[tp, N, 2k+1]`` fp32 (values, columns, local logsumexp; columns are
-    exact in fp32 below 2**24). Order: value descending, column ascending. ``group``: a
-    ``torch.distributed`` process group (None: the default group) or an SGLang
-    ``GroupCoordinator``. Returns (values ``[N, k]``, columns ``[N, k]``, global logsumexp ``[N]``);
-    with ``cnt_rows`` (each row's count) the ``-inf`` entries get canonical columns.
-    """
-    tp = _world(group)
-    N = values.shape[0]
-    if tp > 1 and N > 0:
-        packed = torch.cat([values.float(), cols.float(), lse.float()[:, None]], dim=1).contiguous()
-        gathered = torch.empty((tp * N, 2 * k + 1), dtype=packed.dtype, device=packed.device)
-        _all_gather(gathered, packed, group)
-        gathered = gathered.view(tp, N, 2 * k + 1)
-        v = gathered[:, :, :k].permute(1, 0, 2).reshape(N, tp * k)
-        c = gathered[:, :, k : 2 * k].permute(1, 0, 2).reshape(N, tp * k).long()
-        lse = torch.logsumexp(gathered[:, :, 2 * k], dim=0)
-        # Two stable sorts: by column, then by value: equal values stay in column order.
-        c, order = torch.sort(c, dim=1, stable=True)
-        v, order = torch.sort(v.gather(1, order), dim=1, descending=True, stable=True)
-        values, cols = v[:, :k], c.gather(1, order)[:, :k]
-    if cnt_rows is not None:
-        cols = canonical_dead_columns(values, cols, cnt_rows)
-    return values, cols, lse
-
-
-def sharded_topk(
-    local_logits: torch.Tensor, k: int, group: Any = None, cnt_rows: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Top-k of logits sharded by column ownership across ranks (``-inf`` where not owned):
-    local top-k, then ``merge_topk``. Equals the one-process top-k of the full logits."""
-    values, cols, lse = local_topk(local_logits, k)
-    return merge_topk(values, cols, lse, k, group, cnt_rows)
-
-
-# --- the processor ------------------------------------------------------------------------------------
+from .. import ops
+from ..ops.topk import NEG_INF, compact_logits, head_row_map, local_topk, merge_topk, row_slots
 
 
 class _Spec:
@@ -252,191 +62,172 @@ class _Spec:
         self.fallback_id, self.target_vocab_size = fallback_id, target_vocab_size
 
 
-def _make_class():
-    from sglang.srt.layers.logits_processor import LogitsProcessor
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+class DynVocabLogitsProcessor(LogitsProcessor):
+    """``LogitsProcessor`` whose logits are compact ``[N, W]`` over each request's candidate set.
 
-    class DynVocabLogitsProcessor(LogitsProcessor):
-        """``LogitsProcessor`` whose logits are compact ``[N, W]`` over each request's candidate set.
+    Build with ``wrap(original, lm_head, ids, cnt, ...)``: the new instance copies the
+    original's state (softcapping, logit scale, hidden-state capture flags), so SGLang's own
+    ``forward`` runs unchanged up to the LM head. See the module doc for the contract.
+    """
 
-        Build with ``wrap(original, lm_head, ids, cnt, ...)``: the new instance copies the
-        original's state (softcapping, logit scale, hidden-state capture flags), so SGLang's own
-        ``forward`` runs unchanged up to the LM head. See the module doc for the contract.
-        """
+    @classmethod
+    def wrap(
+        cls,
+        original: LogitsProcessor,
+        lm_head,
+        ids: torch.Tensor,
+        cnt: torch.Tensor,
+        *,
+        kernel: str = "auto",
+        hot_token_id: torch.Tensor | None = None,
+        target_vocab_size: int | None = None,
+        fallback_id: int = 0,
+        tp_group: Any = None,
+    ) -> DynVocabLogitsProcessor:
+        """``original``: the draft model's ``logits_processor``; ``lm_head``: its (sharded)
+        ``ParallelLMHead``; ``ids``/``cnt``: the table tensors (int32, on the head's device,
+        never rebound); ``kernel``: the config's ``head.kernel``; ``hot_token_id``: the d2t
+        map of a reduced-vocabulary draft (``draft_runner.model.hot_token_id``), None for a
+        full-vocabulary head; ``target_vocab_size``: the table's id space (default: the
+        head's vocabulary, which must then be the full one); ``tp_group``: the group the
+        head is sharded over (default: SGLang's TP ``GroupCoordinator`` when ``lm_head.tp_size > 1``)."""
+        self = cls.__new__(cls)
+        torch.nn.Module.__init__(self)
+        skip = ("_parameters", "_buffers", "_modules", "_dv_original")
+        state = {k: (v.copy() if isinstance(v, dict) else v) for k, v in original.__dict__.items() if k not in skip}
+        self.__dict__.update(state)  # the original's settings; hook dicts copied, not shared
+        for name, mod in original.named_children():
+            self.add_module(name, mod)
+        weight = getattr(lm_head, "weight", None)
+        if weight is None or not weight.is_floating_point() or hasattr(lm_head, "set_lora"):
+            raise ValueError("DynVocabLogitsProcessor: needs an unquantized, non-LoRA lm_head with a float weight")
+        if getattr(self, "do_tensor_parallel_all_gather_dp_attn", False) or getattr(
+            self, "use_attn_tp_group", False
+        ):
+            raise ValueError("DynVocabLogitsProcessor: DP attention / a DP LM head is not supported")
+        if ids.dtype != torch.int32 or cnt.dtype != torch.int32 or ids.dim() != 2 or cnt.shape != ids.shape[:1]:
+            raise ValueError("DynVocabLogitsProcessor: ids must be int32 [R, W] and cnt int32 [R]")
+        if ids.device != weight.device or cnt.device != weight.device:
+            raise ValueError("DynVocabLogitsProcessor: the table must live on the head's device")
+        tp_size = int(getattr(lm_head, "tp_size", 1))
+        head_vocab = int(getattr(lm_head, "org_vocab_size", weight.shape[0]))
+        if hot_token_id is not None:
+            if hot_token_id.numel() != head_vocab:
+                raise ValueError(
+                    f"DynVocabLogitsProcessor: hot_token_id has {hot_token_id.numel()} ids, the head {head_vocab} rows"
+                )
+            if target_vocab_size is None:
+                raise ValueError("DynVocabLogitsProcessor: a d2t draft needs target_vocab_size")
+        V = target_vocab_size or head_vocab
+        shard = None
+        if tp_size > 1:
+            si = lm_head.shard_indices
+            shard = (si.org_vocab_start_index, si.org_vocab_end_index)
+            if tp_group is None:  # the GroupCoordinator the head is sharded over
+                tp_group = get_parallel().tp_group
+        row_map = head_row_map(V, hot_token_id=hot_token_id, shard=shard, device=weight.device)
+        if hot_token_id is not None:
+            in_vocab = torch.zeros(V, dtype=torch.bool, device=weight.device)
+            in_vocab[hot_token_id.to(device=weight.device, dtype=torch.long)] = True
+            if not bool(in_vocab[fallback_id]):
+                raise ValueError(
+                    f"DynVocabLogitsProcessor: fallback_id {fallback_id} is not in the draft vocabulary"
+                )
+            self.draft_vocab_mask = in_vocab
+        else:
+            self.draft_vocab_mask = None
+        logits_fn = ops.implementation(kernel, weight.device, "indexed_logits")
+        self.dv = _Spec(ids, cnt, row_map, logits_fn, tp_group, tp_size, fallback_id, V)
+        self.vocab_size = ids.shape[1]  # the output width (SGLang truncates past vocab_size)
+        self.do_tensor_parallel_all_gather = False  # columns stay rank-local; draft_topk merges
+        self._dv_rows = None
+        return self
 
-        @classmethod
-        def wrap(
-            cls,
-            original: LogitsProcessor,
-            lm_head,
-            ids: torch.Tensor,
-            cnt: torch.Tensor,
-            *,
-            kernel: str = "auto",
-            hot_token_id: torch.Tensor | None = None,
-            target_vocab_size: int | None = None,
-            fallback_id: int = 0,
-            tp_group: Any = None,
-        ) -> DynVocabLogitsProcessor:
-            """``original``: the draft model's ``logits_processor``; ``lm_head``: its (sharded)
-            ``ParallelLMHead``; ``ids``/``cnt``: the table tensors (int32, on the head's device,
-            never rebound); ``kernel``: the config's ``head.kernel``; ``hot_token_id``: the d2t
-            map of a reduced-vocabulary draft (``draft_runner.model.hot_token_id``), None for a
-            full-vocabulary head; ``target_vocab_size``: the table's id space (default: the
-            head's vocabulary, which must then be the full one); ``tp_group``: the group the
-            head is sharded over (default: SGLang's TP ``GroupCoordinator`` when ``lm_head.tp_size > 1``)."""
-            self = cls.__new__(cls)
-            torch.nn.Module.__init__(self)
-            skip = ("_parameters", "_buffers", "_modules", "_dv_original")
-            state = {k: (v.copy() if isinstance(v, dict) else v) for k, v in original.__dict__.items() if k not in skip}
-            self.__dict__.update(state)  # the original's settings; hook dicts copied, not shared
-            for name, mod in original.named_children():
-                self.add_module(name, mod)
-            weight = getattr(lm_head, "weight", None)
-            if weight is None or not weight.is_floating_point() or hasattr(lm_head, "set_lora"):
-                raise ValueError("DynVocabLogitsProcessor: needs an unquantized, non-LoRA lm_head with a float weight")
-            if getattr(self, "do_tensor_parallel_all_gather_dp_attn", False) or getattr(
-                self, "use_attn_tp_group", False
-            ):
-                raise ValueError("DynVocabLogitsProcessor: DP attention / a DP LM head is not supported")
-            if ids.dtype != torch.int32 or cnt.dtype != torch.int32 or ids.dim() != 2 or cnt.shape != ids.shape[:1]:
-                raise ValueError("DynVocabLogitsProcessor: ids must be int32 [R, W] and cnt int32 [R]")
-            if ids.device != weight.device or cnt.device != weight.device:
-                raise ValueError("DynVocabLogitsProcessor: the table must live on the head's device")
-            tp_size = int(getattr(lm_head, "tp_size", 1))
-            head_vocab = int(getattr(lm_head, "org_vocab_size", weight.shape[0]))
-            if hot_token_id is not None:
-                if hot_token_id.numel() != head_vocab:
-                    raise ValueError(
-                        f"DynVocabLogitsProcessor: hot_token_id has {hot_token_id.numel()} ids, the head {head_vocab} rows"
-                    )
-                if target_vocab_size is None:
-                    raise ValueError("DynVocabLogitsProcessor: a d2t draft needs target_vocab_size")
-            V = target_vocab_size or head_vocab
-            shard = None
-            if tp_size > 1:
-                si = lm_head.shard_indices
-                shard = (si.org_vocab_start_index, si.org_vocab_end_index)
-                if tp_group is None:  # the GroupCoordinator the head is sharded over
-                    from sglang.srt.runtime_context import get_parallel
-
-                    tp_group = get_parallel().tp_group
-            row_map = head_row_map(V, hot_token_id=hot_token_id, shard=shard, device=weight.device)
-            if hot_token_id is not None:
-                in_vocab = torch.zeros(V, dtype=torch.bool, device=weight.device)
-                in_vocab[hot_token_id.to(device=weight.device, dtype=torch.long)] = True
-                if not bool(in_vocab[fallback_id]):
-                    raise ValueError(
-                        f"DynVocabLogitsProcessor: fallback_id {fallback_id} is not in the draft vocabulary"
-                    )
-                self.draft_vocab_mask = in_vocab
-            else:
-                self.draft_vocab_mask = None
-            logits_fn = ops.implementation(kernel, weight.device, "indexed_logits")
-            self.dv = _Spec(ids, cnt, row_map, logits_fn, tp_group, tp_size, fallback_id, V)
-            self.vocab_size = ids.shape[1]  # the output width (SGLang truncates past vocab_size)
-            self.do_tensor_parallel_all_gather = False  # columns stay rank-local; draft_topk merges
+    # SGLang entry point: stash the request slots, then the original forward.
+    def forward(self, input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs):
+        if not isinstance(logits_metadata, ForwardBatch):
+            raise TypeError("DynVocabLogitsProcessor needs the ForwardBatch (its req_pool_indices)")
+        self._dv_rows = logits_metadata.req_pool_indices
+        try:
+            return super().forward(input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs)
+        finally:
             self._dv_rows = None
-            return self
 
-        # SGLang entry point: stash the request slots, then the original forward.
-        def forward(self, input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs):
-            if not isinstance(logits_metadata, ForwardBatch):
-                raise TypeError("DynVocabLogitsProcessor needs the ForwardBatch (its req_pool_indices)")
-            self._dv_rows = logits_metadata.req_pool_indices
-            try:
-                return super().forward(input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs)
-            finally:
-                self._dv_rows = None
+    def _get_logits(self, hidden_states, lm_head, logits_metadata, embedding_bias=None, use_logits_buffer=True):
+        if getattr(logits_metadata, "extend_return_logprob", False):
+            raise ValueError("DynVocabLogitsProcessor: input logprobs are not supported on the draft")
+        rows = self._dv_rows
+        if rows is None:
+            raise RuntimeError("DynVocabLogitsProcessor: _get_logits called outside forward (no request slots)")
+        d = self.dv
+        slots = row_slots(rows, hidden_states.shape[0])
+        logits = compact_logits(
+            hidden_states, lm_head.weight, d.ids, d.cnt, slots, row_map=d.row_map, logits_fn=d.logits_fn
+        )
+        if self.logit_scale is not None:
+            logits.mul_(self.logit_scale)
+        if self.final_logit_softcapping:
+            c = self.final_logit_softcapping
+            logits = torch.where(logits > NEG_INF, torch.tanh(logits / c) * c, logits)  # dead stays -inf
+        return logits
 
-        def _get_logits(self, hidden_states, lm_head, logits_metadata, embedding_bias=None, use_logits_buffer=True):
-            if getattr(logits_metadata, "extend_return_logprob", False):
-                raise ValueError("DynVocabLogitsProcessor: input logprobs are not supported on the draft")
-            rows = self._dv_rows
-            if rows is None:
-                raise RuntimeError("DynVocabLogitsProcessor: _get_logits called outside forward (no request slots)")
-            d = self.dv
-            slots = row_slots(rows, hidden_states.shape[0])
-            logits = compact_logits(
-                hidden_states, lm_head.weight, d.ids, d.cnt, slots, row_map=d.row_map, logits_fn=d.logits_fn
-            )
-            if self.logit_scale is not None:
-                logits.mul_(self.logit_scale)
-            if self.final_logit_softcapping:
-                c = self.final_logit_softcapping
-                logits = torch.where(logits > NEG_INF, torch.tanh(logits / c) * c, logits)  # dead stays -inf
-            return logits
+    # --- for the worker ---------------------------------------------------------------------------
 
-        # --- for the worker ---------------------------------------------------------------------------
+    def token_ids(self, cols: torch.Tensor, req_pool_indices: torch.Tensor) -> torch.Tensor:
+        """int64 ``[N, k]`` target token ids of top-k columns ``cols [N, k]`` of request-major rows."""
+        slots = row_slots(req_pool_indices, cols.shape[0]).long()
+        return self.dv.ids.index_select(0, slots).gather(1, cols.long()).long()
 
-        def token_ids(self, cols: torch.Tensor, req_pool_indices: torch.Tensor) -> torch.Tensor:
-            """int64 ``[N, k]`` target token ids of top-k columns ``cols [N, k]`` of request-major rows."""
-            slots = row_slots(req_pool_indices, cols.shape[0]).long()
-            return self.dv.ids.index_select(0, slots).gather(1, cols.long()).long()
+    def draft_topk(
+        self, next_token_logits: torch.Tensor | None, k: int, req_pool_indices: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(probabilities fp32 ``[N, k]``, target token ids int64 ``[N, k]``), identical on every TP rank.
 
-        def draft_topk(
-            self, next_token_logits: torch.Tensor | None, k: int, req_pool_indices: torch.Tensor
-        ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-            """(probabilities fp32 ``[N, k]``, target token ids int64 ``[N, k]``), identical on every TP rank.
+        Replaces ``renorm_draft_probs`` + ``fast_topk`` + the ``hot_token_id`` remap. The
+        probabilities are the softmax over the request's whole set (all ranks), taken at the
+        top-k. ``None`` logits (an autotune pass without LM head) give ``(None, None)``.
+        """
+        if next_token_logits is None:
+            return None, None
+        N = next_token_logits.shape[0]
+        if N == 0:
+            z = next_token_logits.new_zeros((0, k))
+            return z.float(), z.long()
+        d = self.dv
+        slots = row_slots(req_pool_indices, N).long()
+        cnt_rows = d.cnt.index_select(0, slots) if d.tp_size > 1 else None
+        group = d.group if d.tp_size > 1 else None
+        values, cols, lse = local_topk(next_token_logits, k)
+        if d.tp_size > 1:
+            values, cols, lse = merge_topk(values, cols, lse, k, group, cnt_rows)
+        probs = torch.exp(values - lse[:, None])
+        return probs, d.ids.index_select(0, slots).gather(1, cols).long()
 
-            Replaces ``renorm_draft_probs`` + ``fast_topk`` + the ``hot_token_id`` remap. The
-            probabilities are the softmax over the request's whole set (all ranks), taken at the
-            top-k. ``None`` logits (an autotune pass without LM head) give ``(None, None)``.
-            """
-            if next_token_logits is None:
-                return None, None
-            N = next_token_logits.shape[0]
-            if N == 0:
-                z = next_token_logits.new_zeros((0, k))
-                return z.float(), z.long()
-            d = self.dv
-            slots = row_slots(req_pool_indices, N).long()
-            cnt_rows = d.cnt.index_select(0, slots) if d.tp_size > 1 else None
-            group = d.group if d.tp_size > 1 else None
-            values, cols, lse = local_topk(next_token_logits, k)
-            if d.tp_size > 1:
-                values, cols, lse = merge_topk(values, cols, lse, k, group, cnt_rows)
-            probs = torch.exp(values - lse[:, None])
-            return probs, d.ids.index_select(0, slots).gather(1, cols).long()
+    def in_draft_vocab(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Whether each target id has a draft head row (all True for a full-vocabulary head)."""
+        if self.draft_vocab_mask is None:
+            return (tokens >= 0) & (tokens < self.dv.target_vocab_size)
+        ok = (tokens >= 0) & (tokens < self.dv.target_vocab_size)
+        return ok & self.draft_vocab_mask[tokens.long().clamp(0, self.dv.target_vocab_size - 1)]
 
-        def in_draft_vocab(self, tokens: torch.Tensor) -> torch.Tensor:
-            """Whether each target id has a draft head row (all True for a full-vocabulary head)."""
-            if self.draft_vocab_mask is None:
-                return (tokens >= 0) & (tokens < self.dv.target_vocab_size)
-            ok = (tokens >= 0) & (tokens < self.dv.target_vocab_size)
-            return ok & self.draft_vocab_mask[tokens.long().clamp(0, self.dv.target_vocab_size - 1)]
-
-        def check_table(self) -> None:
-            """Host-sync check (tests, debugging): every live table id is in the draft vocabulary."""
-            d = self.dv
-            live = torch.arange(d.ids.shape[1], device=d.ids.device)[None, :] < d.cnt[:, None]
-            bad = live & ~self.in_draft_vocab(d.ids)
-            if bool(bad.any()):
-                r, j = (int(x) for x in bad.nonzero()[0])
-                raise ValueError(f"candidate table row {r} holds id {int(d.ids[r, j])} outside the draft vocabulary")
-
-    return DynVocabLogitsProcessor
+    def check_table(self) -> None:
+        """Host-sync check (tests, debugging): every live table id is in the draft vocabulary."""
+        d = self.dv
+        live = torch.arange(d.ids.shape[1], device=d.ids.device)[None, :] < d.cnt[:, None]
+        bad = live & ~self.in_draft_vocab(d.ids)
+        if bool(bad.any()):
+            r, j = (int(x) for x in bad.nonzero()[0])
+            raise ValueError(f"candidate table row {r} holds id {int(d.ids[r, j])} outside the draft vocabulary")
 
 
-_CLASS = None
-
-
-def __getattr__(name: str):
-    global _CLASS
-    if name == "DynVocabLogitsProcessor":
-        if _CLASS is None:
-            _CLASS = _make_class()
-        return _CLASS
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def install(model, ids: torch.Tensor, cnt: torch.Tensor, **kwargs):
+def install(model, ids: torch.Tensor, cnt: torch.Tensor, *, cls: type | None = None, **kwargs):
     """Replace ``model.logits_processor`` (the draft model instance) by the compact one; returns it.
 
-    ``kwargs`` go to ``DynVocabLogitsProcessor.wrap`` (kernel, hot_token_id, target_vocab_size,
-    fallback_id, tp_group). Idempotent: an installed processor is rebuilt from its original.
+    ``cls``: ``DynVocabLogitsProcessor`` (default) or a subclass; ``kwargs`` go to its ``wrap``
+    (kernel, hot_token_id, target_vocab_size, fallback_id, tp_group). Idempotent: an installed
+    processor is rebuilt from its original.
     """
-    cls = __getattr__("DynVocabLogitsProcessor")
+    cls = cls or DynVocabLogitsProcessor
     original = model.logits_processor
     original = getattr(original, "_dv_original", original)
     proc = cls.wrap(original, model.lm_head, ids, cnt, **kwargs)
@@ -445,15 +236,4 @@ def install(model, ids: torch.Tensor, cnt: torch.Tensor, **kwargs):
     return proc
 
 
-__all__ = [
-    "DynVocabLogitsProcessor",  # noqa: F822 (created on first use, see __getattr__)
-    "canonical_dead_columns",
-    "compact_logits",
-    "head_row_map",
-    "install",
-    "local_topk",
-    "merge_topk",
-    "row_slots",
-    "sharded_topk",
-    "vocab_shard",
-]
+__all__ = ["DynVocabLogitsProcessor", "install"]

@@ -39,14 +39,15 @@ from __future__ import annotations
 import logging
 
 import torch
+from sglang.srt.runtime_context import get_observability, get_parallel
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
 from ..errors import SpecVocabError
 from ..patches import load_patch_module
 from ..policies import ModelContext, Policy, build_policy
-from . import logits as dv_logits
 from .algorithm import NAME, draft_info, load_server_config
 from .events import host_to_device, prefill_event, reset_rows, verify_event
+from .logits import DynVocabLogitsProcessor, install
 from .telemetry import Gauges, Telemetry, install_request_level_keys, report_to_request
 
 logger = logging.getLogger(__name__)
@@ -105,49 +106,38 @@ def _forward_mode_name(forward_mode) -> str | None:
     return None
 
 
-_STEPWISE_CLASS = None
-
-
-def stepwise_processor_class():
+class StepwiseProcessor(DynVocabLogitsProcessor):
     """``DynVocabLogitsProcessor`` that runs ``policy.select`` on the head's input right before the head."""
-    global _STEPWISE_CLASS
-    if _STEPWISE_CLASS is not None:
-        return _STEPWISE_CLASS
-    base = dv_logits.DynVocabLogitsProcessor
 
-    class StepwiseProcessor(base):
-        dv_policy = None
-        dv_step = 0
-        _dv_fb = None
-        _dv_input_ids = None
+    dv_policy = None
+    dv_step = 0
+    _dv_fb = None
+    _dv_input_ids = None
 
-        def forward(self, input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs):
-            self._dv_fb, self._dv_input_ids = logits_metadata, input_ids
-            try:
-                return super().forward(input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs)
-            finally:
-                self._dv_fb = self._dv_input_ids = None
+    def forward(self, input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs):
+        self._dv_fb, self._dv_input_ids = logits_metadata, input_ids
+        try:
+            return super().forward(input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs)
+        finally:
+            self._dv_fb = self._dv_input_ids = None
 
-        def _get_logits(self, hidden_states, lm_head, logits_metadata, *args, **kwargs):
-            fb = self._dv_fb
-            mode = None if fb is None else _forward_mode_name(fb.forward_mode)
-            if mode is not None and hidden_states.shape[0] > 0:
-                spec = getattr(fb, "spec_info", None)
-                hidden, tokens = stepwise_inputs(
-                    mode,
-                    hidden_states,
-                    self._dv_input_ids,
-                    fb.req_pool_indices,
-                    extend_seq_lens=fb.extend_seq_lens,
-                    select_index=getattr(spec, "select_index", None),
-                    num_accept_tokens=getattr(spec, "num_accept_tokens", None),
-                )
-                step = 0 if mode != "decode" else self.dv_step
-                self.dv_policy.select(fb.req_pool_indices.long(), step, hidden, tokens)
-            return super()._get_logits(hidden_states, lm_head, logits_metadata, *args, **kwargs)
-
-    _STEPWISE_CLASS = StepwiseProcessor
-    return StepwiseProcessor
+    def _get_logits(self, hidden_states, lm_head, logits_metadata, *args, **kwargs):
+        fb = self._dv_fb
+        mode = None if fb is None else _forward_mode_name(fb.forward_mode)
+        if mode is not None and hidden_states.shape[0] > 0:
+            spec = getattr(fb, "spec_info", None)
+            hidden, tokens = stepwise_inputs(
+                mode,
+                hidden_states,
+                self._dv_input_ids,
+                fb.req_pool_indices,
+                extend_seq_lens=fb.extend_seq_lens,
+                select_index=getattr(spec, "select_index", None),
+                num_accept_tokens=getattr(spec, "num_accept_tokens", None),
+            )
+            step = 0 if mode != "decode" else self.dv_step
+            self.dv_policy.select(fb.req_pool_indices.long(), step, hidden, tokens)
+        return super()._get_logits(hidden_states, lm_head, logits_metadata, *args, **kwargs)
 
 
 class DynVocabDraftWorker(EagleDraftWorker):
@@ -246,16 +236,10 @@ class DynVocabDraftWorker(EagleDraftWorker):
             target_vocab_size=int(self.target_worker.model_runner.model_config.vocab_size),
             fallback_id=table.fallback_id,
         )
+        cls = StepwiseProcessor if policy.stepwise else DynVocabLogitsProcessor
+        proc = install(model, table.ids, table.cnt, cls=cls, **kwargs)
         if policy.stepwise:
-            cls = stepwise_processor_class()
-            original = model.logits_processor
-            original = getattr(original, "_dv_original", original)
-            proc = cls.wrap(original, model.lm_head, table.ids, table.cnt, **kwargs)
-            object.__setattr__(proc, "_dv_original", original)
             proc.dv_policy = policy
-            model.logits_processor = proc
-        else:
-            proc = dv_logits.install(model, table.ids, table.cnt, **kwargs)
         self.dynvocab_proc = proc
 
     # Option C copies (patches/sglang-0.5.23/dynvocab_draft.py); SGLang's own with a dense policy.
@@ -303,8 +287,6 @@ class DynVocabWorkerV2(EAGLEWorkerV2):
         enabled = False
         labels = {}
         try:
-            from sglang.srt.runtime_context import get_observability
-
             enabled = bool(get_observability().enable_metrics)
         except Exception:  # no runtime context (tests, embedders): no gauges
             enabled = False
@@ -377,8 +359,6 @@ class DynVocabWorkerV2(EAGLEWorkerV2):
         tp = int(getattr(base, "tp_size", 1))
         if tp == 1:
             return weight
-        from sglang.srt.runtime_context import get_parallel
-
         group = get_parallel().tp_group
 
         def head_fn(h: torch.Tensor) -> torch.Tensor:
@@ -475,4 +455,4 @@ def _req_ids(req) -> list[int]:
     return list(ids)
 
 
-__all__ = ["DynVocabDraftWorker", "DynVocabWorkerV2", "stepwise_inputs", "stepwise_processor_class"]
+__all__ = ["DynVocabDraftWorker", "DynVocabWorkerV2", "StepwiseProcessor", "stepwise_inputs"]
