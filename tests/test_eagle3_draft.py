@@ -14,7 +14,10 @@ from conftest import tiny_llama
 from sglang_child import STUBS, free_port, sglang_available
 
 from sglang_specvocab.errors import SpecVocabError
-from sglang_specvocab.train import eagle3 as E
+from sglang_specvocab.train import checkpoint as C
+from sglang_specvocab.train import data as D
+from sglang_specvocab.train import model as M
+from sglang_specvocab.train import train as T
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = 8  # SGLang's default capture layers [2, n//2, n-3] are distinct from 7 layers on
@@ -33,7 +36,7 @@ def data(target):
     prompts = [
         [1] + torch.randint(3, VOCAB, (int(n),), generator=g).tolist() for n in torch.randint(4, 12, (8,), generator=g)
     ]
-    return E.build_data(
+    return D.build_data(
         target,
         prompts,
         max_new_tokens=20,
@@ -46,24 +49,24 @@ def data(target):
 
 def _draft(target, data, head, seed=0):
     dv = None if head == "full" else 128
-    cfg = E.Eagle3Config.for_target(target, draft_vocab_size=dv)
-    hot = None if dv is None else E.hot_vocabulary(dv, VOCAB, data=data)
-    return E.build_draft(target, cfg, hot, seed=seed)
+    cfg = M.Eagle3Config.for_target(target, draft_vocab_size=dv)
+    hot = None if dv is None else D.hot_vocabulary(dv, VOCAB, data=data)
+    return M.build_draft(target, cfg, hot, seed=seed)
 
 
 # --- which layers, and what of them --------------------------------------------------------------------
 
 
 def test_capture_layers_follow_sglang():
-    assert E.sglang_default_capture_layers(18) == [2, 9, 15]  # Gemma-3 270M
-    assert E.sglang_default_capture_layers(32) == [2, 16, 29]
-    assert E.capture_layers_from_ids([1, 8, 14], 18) == [2, 9, 15]
+    assert M.sglang_default_capture_layers(18) == [2, 9, 15]  # Gemma-3 270M
+    assert M.sglang_default_capture_layers(32) == [2, 16, 29]
+    assert M.capture_layers_from_ids([1, 8, 14], 18) == [2, 9, 15]
     with pytest.raises(SpecVocabError, match="distinct"):
-        E.sglang_default_capture_layers(4)  # [2, 2, 1]: SGLang would capture two states, not three
+        M.sglang_default_capture_layers(4)  # [2, 2, 1]: SGLang would capture two states, not three
 
 
 def test_stream_features_are_the_inputs_of_the_capture_layers(target):
-    tap = E.TargetTap(target, [2, 4, 5])
+    tap = M.TargetTap(target, [2, 4, 5])
     assert tap.style == "stream"
     seen = {}
     hooks = [
@@ -97,7 +100,7 @@ def test_gemma3_features_are_the_mlp_branch_sglang_captures():
         sliding_window=4,
     )
     m = Gemma3ForCausalLM(cfg).eval()
-    tap = E.TargetTap(m, [0, 3, 6])
+    tap = M.TargetTap(m, [0, 3, 6])
     assert tap.style == "gemma3"
     ids = torch.randint(0, 64, (1, 6))
     aux, _ = tap(ids)
@@ -138,7 +141,7 @@ def _sequential_chain(d, ids, aux, p, steps):
         q = at.q_proj(x).view(n, c.num_attention_heads, c.head_dim).transpose(0, 1)
         k = at.k_proj(x).view(n, c.num_key_value_heads, c.head_dim).transpose(0, 1)
         v = at.v_proj(x).view(n, c.num_key_value_heads, c.head_dim).transpose(0, 1)
-        q, k = E._rotate(q[None], pos, c.rope_theta)[0], E._rotate(k[None], pos, c.rope_theta)[0]
+        q, k = M._rotate(q[None], pos, c.rope_theta)[0], M._rotate(k[None], pos, c.rope_theta)[0]
         cache_k = k if cache_k is None else torch.cat([cache_k, k], 1)
         cache_v = v if cache_v is None else torch.cat([cache_v, v], 1)
         rep = c.num_attention_heads // c.num_key_value_heads
@@ -163,8 +166,8 @@ def _sequential_chain(d, ids, aux, p, steps):
 def test_ttt_unroll_equals_sglang_draft_loop(target, data):
     d = _draft(target, data, "d2t")
     ids = data.sequences[0][None, :20]
-    aux, _ = E.TargetTap(target, d.cfg.capture_layers)(ids)
-    outs = E.ttt_forward(d, ids, aux, 4)
+    aux, _ = M.TargetTap(target, d.cfg.capture_layers)(ids)
+    outs = M.ttt_forward(d, ids, aux, 4)
     for p in (0, 5, 14):
         for k, ref in enumerate(_sequential_chain(d, ids, aux, p, 4)):
             torch.testing.assert_close(outs[k][0, p], ref, atol=1e-5, rtol=1e-5)
@@ -177,8 +180,8 @@ def test_ttt_unroll_equals_sglang_draft_loop(target, data):
 def test_a_few_steps_lower_the_ttt_loss(target, data, head):
     d = _draft(target, data, head)
     before = {n: p.detach().clone() for n, p in d.named_parameters()}
-    tap = E.TargetTap(target, d.cfg.capture_layers)
-    hist = E.train_draft(d, tap, data, steps=40, batch_size=8, lr=3e-3, seq_len=64, ttt_steps=3, seed=0)
+    tap = M.TargetTap(target, d.cfg.capture_layers)
+    hist = T.train_draft(d, tap, data, steps=40, batch_size=8, lr=3e-3, seq_len=64, ttt_steps=3, seed=0)
     first, last = sum(h.loss for h in hist[:4]) / 4, sum(h.loss for h in hist[-4:]) / 4
     assert last < 0.75 * first, (first, last)
     assert len(hist[-1].accuracy) == 3 and hist[-1].accept_length >= 1.0
@@ -188,17 +191,17 @@ def test_a_few_steps_lower_the_ttt_loss(target, data, head):
 
 
 def test_training_is_deterministic(target, data):
-    tap = E.TargetTap(target, E.sglang_default_capture_layers(LAYERS))
+    tap = M.TargetTap(target, M.sglang_default_capture_layers(LAYERS))
     runs = []
     for _ in range(2):
         d = _draft(target, data, "d2t", seed=3)
-        E.train_draft(d, tap, data, steps=3, batch_size=4, lr=1e-3, seq_len=48, ttt_steps=2, seed=3)
+        T.train_draft(d, tap, data, steps=3, batch_size=4, lr=1e-3, seq_len=48, ttt_steps=2, seed=3)
         runs.append(d.checkpoint_tensors())
     assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
 
 
 def test_hot_vocabulary_and_d2t(target, data, tmp_path):
-    hot = E.hot_vocabulary(128, VOCAB, data=data)
+    hot = D.hot_vocabulary(128, VOCAB, data=data)
     assert hot.tolist() == sorted(set(hot.tolist())) and len(hot) == 128
     resp = torch.cat([s[p:] for s, p in zip(data.sequences, data.prompt_lens, strict=True)])
     counts = torch.bincount(resp, minlength=VOCAB)
@@ -214,14 +217,14 @@ def test_hot_vocabulary_and_d2t(target, data, tmp_path):
 
 def test_data_cache_round_trip(data, tmp_path):
     data.save(tmp_path / "d.pt")
-    back = E.SelfDistillData.load(tmp_path / "d.pt", VOCAB)
+    back = D.SelfDistillData.load(tmp_path / "d.pt", VOCAB)
     assert back.prompt_lens == data.prompt_lens and back.meta == data.meta
     assert all(torch.equal(a, b) for a, b in zip(back.sequences, data.sequences, strict=True))
     with pytest.raises(SpecVocabError, match="512-token vocabulary .* the target has 1000"):
-        E.SelfDistillData.load(tmp_path / "d.pt", 1000)
+        D.SelfDistillData.load(tmp_path / "d.pt", 1000)
     (tmp_path / "bad.pt").write_bytes(b"nope")
     with pytest.raises(SpecVocabError, match="cannot read"):
-        E.SelfDistillData.load(tmp_path / "bad.pt")
+        D.SelfDistillData.load(tmp_path / "bad.pt")
 
 
 def test_responses_are_the_targets_greedy_continuation(target, data):
@@ -399,9 +402,9 @@ def test_sglang_loads_the_checkpoint_and_computes_the_same_draft(target, data, t
     drafts = {}
     for head in ("d2t", "full"):
         d = _draft(target, data, head, seed=1)
-        tap = E.TargetTap(target, d.cfg.capture_layers)
-        E.train_draft(d, tap, data, steps=2, batch_size=4, lr=1e-3, seq_len=48, ttt_steps=2, seed=1)  # not the init
-        E.save_checkpoint(d, tmp_path / head / "ckpt", torch.float32)
+        tap = M.TargetTap(target, d.cfg.capture_layers)
+        T.train_draft(d, tap, data, steps=2, batch_size=4, lr=1e-3, seq_len=48, ttt_steps=2, seed=1)  # not the init
+        C.save_checkpoint(d, tmp_path / head / "ckpt", torch.float32)
         aux, _ = tap(ids[None])
         inputs = {"embed": target.model.embed_tokens.weight.detach(), "head": target.lm_head.weight.detach()}
         torch.save({**inputs, "ids": ids, "aux": aux[0], "p": p, "steps": steps}, tmp_path / head / "in.pt")
@@ -427,7 +430,7 @@ def test_sglang_loads_the_checkpoint_and_computes_the_same_draft(target, data, t
         else:
             assert got["hot"] is None
         with torch.no_grad():
-            ours = torch.stack([d.logits(o[0, p]) for o in E.ttt_forward(d, ids[None], aux, steps)])
+            ours = torch.stack([d.logits(o[0, p]) for o in M.ttt_forward(d, ids[None], aux, steps)])
         torch.testing.assert_close(got["logits"], ours, atol=1e-4, rtol=1e-4)
 
 

@@ -22,7 +22,7 @@ tokenizer and two EAGLE-3 drafts for it, in the format SGLang 0.5.23 loads.
 Both drafts have the target's hidden size (so SGLang shares the target's embedding) and
 ``eagle_config.eagle_aux_hidden_state_layer_ids`` set explicitly to distinct ids
 (:func:`tiny_capture_layers`): SGLang's default ``[2, n//2, n-3]`` repeats or goes out of range
-for ``n <= 6`` layers. The draft weights are random (:func:`sglang_specvocab.eagle3.build_draft`;
+for ``n <= 6`` layers. The draft weights are random (:func:`sglang_specvocab.train.model.build_draft`;
 the d2t head starts at the target's rows of the hot ids). Everything is a function of ``seed``:
 the same seed gives byte-identical files (with the same transformers, whose
 version the configs record).
@@ -37,6 +37,8 @@ from pathlib import Path
 import torch
 
 from ..errors import SpecVocabError
+from ..train.checkpoint import save_checkpoint
+from ..train.model import Eagle3Config, build_draft, check_capture_layers
 
 TARGET_SHAPE = dict(
     hidden_size=64,
@@ -97,8 +99,6 @@ def tiny_capture_layers(num_layers: int) -> list[int]:
         raise SpecVocabError(
             f"a tiny EAGLE-3 target needs at least 4 layers for 3 distinct capture layers, got {num_layers}"
         )
-    from ..train.eagle3 import check_capture_layers
-
     return check_capture_layers([1, num_layers // 2, num_layers - 1], num_layers)
 
 
@@ -189,8 +189,6 @@ def make_tiny_checkpoints(
     """Write ``out/target``, ``out/draft-d2t`` and ``out/draft-full`` (see the module docstring).
 
     Refuses a non-empty ``out`` unless ``force`` (which removes only the three sub-folders)."""
-    from ..train import eagle3 as E
-
     root = Path(out)
     if root.exists() and not root.is_dir():
         raise SpecVocabError(f"{root} exists and is not a directory")
@@ -212,9 +210,9 @@ def make_tiny_checkpoints(
         ("draft-d2t", draft_vocab_size, hot, seed + 2),
         ("draft-full", None, None, seed + 3),
     ):
-        cfg = E.Eagle3Config.for_target(target, draft_vocab_size=dv, capture_layers=layers)
-        draft = E.build_draft(target, cfg, hot_sel, seed=draft_seed)
-        E.save_checkpoint(draft, root / name, dtype)
+        cfg = Eagle3Config.for_target(target, draft_vocab_size=dv, capture_layers=layers)
+        draft = build_draft(target, cfg, hot_sel, seed=draft_seed)
+        save_checkpoint(draft, root / name, dtype)
 
     sizes = {
         str(p.relative_to(root)): p.stat().st_size

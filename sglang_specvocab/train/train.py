@@ -34,13 +34,23 @@ Example (GPU, Gemma-3 270M):
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
+from importlib import resources
+from itertools import islice
 from pathlib import Path
+from typing import Iterable
 
 import torch
 
-from sglang_specvocab.errors import SpecVocabError
+from ..errors import SpecVocabError
+from ..lab.models import GEMMA3_270M, LoadedModel, load_model
+from ..prompts import format_prompt, sharegpt_conversations
+from .checkpoint import save_checkpoint
+from .data import SelfDistillData, build_data, hot_vocabulary
+from .loss import StepStats, ttt_loss
+from .model import Eagle3Config, Eagle3Draft, TargetTap, build_draft, capture_layers_from_ids
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -112,8 +122,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def load_target(name: str, dtype: torch.dtype):
     """(model, tokenizer loader): the package's Gemma-3 270M, or a local HF directory (its
     tokenizer is only loaded when data must be generated)."""
-    from sglang_specvocab.lab.models import GEMMA3_270M, load_model
-
     if name == GEMMA3_270M:
         lm = load_model(name, dtype=dtype)
         return lm.model, lambda: lm
@@ -127,8 +135,6 @@ def load_target(name: str, dtype: torch.dtype):
     def with_tokenizer():
         from transformers import AutoTokenizer
 
-        from sglang_specvocab.lab.models import LoadedModel
-
         try:
             return LoadedModel(name, model, AutoTokenizer.from_pretrained(path))
         except (OSError, ValueError) as exc:
@@ -141,10 +147,6 @@ def sharegpt_prompts(lm, skip: int, count: int, max_tokens: int) -> tuple[list[l
     """Token ids of the first user turns of ``count`` ShareGPT conversations after ``skip`` (prompts
     longer than ``max_tokens`` are left out rather than cut, so every prompt ends with its
     answer cue), and how many were left out."""
-    from itertools import islice
-
-    from sglang_specvocab.prompts import format_prompt, sharegpt_conversations
-
     prompts, dropped = [], 0
     for turns in islice(sharegpt_conversations(), skip, None):
         ids = lm.encode(format_prompt(lm.tokenizer, [turns[0]], []))
@@ -158,8 +160,6 @@ def sharegpt_prompts(lm, skip: int, count: int, max_tokens: int) -> tuple[list[l
 
 
 def training_data(args, model, with_tokenizer):
-    from sglang_specvocab.train.eagle3 import SelfDistillData, build_data
-
     vocab = model.get_input_embeddings().weight.shape[0]
     if args.data and Path(args.data).is_file():
         data = SelfDistillData.load(args.data, vocab)
@@ -204,10 +204,6 @@ def _pad_id(model, tokenizer=None) -> int:
 
 
 def hot_ids(args, data, vocab: int):
-    from importlib import resources
-
-    from sglang_specvocab.lab.models import GEMMA3_270M
-    from sglang_specvocab.train.eagle3 import hot_vocabulary
 
     if args.head == "full":
         return None, None
@@ -223,10 +219,95 @@ def hot_ids(args, data, vocab: int):
     return hot_vocabulary(args.draft_vocab, vocab, freq_path=freq), freq
 
 
+def collate(data: SelfDistillData, idx: Iterable[int], seq_len: int, pad_token_id: int):
+    """``(input_ids [B, T], attention_mask, lengths, prompt_lens)``, right-padded, cut to ``seq_len``."""
+    seqs = [data.sequences[i][:seq_len] for i in idx]
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_token_id, dtype=torch.int64)
+    mask = torch.zeros_like(ids)
+    for r, s in enumerate(seqs):
+        ids[r, : len(s)] = s
+        mask[r, : len(s)] = 1
+    lengths = torch.tensor([len(s) for s in seqs])
+    prompt_lens = torch.tensor([min(data.prompt_lens[i], seq_len) for i in idx])
+    return ids, mask, lengths, prompt_lens
+
+
+def trainable(data: SelfDistillData, seq_len: int) -> list[int]:
+    """Sequences with at least two response tokens after cutting to ``seq_len`` (so pass 0 scores a row)."""
+    return [
+        i
+        for i, (s, p) in enumerate(zip(data.sequences, data.prompt_lens, strict=True))
+        if min(len(s), seq_len) - p >= 2
+    ]
+
+
+def train_draft(
+    draft: Eagle3Draft,
+    tap: TargetTap,
+    data: SelfDistillData,
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seq_len: int,
+    ttt_steps: int,
+    seed: int = 0,
+    pad_token_id: int = 0,
+    autocast_dtype: torch.dtype | None = None,
+    progress: bool = False,
+    log_every: int = 0,
+) -> list[StepStats]:
+    """AdamW on the draft's parameters; linear warm-up then cosine decay to a tenth of ``lr``;
+    gradients clipped at 1. Returns the statistics of every step."""
+    from tqdm import tqdm
+
+    pool = trainable(data, seq_len)
+    if not pool:
+        raise SpecVocabError(f"no training sequence has a response within --seq-len {seq_len}")
+    device = draft.embed_tokens.device
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    warmup = max(1, steps // 20)
+
+    def schedule(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    g = torch.Generator().manual_seed(seed)
+    history: list[StepStats] = []
+    bar = tqdm(range(steps), desc="train", unit="step", disable=not progress)
+    for step in bar:
+        pick = torch.randint(0, len(pool), (min(batch_size, len(pool)),), generator=g).tolist()
+        ids, mask, lengths, prompt_lens = (
+            x.to(device) for x in collate(data, [pool[i] for i in pick], seq_len, pad_token_id)
+        )
+        aux, logits = tap(ids, mask)
+        draft.train()
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            loss, stats = ttt_loss(draft, ids, lengths, prompt_lens, aux.float(), logits, ttt_steps)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        history.append(stats)
+        bar.set_postfix(loss=f"{stats.loss:.3f}", acc0=f"{stats.accuracy[0]:.2f}", acc_len=f"{stats.accept_length:.2f}")
+        if log_every and (step + 1) % log_every == 0:
+            bar.write(format_stats(step + 1, stats))
+    draft.eval()
+    return history
+
+
+def format_stats(step: int, s: StepStats) -> str:
+    acc = " ".join(f"{a:.2f}" for a in s.accuracy)
+    return f"[eagle3] step {step}: loss {s.loss:.4f}  top-1 per pass [{acc}]  est. accept length {s.accept_length:.2f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from sglang_specvocab.train import eagle3
-
     start = time.perf_counter()
     device = torch.device(args.device)
     try:
@@ -242,13 +323,13 @@ def main(argv: list[str] | None = None) -> int:
         capture = (
             None
             if args.aux_layer_ids is None
-            else eagle3.capture_layers_from_ids(args.aux_layer_ids, model.config.num_hidden_layers)
+            else capture_layers_from_ids(args.aux_layer_ids, model.config.num_hidden_layers)
         )
-        cfg = eagle3.Eagle3Config.for_target(
+        cfg = Eagle3Config.for_target(
             model, draft_vocab_size=None if ids is None else len(ids), capture_layers=capture
         )
-        tap = eagle3.TargetTap(model, cfg.capture_layers)
-        draft = eagle3.build_draft(model, cfg, ids, seed=args.seed).to(device)
+        tap = TargetTap(model, cfg.capture_layers)
+        draft = build_draft(model, cfg, ids, seed=args.seed).to(device)
         n_params = sum(p.numel() for p in draft.parameters())
         print(
             f"[eagle3] target {args.target}: {model.config.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
@@ -257,10 +338,10 @@ def main(argv: list[str] | None = None) -> int:
             + f"; {n_params / 1e6:.1f}M trainable parameters",
             file=sys.stderr,
         )
-        if len(eagle3.trainable(data, args.seq_len)) == 0:
+        if len(trainable(data, args.seq_len)) == 0:
             raise SpecVocabError(f"no training sequence has a response within --seq-len {args.seq_len}")
         autocast = DTYPES[args.dtype] if device.type == "cuda" and args.dtype != "float32" else None
-        history = eagle3.train_draft(
+        history = train_draft(
             draft,
             tap,
             data,
@@ -301,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(time.perf_counter() - start, 1),
     }
     try:
-        out = eagle3.save_checkpoint(draft, args.out, DTYPES[args.save_dtype], extra)
+        out = save_checkpoint(draft, args.out, DTYPES[args.save_dtype], extra)
     except OSError as exc:
         print(f"train_eagle3_draft: error: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 1

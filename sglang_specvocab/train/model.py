@@ -1,64 +1,37 @@
-"""EAGLE-3 drafts for SGLang's ``LlamaForCausalLMEagle3``: model, self-distilled data, training, checkpoint.
+"""The EAGLE-3 draft as SGLang 0.5.23's ``LlamaForCausalLMEagle3`` computes it, and what it reads of the target.
 
-What SGLang 0.5.23 expects (read from the installed package; paths are relative to ``sglang/srt``):
-
-- **Model** (``models/llama_eagle3.py``). One Llama decoder layer (``num_hidden_layers: 1``) whose
-  attention input is ``cat([input_layernorm(embed(token)), hidden_norm(h)])`` (``2*hidden`` wide,
-  lines 62-75 and 97-102); ``h`` is ``fc(cat(aux_0, aux_1, aux_2))`` on the first draft step
-  (``fc``: ``3*target_hidden -> hidden``, no bias, lines 163-167 and 237-247) and the draft's own
-  previous *pre-norm* output on later steps (``hidden.shape[-1] == embed.shape[-1]`` skips
-  ``fc``; lines 263-269). Residual: ``h`` itself; then ``post_attention_layernorm`` (fused add),
-  SiLU MLP, final ``norm`` (fused add) and ``lm_head``.
-- **Weights** (``load_weights``, lines 325-378): checkpoint names ``fc.weight``,
-  ``midlayer.*`` (the legacy name of ``layers.0``; ``q/k/v_proj`` and ``gate/up_proj`` are
-  stacked by the loader), ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d``; a name without
-  ``model.`` gets it prepended. ``embed_tokens`` is not needed: the EAGLE-3 worker replaces the
-  draft's embedding with the target's (``speculative/eagle_worker_v2.py:336-379``,
-  ``set_embed`` in ``models/llama.py:910-918``) as long as ``target_hidden_size == hidden_size``.
-- **Vocabulary.** ``d2t`` holds ``target_id - draft_id`` for every draft id, so SGLang's
-  ``hot_token_id = d2t + arange(draft_vocab_size)`` (line 352) maps draft ids to target ids
-  (``eagle_worker_v2.py:757-758, 897-898``); ``t2d`` is skipped (line 355).
-  ``draft_vocab_size: null`` with ``tie_word_embeddings: false`` makes the draft load the
-  target's LM head (``load_lm_head_from_target``, lines 302-308, then ``set_embed_and_head`` in
-  ``eagle_worker_v2.py:356-361``): that is ``--head full`` here, and no ``lm_head.weight`` is
-  saved. (The key must be present: ``config.draft_vocab_size`` is read unconditionally.)
+- **Model.** One Llama decoder layer (``num_hidden_layers: 1``) whose attention input is
+  ``cat([input_layernorm(embed(token)), hidden_norm(h)])`` (``2*hidden`` wide); ``h`` is
+  ``fc(cat(aux_0, aux_1, aux_2))`` on the first draft step (``fc``: ``3*target_hidden -> hidden``,
+  no bias) and the draft's own previous *pre-norm* output on later steps (SGLang skips ``fc`` when
+  ``hidden.shape[-1] == embed.shape[-1]``). Residual: ``h`` itself; then
+  ``post_attention_layernorm`` (fused add), SiLU MLP, final ``norm`` (fused add) and ``lm_head``.
+  The draft shares the target's embedding (SGLang's EAGLE-3 worker hands it over when
+  ``target_hidden_size == hidden_size``) and, with ``draft_vocab_size: null``, its LM head.
 - **Captured target layers.** With no ``eagle_config`` the target captures
-  ``layers_to_capture = [2, n // 2, n - 3]`` (``models/llama.py:929-936``,
-  ``models/gemma3_causal.py:917-921``); with ``eagle_config.eagle_aux_hidden_state_layer_ids``
-  (read in ``model_executor/model_runner_components/spec_aux_hidden_state.py:185-196``) it is
+  ``[2, n // 2, n - 3]``; with ``eagle_config.eagle_aux_hidden_state_layer_ids`` it is
   ``[i + 1 for i in ids]``. "Capture layer ``l``" means the hidden state entering layer ``l``,
-  appended in layer order. We record the default explicitly in the config.
-
-  *What* is captured differs by architecture. Llama-style models (``layer_boundary`` stages,
-  ``layers/layer_boundary/stage.py:407-460``) capture the residual stream entering layer ``l``
-  (= Hugging Face's ``hidden_states[l]``). SGLang's Gemma-3 (``models/gemma3_causal.py:655-672``,
-  layer at ``369-412``) carries the residual separately, and what it appends is the previous
-  layer's MLP branch after ``post_feedforward_layernorm`` (not the residual stream), or the
-  scaled embedding for ``l == 0``. The draft must be trained on the same features, so
-  :class:`TargetTap` reproduces both.
-
-Training is EAGLE-3's "training-time test" (see :func:`ttt_forward`). Everything here runs on
-CPU or CUDA; the tests use tiny random Llama targets.
+  appended in layer order. Llama-style models capture the residual stream entering layer ``l``
+  (Hugging Face's ``hidden_states[l]``); SGLang's Gemma-3 carries the residual separately and
+  appends the previous layer's MLP branch after ``post_feedforward_layernorm`` (the scaled
+  embedding for ``l == 0``). :class:`TargetTap` reproduces both, so the draft trains on the
+  features it will be served.
+- **Training-time test** (:func:`ttt_forward`): the draft unrolled over a whole sequence with the
+  attention each draft step has in SGLang's draft loop.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import pickle
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..errors import SpecVocabError
-from ..vocab_data import load_frequency_ids
 
 SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
-DATA_FORMAT = "sglang-specvocab/eagle3-self-distill/1"
 HEAD_MODES = ("full", "d2t")
 
 
@@ -451,359 +424,8 @@ def ttt_forward(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, 
     return outs
 
 
-# --- the objective -----------------------------------------------------------------------------------
-
-
-def _chunk_kl(h, w, teacher_flat, rows, hot_ids):
-    """KL(teacher || draft) summed over ``rows`` of the flattened teacher logits, and whether the
-    draft's top-1 (as a target id) is the target's top-1 over its full vocabulary (what greedy
-    verification accepts)."""
-    logq = torch.log_softmax((h @ w.T).float(), dim=-1)
-    t = teacher_flat[rows].float()
-    target_top1 = t.argmax(-1)
-    if hot_ids is not None:
-        t = t[:, hot_ids]  # the target's distribution restricted to (renormalised over) the draft vocab
-    logp = torch.log_softmax(t, dim=-1)
-    kl = (logp.exp() * (logp - logq)).sum(-1)
-    top1 = logq.argmax(-1)
-    if hot_ids is not None:
-        top1 = hot_ids[top1]
-    return kl.sum(), top1 == target_top1
-
-
-def kl_rows(draft: Eagle3Draft, h: torch.Tensor, teacher_flat: torch.Tensor, rows: torch.Tensor, chunk: int = 1024):
-    """(sum of KL over rows, per-row top-1 agreement) of draft outputs ``h [N, hidden]`` against the
-    teacher logits ``teacher_flat[rows]`` (``teacher_flat``: ``[B*T, V]``). Chunks of rows are
-    recomputed in backward (activation checkpointing), so no ``[rows, vocab]`` tensor outlives
-    its chunk and the teacher rows are gathered inside the chunk, never all at once."""
-    from torch.utils.checkpoint import checkpoint
-
-    total = h.new_zeros((), dtype=torch.float32)
-    agree = []
-    w = draft.head_weight
-    for s in range(0, h.shape[0], chunk):
-        kl, ok = checkpoint(
-            _chunk_kl,
-            h[s : s + chunk],
-            w,
-            teacher_flat,
-            rows[s : s + chunk],
-            draft.hot_ids,
-            use_reentrant=False,
-        )
-        total = total + kl
-        agree.append(ok)
-    return total, torch.cat(agree) if agree else h.new_zeros(0, dtype=torch.bool)
-
-
-@dataclass
-class StepStats:
-    loss: float  # mean over passes of the mean KL per row
-    kl: list[float]  # per pass
-    accuracy: list[float]  # per pass: draft top-1 == target top-1
-    accept_length: float  # 1 + mean length of the correct prefix of a full chain (greedy, topk 1)
-
-
-def ttt_loss(
-    draft: Eagle3Draft,
-    input_ids: torch.Tensor,
-    lengths: torch.Tensor,
-    prompt_lens: torch.Tensor,
-    aux: torch.Tensor,
-    teacher_logits: torch.Tensor,
-    steps: int,
-) -> tuple[torch.Tensor, StepStats]:
-    """Training-time-test loss of one batch: the mean over passes of KL(target || draft).
-
-    Pass ``k``'s row ``i`` is scored against the target's distribution at position
-    ``j = i + k + 1``, only where that position is in the response (``j >= prompt_len - 1``:
-    it predicts a response token) and its next token is in the data (``j <= length - 2``),
-    so padding and positions past the data never count.
-    """
-    b, t = input_ids.shape
-    cols = torch.arange(t, device=input_ids.device)[None, :]
-    teacher_flat = teacher_logits.reshape(b * t, -1)
-    outs = ttt_forward(draft, input_ids, aux, steps)
-    losses, kls, accs, oks = [], [], [], []
-    for k, normed in enumerate(outs):
-        j = cols + k + 1
-        valid = (j >= (prompt_lens[:, None] - 1)) & (j <= lengths[:, None] - 2)
-        bi, ii = valid.nonzero(as_tuple=True)
-        full = torch.zeros(b, t, dtype=torch.bool, device=input_ids.device)
-        oks.append((full, valid))
-        if len(bi) == 0:  # short sequences: nothing this deep into the chain
-            kls.append(float("nan"))
-            accs.append(float("nan"))
-            continue
-        kl_sum, ok = kl_rows(draft, normed[bi, ii], teacher_flat, bi * t + ii + k + 1)
-        losses.append(kl_sum / len(bi))
-        kls.append(float(losses[-1].detach()))
-        accs.append(float(ok.float().mean()))
-        full[bi, ii] = ok
-    if not losses:
-        raise SpecVocabError("a training batch has no response positions to learn from (prompts too long?)")
-    # Chains whose every pass is scored: how many leading passes are right.
-    all_valid = torch.stack([v for _, v in oks]).all(0)
-    run = torch.ones_like(all_valid)
-    accepted = torch.zeros(b, t, device=input_ids.device)
-    for full, _ in oks:
-        run = run & full
-        accepted += run.float()
-    accept = 1.0 + float(accepted[all_valid].mean()) if all_valid.any() else float("nan")
-    loss = torch.stack(losses).mean()
-    return loss, StepStats(float(loss.detach()), kls, accs, accept)
-
-
-# --- self-distilled data -----------------------------------------------------------------------------
-
-
-@dataclass
-class SelfDistillData:
-    """Prompt + the target's own greedy response, as token ids (the prompt first)."""
-
-    sequences: list[torch.Tensor]
-    prompt_lens: list[int]
-    meta: dict = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.sequences)
-
-    def save(self, path: str | Path) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lens = torch.tensor([len(s) for s in self.sequences], dtype=torch.int64)
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save(
-            {
-                "format": DATA_FORMAT,
-                "tokens": torch.cat(self.sequences).to(torch.int32)
-                if self.sequences
-                else torch.zeros(0, dtype=torch.int32),
-                "offsets": torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]),
-                "prompt_lens": torch.tensor(self.prompt_lens, dtype=torch.int64),
-                "meta": json.dumps(self.meta),
-            },
-            tmp,
-        )
-        tmp.replace(path)  # a crash never leaves a half-written cache
-
-    @classmethod
-    def load(cls, path: str | Path, vocab_size: int | None = None) -> SelfDistillData:
-        try:
-            d = torch.load(path, weights_only=True)
-        except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
-            reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
-            raise SpecVocabError(f"{path}: cannot read EAGLE-3 training data: {reason}") from None
-        if not isinstance(d, dict) or d.get("format") != DATA_FORMAT:
-            raise SpecVocabError(f"{path}: not EAGLE-3 training data written by this script (format {DATA_FORMAT})")
-        meta = json.loads(d["meta"])
-        if vocab_size is not None and meta.get("vocab_size") not in (None, vocab_size):
-            raise SpecVocabError(
-                f"{path}: made for a {meta['vocab_size']}-token vocabulary (target {meta.get('target')!r}), "
-                f"the target has {vocab_size}; delete it or pass another --data"
-            )
-        off = d["offsets"].tolist()
-        seqs = [d["tokens"][a:b].to(torch.int64) for a, b in zip(off[:-1], off[1:], strict=True)]
-        return cls(seqs, d["prompt_lens"].tolist(), meta)
-
-
-@torch.no_grad()
-def generate_responses(
-    model,
-    prompts: Sequence[Sequence[int]],
-    *,
-    max_new_tokens: int,
-    batch_size: int,
-    eos_token_ids: Sequence[int],
-    pad_token_id: int,
-    progress: bool = False,
-) -> list[list[int]]:
-    """The target's greedy continuation of every prompt (HF ``generate``, left-padded batches;
-    each response ends at its first EOS, which it keeps)."""
-    from tqdm import tqdm
-    from transformers import GenerationConfig
-
-    device = next(model.parameters()).device
-    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))  # similar lengths share a batch
-    eos = set(eos_token_ids)
-    gen = GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        eos_token_id=list(eos_token_ids) or None,
-        pad_token_id=pad_token_id,
-    )
-    out: list[list[int]] = [[] for _ in prompts]
-    batches = [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
-    for batch in tqdm(batches, desc="generate", unit="batch", disable=not progress):
-        width = max(len(prompts[i]) for i in batch)
-        ids = torch.full((len(batch), width), pad_token_id, dtype=torch.int64)
-        mask = torch.zeros_like(ids)
-        for r, i in enumerate(batch):
-            p = torch.as_tensor(list(prompts[i]), dtype=torch.int64)
-            ids[r, width - len(p) :] = p
-            mask[r, width - len(p) :] = 1
-        gen_ids = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=gen)
-        for r, i in enumerate(batch):
-            resp = []
-            for tok in gen_ids[r, width:].tolist():
-                resp.append(tok)
-                if tok in eos:
-                    break
-            out[i] = resp
-    return out
-
-
-def build_data(
-    model, prompts, *, max_new_tokens, batch_size, eos_token_ids, pad_token_id, meta=None, progress=False
-) -> SelfDistillData:
-    responses = generate_responses(
-        model,
-        prompts,
-        max_new_tokens=max_new_tokens,
-        batch_size=batch_size,
-        eos_token_ids=eos_token_ids,
-        pad_token_id=pad_token_id,
-        progress=progress,
-    )
-    seqs = [torch.tensor(list(p) + r, dtype=torch.int64) for p, r in zip(prompts, responses, strict=True)]
-    return SelfDistillData(seqs, [len(p) for p in prompts], dict(meta or {}))
-
-
-# --- the draft vocabulary ----------------------------------------------------------------------------
-
-
-def hot_vocabulary(
-    size: int, vocab_size: int, *, freq_path: str | Path | None = None, data: SelfDistillData | None = None
-) -> torch.Tensor:
-    """The ``size`` most frequent target ids, ascending (EAGLE-3's convention for ``d2t``): from a
-    frequency table (``scripts/build_frequency_table.py``) or counted over ``data``'s responses
-    (ties, and ids never seen, by lower id)."""
-    if freq_path is not None:
-        ids = load_frequency_ids(freq_path, vocab_size, size)
-    elif data is not None:
-        resp = [s[p:] for s, p in zip(data.sequences, data.prompt_lens, strict=True)]
-        counts = torch.bincount(torch.cat(resp), minlength=vocab_size) if resp else torch.zeros(vocab_size)
-        ids = torch.sort(-counts.to(torch.float64), stable=True).indices[:size]
-    else:
-        raise ValueError("hot_vocabulary needs freq_path or data")
-    return ids.to(torch.int64).sort().values
-
-
-# --- training ----------------------------------------------------------------------------------------
-
-
 def build_draft(target, cfg: Eagle3Config, hot_ids: torch.Tensor | None = None, seed: int = 0) -> Eagle3Draft:
     """A fresh draft for ``target``: random layer weights, the target's embedding and head rows."""
     torch.manual_seed(seed)
     head = target.get_output_embeddings().weight
     return Eagle3Draft(cfg, target.get_input_embeddings().weight, head, hot_ids)
-
-
-def collate(data: SelfDistillData, idx: Iterable[int], seq_len: int, pad_token_id: int):
-    """``(input_ids [B, T], attention_mask, lengths, prompt_lens)``, right-padded, cut to ``seq_len``."""
-    seqs = [data.sequences[i][:seq_len] for i in idx]
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_token_id, dtype=torch.int64)
-    mask = torch.zeros_like(ids)
-    for r, s in enumerate(seqs):
-        ids[r, : len(s)] = s
-        mask[r, : len(s)] = 1
-    lengths = torch.tensor([len(s) for s in seqs])
-    prompt_lens = torch.tensor([min(data.prompt_lens[i], seq_len) for i in idx])
-    return ids, mask, lengths, prompt_lens
-
-
-def trainable(data: SelfDistillData, seq_len: int) -> list[int]:
-    """Sequences with at least two response tokens after cutting to ``seq_len`` (so pass 0 scores a row)."""
-    return [
-        i
-        for i, (s, p) in enumerate(zip(data.sequences, data.prompt_lens, strict=True))
-        if min(len(s), seq_len) - p >= 2
-    ]
-
-
-def train_draft(
-    draft: Eagle3Draft,
-    tap: TargetTap,
-    data: SelfDistillData,
-    *,
-    steps: int,
-    batch_size: int,
-    lr: float,
-    seq_len: int,
-    ttt_steps: int,
-    seed: int = 0,
-    pad_token_id: int = 0,
-    autocast_dtype: torch.dtype | None = None,
-    progress: bool = False,
-    log_every: int = 0,
-) -> list[StepStats]:
-    """AdamW on the draft's parameters; linear warm-up then cosine decay to a tenth of ``lr``;
-    gradients clipped at 1. Returns the statistics of every step."""
-    from tqdm import tqdm
-
-    pool = trainable(data, seq_len)
-    if not pool:
-        raise SpecVocabError(f"no training sequence has a response within --seq-len {seq_len}")
-    device = draft.embed_tokens.device
-    params = [p for p in draft.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    warmup = max(1, steps // 20)
-
-    def schedule(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
-    g = torch.Generator().manual_seed(seed)
-    history: list[StepStats] = []
-    bar = tqdm(range(steps), desc="train", unit="step", disable=not progress)
-    for step in bar:
-        pick = torch.randint(0, len(pool), (min(batch_size, len(pool)),), generator=g).tolist()
-        ids, mask, lengths, prompt_lens = (
-            x.to(device) for x in collate(data, [pool[i] for i in pick], seq_len, pad_token_id)
-        )
-        aux, logits = tap(ids, mask)
-        draft.train()
-        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            loss, stats = ttt_loss(draft, ids, lengths, prompt_lens, aux.float(), logits, ttt_steps)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        history.append(stats)
-        bar.set_postfix(loss=f"{stats.loss:.3f}", acc0=f"{stats.accuracy[0]:.2f}", acc_len=f"{stats.accept_length:.2f}")
-        if log_every and (step + 1) % log_every == 0:
-            bar.write(format_stats(step + 1, stats))
-    draft.eval()
-    return history
-
-
-def format_stats(step: int, s: StepStats) -> str:
-    acc = " ".join(f"{a:.2f}" for a in s.accuracy)
-    return f"[eagle3] step {step}: loss {s.loss:.4f}  top-1 per pass [{acc}]  est. accept length {s.accept_length:.2f}"
-
-
-# --- checkpoint --------------------------------------------------------------------------------------
-
-
-def save_checkpoint(
-    draft: Eagle3Draft, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16, extra: dict | None = None
-) -> Path:
-    """``config.json`` + ``model.safetensors`` as SGLang's ``LlamaForCausalLMEagle3`` loads them
-    (plus ``training.json`` with ``extra``, which SGLang ignores)."""
-    from safetensors.torch import save_file
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = {
-        name: (t.to(dtype) if t.is_floating_point() else t).detach().cpu().contiguous()
-        for name, t in draft.checkpoint_tensors().items()
-    }
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(draft.cfg.to_hf_config(dtype), indent=2) + "\n")
-    if extra is not None:
-        (out / "training.json").write_text(json.dumps(extra, indent=2) + "\n")
-    return out
