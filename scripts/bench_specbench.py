@@ -11,20 +11,17 @@ import shlex
 import sys
 from pathlib import Path
 
-from sglang_specvocab.bench.specbench import (
-    PROMPT_FORMATS,
-    BenchSettings,
+from sglang_specvocab.bench.server import (
     SpecBenchError,
     check_unique,
-    load_bench_questions,
     load_config_file,
-    markdown,
     parse_config_spec,
-    run_bench,
     sigterm_as_interrupt,
-    write_report,
 )
+from sglang_specvocab.bench.specbench import PROMPT_FORMATS, BenchSettings, run_bench
+from sglang_specvocab.bench.specbench_report import markdown, write_report
 from sglang_specvocab.errors import SpecVocabError
+from sglang_specvocab.prompts import load_bench_questions
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_QUESTIONS = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"

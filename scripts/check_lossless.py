@@ -30,20 +30,20 @@ from pathlib import Path
 from sglang_specvocab.bench.lossless import (
     LosslessSettings,
     check_tiny_names,
-    load_prompts,
     markdown,
     run_lossless,
     tiny_configs,
     write_report,
 )
-from sglang_specvocab.bench.specbench import (
-    BenchSettings,
+from sglang_specvocab.bench.server import (
+    ServerSettings,
     SpecBenchError,
     load_config_file,
     parse_config_spec,
     sigterm_as_interrupt,
 )
 from sglang_specvocab.errors import SpecVocabError
+from sglang_specvocab.prompts import round_robin_prompts
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_QUESTIONS = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
@@ -116,13 +116,13 @@ def main(argv: list[str] | None = None) -> int:
         questions = args.questions or DEFAULT_QUESTIONS
         if not questions.is_file():
             raise SpecBenchError(f"questions file {questions}: no such file (pass --questions)")
-        prompts = load_prompts(questions, args.prompts)
+        prompts = round_robin_prompts(questions, args.prompts)
         launcher = shlex.split(args.launcher)
         if not launcher:
             raise SpecBenchError("--launcher is empty")
         settings = LosslessSettings(
             max_new_tokens=args.max_new_tokens, concurrencies=args.concurrency, routes=args.routes,
-            server=BenchSettings(warmup=args.warmup, server_timeout=args.server_timeout,
+            server=ServerSettings(warmup=args.warmup, server_timeout=args.server_timeout,
                                  request_timeout=args.request_timeout, host=args.host, launcher=launcher),
         )
         print(f"{len(prompts)} prompts x {len(settings.routes)} routes x concurrency "

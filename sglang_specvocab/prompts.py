@@ -1,4 +1,12 @@
-"""Prompt sets for the lab: Spec-Bench's question format, and how turns become a prompt."""
+"""Prompt sources, neutral between the CPU lab and the server benchmarks.
+
+- ``load_questions``: a Spec-Bench question file (or the lab's own ``prompts.jsonl``), MT-Bench's
+  eight categories folded into ``mt_bench``, at most N per category (subcategories in turn);
+- ``load_bench_questions``: the same, checked for unique ids and filtered by category;
+- ``round_robin_prompts``: first turns taken round-robin over the categories (deterministic);
+- ``format_prompt``: a conversation as one prompt (the chat template, else a plain transcript);
+- ``sharegpt_conversations``: training text (never evaluation prompts).
+"""
 
 from __future__ import annotations
 
@@ -61,6 +69,54 @@ def load_questions(path: str | Path | None = None, per_category: int | None = No
     out = [q for g in groups.values() for _, _, q in sorted(g, key=lambda x: x[:2])[:per_category]]
     if not out:
         raise SpecVocabError(f"{where}: no questions")
+    return out
+
+
+def load_bench_questions(path: str | Path, per_category: int | None = None,
+                         categories: list[str] | None = None) -> list[Question]:
+    """Spec-Bench questions (MT-Bench's eight categories folded into ``mt_bench``), checked for unique ids."""
+    if not Path(path).is_file():
+        raise SpecVocabError(f"questions file {path}: no such file")
+    questions = load_questions(path, per_category)
+    ids: set[str] = set()
+    for q in questions:
+        if q.qid in ids:
+            raise SpecVocabError(f"{path}: question_id {q.qid} appears twice (ids key the results)")
+        ids.add(q.qid)
+    if categories:
+        known = list(dict.fromkeys(q.category for q in questions))
+        unknown = [c for c in categories if c not in known]
+        if unknown:
+            raise SpecVocabError(f"unknown categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; "
+                                 f"{path} has: {', '.join(known)}")
+        questions = [q for q in questions if q.category in categories]
+    return questions
+
+
+@dataclass(frozen=True)
+class Prompt:
+    pid: str  # the Spec-Bench question id
+    category: str
+    text: str
+
+
+def round_robin_prompts(path: str | Path, n: int) -> list[Prompt]:
+    """``n`` first turns of Spec-Bench, taken round-robin over the categories (deterministic)."""
+    if n < 1:
+        raise SpecVocabError(f"the number of prompts must be at least 1, got {n}")
+    questions = load_bench_questions(path)
+    by_cat: dict[str, list] = {}
+    for q in questions:
+        by_cat.setdefault(q.category, []).append(q)
+    out: list[Prompt] = []
+    depth = 0
+    while len(out) < n and any(depth < len(qs) for qs in by_cat.values()):
+        for cat, qs in by_cat.items():
+            if depth < len(qs) and len(out) < n:
+                out.append(Prompt(qs[depth].qid, cat, qs[depth].turns[0]))
+        depth += 1
+    if len(out) < n:
+        raise SpecVocabError(f"{path} has {len(out)} questions; {n} prompts were asked for")
     return out
 
 

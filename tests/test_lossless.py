@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 from http_fake import FakeServer, JsonHandler
 
-from sglang_specvocab.bench.lossless import TINY_SET, load_prompts, tiny_configs
-from sglang_specvocab.bench.specbench import SpecBenchError
+from sglang_specvocab.bench.lossless import TINY_SET, tiny_configs
+from sglang_specvocab.bench.server import SpecBenchError
+from sglang_specvocab.errors import SpecVocabError
+from sglang_specvocab.prompts import round_robin_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "check_lossless.py"
@@ -128,13 +130,13 @@ def questions(tmp_path):
 
 
 def test_prompts_round_robin_over_categories(questions):
-    got = load_prompts(questions, 6)
+    got = round_robin_prompts(questions, 6)
     assert [p.category for p in got] == ["mt_bench", "translation", "qa", "math_reasoning", "mt_bench", "translation"]
     assert [p.pid for p in got] == ["100", "200", "300", "400", "101", "201"]
     assert got[0].text == "writing question 0: say something"
-    assert load_prompts(questions, 6) == got
-    with pytest.raises(SpecBenchError, match="has 16 questions; 17 prompts"):
-        load_prompts(questions, 17)
+    assert round_robin_prompts(questions, 6) == got
+    with pytest.raises(SpecVocabError, match="has 16 questions; 17 prompts"):
+        round_robin_prompts(questions, 17)
 
 
 def _args(questions, out, *configs, prompts=6, extra=()):

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from http_fake import FakeServer, JsonHandler
 
-from sglang_specvocab.bench.specbench import SpecBenchError, make_config, parse_config_spec, summarize
+from sglang_specvocab.bench.server import SpecBenchError, make_config, parse_config_spec
+from sglang_specvocab.bench.specbench_report import summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "bench_specbench.py"

@@ -32,36 +32,29 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .specbench import (
+from ..prompts import Prompt
+from .server import (
     TELEMETRY,
-    BenchSettings,
     ResultCache,
     Server,
     ServerConfig,
+    ServerSettings,
     SpecBenchError,
-    _fmt,
-    _numbers,
     check_unique,
     device_name,
+    fmt,
     http_json,
-    load_bench_questions,
     run_concurrently,
+    telemetry,
     versions,
 )
 
 __all__ = [
-    "ROUTES", "LosslessSettings", "Prompt", "check_tiny_names", "compare", "load_prompts", "markdown", "request",
-    "run_lossless", "tiny_configs", "write_report",
+    "ROUTES", "LosslessSettings", "check_tiny_names", "compare", "markdown", "request", "run_lossless", "tiny_configs",
+    "write_report",
 ]
 
 ROUTES = ("chat", "completions", "generate")
-
-
-@dataclass(frozen=True)
-class Prompt:
-    pid: str  # the Spec-Bench question id
-    category: str
-    text: str
 
 
 @dataclass
@@ -69,27 +62,7 @@ class LosslessSettings:
     max_new_tokens: int = 64
     concurrencies: tuple[int, ...] = (1, 8)
     routes: tuple[str, ...] = ROUTES
-    server: BenchSettings = field(default_factory=BenchSettings)
-
-
-def load_prompts(path: str | Path, n: int) -> list[Prompt]:
-    """``n`` first turns of Spec-Bench, taken round-robin over the categories (deterministic)."""
-    if n < 1:
-        raise SpecBenchError(f"the number of prompts must be at least 1, got {n}")
-    questions = load_bench_questions(path)
-    by_cat: dict[str, list] = {}
-    for q in questions:
-        by_cat.setdefault(q.category, []).append(q)
-    out: list[Prompt] = []
-    depth = 0
-    while len(out) < n and any(depth < len(qs) for qs in by_cat.values()):
-        for cat, qs in by_cat.items():
-            if depth < len(qs) and len(out) < n:
-                out.append(Prompt(qs[depth].qid, cat, qs[depth].turns[0]))
-        depth += 1
-    if len(out) < n:
-        raise SpecBenchError(f"{path} has {len(out)} questions; {n} prompts were asked for")
-    return out
+    server: ServerSettings = field(default_factory=ServerSettings)
 
 
 # --- requests -----------------------------------------------------------------------------------
@@ -132,10 +105,7 @@ def request(url: str, route: str, prompt: str, max_new_tokens: int, model: str, 
         out = {"text": reply.get("text"), "ids": ids if isinstance(ids, list) else None,
                "completion_tokens": meta.get("completion_tokens"), "spec_verify_ct": meta.get("spec_verify_ct"),
                "finish_reason": _finish(meta.get("finish_reason"))}
-        for name in TELEMETRY:
-            values = _numbers(meta.get(name))
-            if values:
-                out[name] = sum(values) / len(values)  # as bench_specbench: a per-step list becomes its mean
+        out.update(telemetry(meta))  # as Spec-Bench's records: a per-step list becomes its mean
         if not isinstance(out["text"], str):
             raise SpecBenchError("/generate reply has no 'text' (a server started with --skip-tokenizer-init cannot "
                                  "be used)")
@@ -380,8 +350,8 @@ def markdown(result: dict) -> str:
     ]
     for r in result["rows"]:
         lines.append(f"| {r['config']} | {r['algorithm']} | {r['route']} | {r['concurrency']} | "
-                     f"{r['equal']} / {r['compared']} | {r['missing']} | {_fmt(r['accept_length'], '.2f')} | "
-                     f"{_fmt(r['dynvocab_set_size'], '.0f')} | {_fmt(r['dynvocab_coverage'], '.3f')} |")
+                     f"{r['equal']} / {r['compared']} | {r['missing']} | {fmt(r['accept_length'], '.2f')} | "
+                     f"{fmt(r['dynvocab_set_size'], '.0f')} | {fmt(r['dynvocab_coverage'], '.3f')} |")
     if result["reference_batch_invariance"]:
         lines += ["", "The reference against itself (batch invariance of the target alone):", "",
                   "| route | concurrency | against | equal / compared |", "|---|---:|---:|---:|"]
