@@ -15,19 +15,17 @@ import shlex
 import subprocess
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # run from a plain checkout (the device machine has no install)
-    sys.path.insert(0, str(ROOT))
+from .. import ops
+from .kernels_report import OURS, save
+from .timing import Timing, make_timer, summarize
 
-from sglang_specvocab import ops  # noqa: E402  (after the path fix above)
+ROOT = Path(__file__).resolve().parents[2]  # the source checkout: its git revision goes into the results
 
 try:
     from tqdm import tqdm
@@ -39,7 +37,6 @@ SCHEMA = "bench_kernels/1"
 # -- the sweep ---------------------------------------------------------------------------------
 
 OPS = ("indexed", "packed", "index_select_matmul", "dense_static", "dense_full", "window_update")
-OURS = ("indexed", "packed")  # ops with a backend choice that compute compact logits
 BACKENDS = ("auto", "cuda", "triton", "torch")
 
 GRIDS = {
@@ -89,12 +86,6 @@ GRIDS = {
         copy_mb=8,
     ),
 }
-
-# Issue targets.
-TARGET_IDEAL_RATIO = 1.5  # time <= 1.5 x bandwidth ideal ...
-TARGET_MAX_ROWS = 16  # ... for up to 16 rows per request
-TARGET_SPEEDUP = 4.0  # >= 4x faster than index_select + matmul
-TARGET_WINDOW_US = 10.0  # window update <= 10 us per round at batch 64
 
 # Peak HBM bandwidth (B/s) by device name, first match wins; datasheet figures (H200.md of the
 # device docs: H200 4.8 TB/s, H100 SXM 3.35 TB/s).
@@ -341,115 +332,6 @@ def default_peak(name: str) -> tuple[float | None, str]:
         if key in up:
             return bw, src
     return None, f"no datasheet figure known for {name!r}: use --peak-bw"
-
-
-def summarize(samples_us: list[float]) -> dict:
-    a = np.asarray(samples_us, dtype=np.float64)
-    return {
-        "median_us": float(np.median(a)),
-        "p10_us": float(np.percentile(a, 10)),
-        "p90_us": float(np.percentile(a, 90)),
-        "n": len(samples_us),
-    }
-
-
-# -- timing ------------------------------------------------------------------------------------
-
-
-@dataclass
-class Timing:
-    samples_us: list[float]
-    inner: int  # calls per sample
-    graph: bool
-    note: str | None = None
-
-
-class CpuTimer:
-    method = "time.perf_counter per call, no CUDA graphs (CPU)"
-
-    def __init__(self, iters: int, warmup: int, max_ms: float) -> None:
-        self.iters, self.warmup, self.max_ms = iters, warmup, max_ms
-
-    def __call__(self, fns: list[Callable[[], object]]) -> Timing:
-        n = len(fns)
-        for i in range(max(self.warmup, n)):
-            fns[i % n]()
-        samples, spent = [], 0.0
-        for i in range(self.iters):
-            t0 = time.perf_counter()
-            fns[i % n]()
-            dt = time.perf_counter() - t0
-            samples.append(dt * 1e6)
-            spent += dt * 1e3
-            if spent > self.max_ms and len(samples) >= min(10, self.iters):
-                break
-        return Timing(samples, 1, False)
-
-
-class CudaTimer:
-    method = "CUDA graph of several calls, replays between CUDA events; sample = replay time / calls"
-    REPLAY_US = 50.0  # calls per graph: enough for about this much work
-    MAX_INNER = 64
-    MIN_ITERS = 10
-
-    def __init__(self, device: torch.device, iters: int, warmup: int, max_ms: float, graph: bool) -> None:
-        self.device, self.iters, self.warmup, self.max_ms, self.graph = device, iters, warmup, max_ms, graph
-        if not graph:
-            self.method = "eager calls between CUDA events (--no-graph); sample = time / calls"
-
-    def _event(self) -> torch.cuda.Event:
-        return torch.cuda.Event(enable_timing=True)
-
-    def __call__(self, fns: list[Callable[[], object]]) -> Timing:
-        n = len(fns)
-        cur = torch.cuda.current_stream(self.device)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(cur)
-        with torch.cuda.stream(side):  # compile/autotune and allocate outside any capture
-            for i in range(max(self.warmup, n)):
-                fns[i % n]()
-        cur.wait_stream(side)
-        torch.cuda.synchronize(self.device)
-        a, b = self._event(), self._event()
-        a.record()
-        for f in fns:
-            f()
-        b.record()
-        torch.cuda.synchronize(self.device)
-        per_call_us = max(a.elapsed_time(b) * 1e3 / n, 1e-3)
-        inner = min(self.MAX_INNER, max(1, math.ceil(self.REPLAY_US / per_call_us)))
-        inner = n * math.ceil(inner / n)  # every input set equally often
-
-        def eager() -> None:
-            for i in range(inner):
-                fns[i % n]()
-
-        replay, graph, note = eager, False, None
-        if self.graph:
-            g = torch.cuda.CUDAGraph()
-            try:
-                with torch.cuda.graph(g):
-                    eager()
-                replay, graph = g.replay, True
-            except Exception as exc:  # e.g. an op that syncs with the host
-                note = f"CUDA graph capture failed, timed eagerly: {type(exc).__name__}: {exc}"[:300]
-                torch.cuda.synchronize(self.device)
-        for _ in range(2):
-            replay()
-        a.record()
-        replay()
-        b.record()
-        torch.cuda.synchronize(self.device)
-        per_replay_ms = max(a.elapsed_time(b), 1e-4)
-        iters = max(min(self.MIN_ITERS, self.iters), min(self.iters, int(self.max_ms / per_replay_ms)))
-        events = [(self._event(), self._event()) for _ in range(iters)]
-        for start, end in events:
-            start.record()
-            replay()
-            end.record()
-        torch.cuda.synchronize(self.device)
-        samples = [s.elapsed_time(e) * 1e3 / inner for s, e in events]
-        return Timing(samples, inner, graph, note)
 
 
 # -- inputs ------------------------------------------------------------------------------------
@@ -774,269 +656,6 @@ def run_case(bench: Bench, case: Case, avail: list[str] | None, avail_err: str |
     return rec
 
 
-def add_speedups(records: list[dict]) -> None:
-    """speedup_vs_index_select (and vs the dense static head) for each of our ok records."""
-    base = {
-        (r["W"], r["d"], r["rows"], r["batch"]): r["median_us"]
-        for r in records
-        if r["op"] == "index_select_matmul" and r["status"] == "ok"
-    }
-    dense = {
-        (r["d"], r["rows"], r["batch"]): r["median_us"]
-        for r in records
-        if r["op"] == "dense_static" and r["status"] == "ok"
-    }
-    for r in records:
-        if r["op"] in OURS and r["status"] == "ok":
-            b = base.get((r["W"], r["d"], r["rows"], r["batch"]))
-            s = dense.get((r["d"], r["rows"], r["batch"]))
-            r["speedup_vs_index_select"] = None if b is None else b / r["median_us"]
-            r["speedup_vs_dense_static"] = None if s is None else s / r["median_us"]
-
-
-def evaluate_targets(result: dict) -> list[dict]:
-    a = result["config"]
-    # a wrong output meets no target
-    recs = [r for r in result["records"] if r["status"] == "ok" and not r.get("check", "").startswith("FAILED")]
-    shape = [
-        r
-        for r in recs
-        if r["op"] in OURS and r["W"] in a["target_widths"] and r["d"] == a["target_d"] and r["rows"] <= TARGET_MAX_ROWS
-    ]
-    out = []
-    for op, be in sorted({(r["op"], r["backend"]) for r in shape}):
-        mine = [r for r in shape if (r["op"], r["backend"]) == (op, be)]
-        for ref, key in (("peak", "ideal_us_peak"), ("copy", "ideal_us_copy")):
-            rated = [r for r in mine if r.get(key)]
-            worst = max(rated, key=lambda r: r["median_us"] / r[key], default=None)
-            ratio = None if worst is None else worst["median_us"] / worst[key]
-            out.append(
-                {
-                    "target": f"within {TARGET_IDEAL_RATIO}x of the bandwidth ideal ({ref})",
-                    "op": op,
-                    "backend": be,
-                    "cases": len(rated),
-                    "worst": ratio,
-                    "worst_case": _where(worst),
-                    "met": None if ratio is None else ratio <= TARGET_IDEAL_RATIO,
-                    "unit": "x ideal time",
-                }
-            )
-        sp = [r for r in mine if r.get("speedup_vs_index_select")]
-        worst = min(sp, key=lambda r: r["speedup_vs_index_select"], default=None)
-        val = None if worst is None else worst["speedup_vs_index_select"]
-        out.append(
-            {
-                "target": f"at least {TARGET_SPEEDUP:g}x faster than index_select + matmul",
-                "op": op,
-                "backend": be,
-                "cases": len(sp),
-                "worst": val,
-                "worst_case": _where(worst),
-                "met": None if val is None else val >= TARGET_SPEEDUP,
-                "unit": "x speedup",
-            }
-        )
-    win = [r for r in recs if r["op"] == "window_update" and r["batch"] == a["target_window_batch"]]
-    for r in win:
-        out.append(
-            {
-                "target": f"window update at most {TARGET_WINDOW_US:g} us per round at batch {a['target_window_batch']}",
-                "op": "window_update",
-                "backend": r["backend"],
-                "cases": 1,
-                "worst": r["median_us"],
-                "worst_case": _where(r),
-                "met": r["median_us"] <= TARGET_WINDOW_US,
-                "unit": "us",
-            }
-        )
-    return out
-
-
-def _where(r: dict | None) -> str | None:
-    if r is None:
-        return None
-    if r["op"] == "window_update":
-        return f"batch {r['batch']}, capacity {r['W']}, block {r.get('block')}"
-    return f"W {r['W']}, d {r['d']}, rows {r['rows']}, batch {r['batch']}"
-
-
-# -- outputs -----------------------------------------------------------------------------------
-
-
-def _us(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x:.0f}" if x >= 1000 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
-
-
-def _f(x: float | None, fmt: str = ".2f") -> str:
-    return "-" if x is None else format(x, fmt)
-
-
-def _cell(r: dict | None) -> str:
-    if r is None:
-        return "skip"
-    wrong = " WRONG" if r.get("check", "").startswith("FAILED") else ""
-    return f"{_us(r['median_us'])} ({_f(r['frac_ideal'])}){wrong}"
-
-
-def markdown(result: dict) -> str:
-    a, dev, bw = result["config"], result["device"], result["bandwidth"]
-    recs = result["records"]
-    ok = {(r["op"], r["backend"], r["W"], r["d"], r["rows"], r["batch"]): r for r in recs if r["status"] == "ok"}
-    cpu = dev["type"] == "cpu"
-    lines = [
-        f"# Head-op kernels on {dev.get('name')}" + (" (CPU: not GPU numbers)" if cpu else ""),
-        "",
-        f"- command: `{result['command']}`",
-        f"- device: {dev.get('name')}, driver {dev.get('driver')}; "
-        + ", ".join(f"{k} {v}" for k, v in result["versions"].items()),
-        f"- dtype {a['dtype']}; timing: {result['timing']['method']}; "
-        + ("L2-hot (no rotation)" if a["hot"] or cpu else "inputs rotated so a replay reads >= 3x L2"),
-        f"- peak bandwidth: {_f(bw['peak_Bps'] and bw['peak_Bps'] / 1e12, '.3f')} TB/s ({bw['peak_source']}); "
-        f"measured copy: {_f(bw['copy_Bps'] / 1e12, '.3f')} TB/s (read + write of {bw['copy_bytes'] / 2**20:.0f} MiB)",
-        "",
-        f"## Headline: W {', '.join(map(str, a['target_widths']))}, d {a['target_d']}",
-        "",
-        "Microseconds (median); in brackets the fraction of the bandwidth ideal vs peak (1.00 = at the limit). "
-        "`ideal` = batch x W x d x bytes / peak (and / measured copy). Speedups are of our best backend.",
-        "",
-    ]
-    cols = [(op, be) for op in OURS for be in a["backends"] if op in a["ops"]]
-    head = ["W", "rows", "batch", "ideal peak/copy"] + [f"{op} {be}" for op, be in cols]
-    head += ["index_select+mm", f"dense {a['dense_width']}", "best vs isel", "best vs dense"]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    d = a["target_d"]
-    any_row = False
-    for W in a["target_widths"]:
-        for r in a["rows"]:
-            for b in a["batches"]:
-                mine = [ok.get((op, be, W, d, r, b)) for op, be in cols]
-                isel = ok.get(("index_select_matmul", "torch", W, d, r, b))
-                dense = ok.get(("dense_static", "torch", a["dense_width"], d, r, b))
-                if not any(mine) and not isel:
-                    continue
-                any_row = True
-                ref = next((x for x in (*mine, isel) if x), None)
-                cells = [str(W), str(r), str(b), f"{_us(ref['ideal_us_peak'])} / {_us(ref['ideal_us_copy'])}"]
-                cells += [_cell(x) for x in mine]
-                cells += [_us(isel["median_us"]) if isel else "-", _us(dense["median_us"]) if dense else "-"]
-                best = min((x for x in mine if x), key=lambda x: x["median_us"], default=None)
-                sp = best and best.get("speedup_vs_index_select")
-                sd = best and best.get("speedup_vs_dense_static")
-                cells += [f"{sp:.1f}x" if sp else "-", f"{sd:.1f}x" if sd else "-"]
-                lines.append("| " + " | ".join(cells) + " |")
-    if not any_row:
-        lines.append("| (no measured headline case) |" + " |" * (len(head) - 1))
-    win = [r for r in recs if r["op"] == "window_update"]
-    if win:
-        lines += ["", f"## Window update (capacity {a['capacity']}, block {a['draft_tokens']} + {a['topk_ids']})", ""]
-        lines += ["| backend | batch | median us | p10-p90 us |", "|---|---|---|---|"]
-        for r in win:
-            if r["status"] == "ok":
-                lines.append(
-                    f"| {r['backend']} | {r['batch']} | {_us(r['median_us'])} | {_us(r['p10_us'])}-{_us(r['p90_us'])} |"
-                )
-            else:
-                lines.append(f"| {r['backend']} | {r['batch']} | {r['status']} | {r['reason']} |")
-    lines += ["", "## Targets" + (" (CPU run: the targets are for the GPU)" if cpu else ""), ""]
-    lines += ["| target | op | backend | cases | worst | where | met |", "|---|---|---|---|---|---|---|"]
-    for t in result["targets"]:
-        met = "no data" if t["met"] is None else "**met**" if t["met"] else "not met"
-        worst = "-" if t["worst"] is None else f"{_f(t['worst'])} {t['unit']}"
-        lines.append(
-            f"| {t['target']} | {t['op']} | {t['backend']} | {t['cases']} | {worst} | {t['worst_case'] or '-'} | {met} |"
-        )
-    if not result["targets"]:
-        lines.append("| (no data) | | | | | | |")
-    bad = [r for r in recs if r.get("check", "ok").startswith("FAILED") or r["status"] == "error"]
-    if bad:
-        lines += ["", "## Failures", ""]
-        for r in bad[:40]:
-            lines.append(f"- {r['op']} {r['backend']} ({_where(r)}): {r.get('reason') or r.get('check')}")
-    skipped = Counter(r["reason"] for r in recs if r["status"] == "skipped")
-    if skipped:
-        lines += ["", "## Skipped", ""]
-        lines += [f"- {n} x {reason}" for reason, n in skipped.most_common()]
-    n_ok = sum(r["status"] == "ok" for r in recs)
-    lines += ["", f"{n_ok} of {len(recs)} cases measured; every number is in the JSON beside this file.", ""]
-    return "\n".join(lines)
-
-
-def plot(result: dict, path: Path) -> bool:
-    """GB/s vs W per (op, backend) at the target d (else the largest measured d); one panel per (rows, batch)."""
-    recs = [r for r in result["records"] if r["status"] == "ok" and r["op"] != "window_update"]
-    if not recs:
-        return False
-    dims = {r["d"] for r in recs}
-    d = result["config"]["target_d"] if result["config"]["target_d"] in dims else max(dims)
-    recs = [r for r in recs if r["d"] == d]
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    rows = sorted({r["rows"] for r in recs})
-    batches = sorted({r["batch"] for r in recs})
-    fig, axes = plt.subplots(len(rows), len(batches), figsize=(3.6 * len(batches), 2.8 * len(rows)), squeeze=False)
-    bw = result["bandwidth"]
-    series = sorted({(r["op"], r["backend"]) for r in recs})
-    for i, nr in enumerate(rows):
-        for j, b in enumerate(batches):
-            ax = axes[i][j]
-            for op, be in series:
-                pts = sorted(
-                    (r["W"], r["gbps"])
-                    for r in recs
-                    if (r["op"], r["backend"], r["rows"], r["batch"]) == (op, be, nr, b)
-                )
-                if not pts:
-                    continue
-                x, y = zip(*pts, strict=True)
-                dense = op.startswith("dense")
-                ax.plot(x, y, "s" if dense else "o-", ms=4, label=f"{op} {be}" if op in OURS else op)
-            if bw["peak_Bps"]:
-                ax.axhline(bw["peak_Bps"] / 1e9, color="k", ls="--", lw=0.8)
-            ax.axhline(bw["copy_Bps"] / 1e9, color="gray", ls=":", lw=0.8)
-            ax.set_xscale("log", base=2)
-            ax.set_title(f"rows {nr}, batch {b}", fontsize=9)
-            ax.tick_params(labelsize=7)
-            if j == 0:
-                ax.set_ylabel("GB/s (rows read once)", fontsize=8)
-            if i == len(rows) - 1:
-                ax.set_xlabel("W (head rows)", fontsize=8)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    for ax in axes.flat:
-        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    fig.legend(handles, labels, loc="lower center", ncol=min(4, max(1, len(labels))), fontsize=8)
-    fig.suptitle(
-        f"{result['device'].get('name')}, d = {d}, {result['config']['dtype']} (dashed: peak, dotted: measured copy)",
-        fontsize=10,
-    )
-    fig.tight_layout(rect=(0, 0.08, 1, 0.96))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
-
-
-def save(result: dict, out: Path, with_plot: bool) -> None:
-    add_speedups(result["records"])
-    result["targets"] = evaluate_targets(result)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, allow_nan=False) + "\n")
-    out.with_suffix(".md").write_text(markdown(result))
-    if with_plot:
-        png = out.with_suffix(".png")
-        result["plot"] = png.name if plot(result, png) else None
-
-
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     argv_list = list(sys.argv[1:] if argv is None else argv)
@@ -1056,10 +675,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     gen = torch.Generator(device=device)
     gen.manual_seed(args.seed)
-    if device.type == "cuda":
-        timer = CudaTimer(device, args.iters, args.warmup, args.max_ms, graph=not args.no_graph)
-    else:
-        timer = CpuTimer(args.iters, args.warmup, args.max_ms)
+    timer = make_timer(device, args.iters, args.warmup, args.max_ms, graph=not args.no_graph)
     bench = Bench(args, device, DTYPES[args.dtype], timer, env["device"].get("l2_bytes"), gen)
     if args.peak_bw is not None:
         peak, source = args.peak_bw, "--peak-bw"
