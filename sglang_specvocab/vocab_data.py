@@ -1,7 +1,9 @@
-"""Token statistics on disk: frequency tables and successor (co-occurrence) graphs.
+"""Token statistics: counting token streams, and the frequency tables and successor (co-occurrence)
+graphs on disk.
 
-Both are ``.npz`` archives read with ``allow_pickle=False``, built by
-``scripts/build_frequency_table.py``:
+``count_tokens`` counts streams of token ids (``text_streams``: a corpus tokenized, FR-Spec;
+``generated_streams``: the target's own greedy output, VocabTrim). Both files are ``.npz`` archives
+read with ``allow_pickle=False``, built by ``sglang-specvocab build-freq``:
 
 - frequency table: ``ids`` int32 (ids with a nonzero count, most frequent first, ties by
   lower id), ``counts`` int64 aligned with ``ids``, ``vocab_size``, ``meta`` (JSON string);
@@ -13,11 +15,12 @@ Every unusable file fails with one ``ConfigError`` naming the path and what is w
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import tempfile
 import zipfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +28,7 @@ import torch
 
 from .errors import ConfigError, SpecVocabError
 
-_BUILD_HINT = "build one with scripts/build_frequency_table.py"
+_BUILD_HINT = "build one with sglang-specvocab build-freq"
 _FLUSH_TOKENS = 1 << 22  # token ids buffered before a counting pass: bounds memory, keeps numpy calls large
 
 
@@ -203,3 +206,57 @@ def table_vocab_size(path: str | Path) -> int:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except (KeyError, ValueError, zipfile.BadZipFile, EOFError):
         raise ConfigError(f"{path}: not a frequency table or successor graph; {_BUILD_HINT}") from None
+
+
+# --- token streams to count ----------------------------------------------------------------------
+
+TOKENIZE_BATCH = 256  # segments per tokenizer call: the Rust tokenizer parallelizes within a call
+
+
+def text_streams(docs: Iterable[list[str]], tokenizer) -> Iterator[list[int]]:
+    """FR-Spec's counting stream: token ids of every segment, without special tokens (only the text is counted)."""
+    pending: list[str] = []
+    for segments in itertools.chain(docs, [None]):
+        if segments is not None:
+            pending.extend(segments)
+        if pending and (segments is None or len(pending) >= TOKENIZE_BATCH):
+            yield from tokenizer(pending, add_special_tokens=False, verbose=False)["input_ids"]
+            pending = []
+
+
+def generated_streams(
+    docs: Iterable[list[str]],
+    loaded,
+    *,
+    max_new_tokens: int,
+    prompt_tokens: int,
+    batch_size: int,
+    device: str | None = None,
+) -> Iterator[list[int]]:
+    """VocabTrim's counting stream: the greedy continuations by ``loaded`` (a ``lab.models.LoadedModel``)
+    of each document's first segment (cut to ``prompt_tokens``), up to and including the first EOS."""
+    from transformers import GenerationConfig  # heavy: only when generating
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = loaded.model.to(device)
+    eos = loaded.eos_token_ids
+    pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else eos[0]
+    # A fresh config: the checkpoint's own may ask for sampling, and only greedy is reproducible.
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=pad)
+    docs = iter(docs)
+    while batch := [
+        loaded.encode(segments[0])[: prompt_tokens] for segments in itertools.islice(docs, batch_size)
+    ]:
+        width = max(len(p) for p in batch)
+        input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, prompt in enumerate(batch):  # left padding: every prompt ends where generation starts
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = 1
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=input_ids.to(device), attention_mask=mask.to(device), generation_config=config
+            )
+        for row in out[:, width:].tolist():
+            ends = [i for i, t in enumerate(row) if t in eos]
+            yield row[: ends[0] + 1] if ends else row  # what follows the EOS is padding

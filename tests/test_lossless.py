@@ -1,4 +1,4 @@
-"""scripts/check_lossless.py against fake SGLang servers (OpenAI routes and /generate), and its
+"""``sglang-specvocab check-lossless`` against fake SGLang servers (OpenAI routes and /generate), and its
 tiny-checkpoint server set against SGLang's own argument parser."""
 
 import importlib.util
@@ -17,21 +17,18 @@ from http_fake import FakeServer, JsonHandler
 
 from sglang_specvocab.bench.lossless import TINY_SET, tiny_configs
 from sglang_specvocab.bench.server import SpecBenchError
+from sglang_specvocab.cli import main
 from sglang_specvocab.errors import SpecVocabError
 from sglang_specvocab.prompts import round_robin_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "check_lossless.py"
 CATEGORIES = ["writing", "translation", "qa", "math_reasoning"]  # 'writing' folds into mt_bench
 QUESTIONS = [{"question_id": 100 * (c + 1) + i, "category": cat, "turns": [f"{cat} question {i}: say something"]}
              for c, cat in enumerate(CATEGORIES) for i in range(4)]
 
 
 def _main():
-    spec = importlib.util.spec_from_file_location("check_lossless", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
+    return lambda args: main(["check-lossless", *args])
 
 
 def model_text(prompt: str, n: int) -> str:
@@ -214,22 +211,22 @@ def test_resume_sends_only_missing_requests_and_settings_change_reruns(questions
 
 
 def test_errors_are_clear(questions, tmp_path, capsys):
-    main = _main()
+    check = _main()
     with Fake() as ref:
-        rc = main(_args(questions, tmp_path, f"name=t,algorithm=none,url={ref.url}", extra=["--routes", "chat"]))
+        rc = check(_args(questions, tmp_path, f"name=t,algorithm=none,url={ref.url}", extra=["--routes", "chat"]))
         assert rc == 2 and "at least two configurations" in capsys.readouterr().err
         two = (f"name=t,algorithm=none,url={ref.url}", f"name=u,algorithm=none,url={ref.url}")
-        rc = main(_args(questions, tmp_path, *two, extra=["--routes", "chat,stream"]))
+        rc = check(_args(questions, tmp_path, *two, extra=["--routes", "chat,stream"]))
         assert rc == 2 and "unknown route(s) stream" in capsys.readouterr().err
-    rc = main(_args(questions, tmp_path, "name=t,algorithm=none,url=http://127.0.0.1:9", "name=u,args=--x",
+    rc = check(_args(questions, tmp_path, "name=t,algorithm=none,url=http://127.0.0.1:9", "name=u,args=--x",
                     extra=["--server-timeout", "0.5", "--routes", "chat"]))
     assert rc == 2 and "no healthy SGLang server at http://127.0.0.1:9" in capsys.readouterr().err
     for bad, why in ((["--only", "target"], "go with --tiny"), (["--concurrency", "1,x"], "must be integers"),
-                     (["--concurrency", "0"], "at least 1")):
-        with pytest.raises(SystemExit) as e:
-            main(["--out", str(tmp_path), "--config", "name=t,args=--x", *bad])
-        assert e.value.code == 2 and why in capsys.readouterr().err
-    rc = main(["--out", str(tmp_path), "--tiny", str(tmp_path / "tiny"), "--only", "nope",
+                     (["--concurrency", "0"], "must be positive integers")):
+        rc = check(["--out", str(tmp_path), "--config", "name=t,args=--x", *bad])
+        err = capsys.readouterr().err
+        assert rc == 2 and why in err and len(err.strip().splitlines()) == 1
+    rc = check(["--out", str(tmp_path), "--tiny", str(tmp_path / "tiny"), "--only", "nope",
                "--questions", str(questions)])
     assert rc == 2 and "unknown tiny config(s) nope" in capsys.readouterr().err
     assert not (tmp_path / "tiny").exists()  # refused before making any checkpoint
@@ -240,7 +237,7 @@ def test_sigterm_stops_the_launched_servers_and_keeps_the_cache(questions, tmp_p
     nothing half-written."""
     pid_file = tmp_path / "server.pid"
     launcher = shlex.join([sys.executable, str(Path(__file__)), "--serve"])
-    cmd = [sys.executable, str(SCRIPT), *_args(questions, tmp_path / "out",
+    cmd = [sys.executable, "-m", "sglang_specvocab", "check-lossless", *_args(questions, tmp_path / "out",
            f"name=t,args='--model-path m --pid-file {pid_file} --delay 0.3'",
            f"name=d,algorithm=DYNVOCAB,args='--model-path m --pid-file {pid_file} --delay 0.3'",
            extra=["--launcher", launcher, "--server-timeout", "60"])]
@@ -272,7 +269,7 @@ def test_sigterm_stops_the_launched_servers_and_keeps_the_cache(questions, tmp_p
 
 
 def test_tiny_configs_need_the_checkpoints(tmp_path):
-    with pytest.raises(SpecBenchError, match="make_tiny_checkpoints.py --out"):
+    with pytest.raises(SpecBenchError, match="sglang-specvocab tiny-checkpoints --out"):
         tiny_configs(tmp_path)
 
 

@@ -1,9 +1,7 @@
-"""scripts/bench_specbench.py end to end against fake SGLang servers (no GPU, seconds)."""
+"""``sglang-specvocab bench specbench`` end to end against fake SGLang servers (no GPU, seconds)."""
 
-import importlib.util
 import json
 import math
-import os
 import shlex
 import sys
 import threading
@@ -15,9 +13,9 @@ from http_fake import FakeServer, JsonHandler
 
 from sglang_specvocab.bench.server import SpecBenchError, make_config, parse_config_spec
 from sglang_specvocab.bench.specbench_report import summarize
+from sglang_specvocab.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "bench_specbench.py"
 TESTS = Path(__file__).resolve().parent
 EXPECTED_KEYS = {"runs", "device", "versions", "command", "concurrency", "temperature"}
 RUN_KEYS = {"config", "algorithm", "category", "tokens_per_s", "accept_length", "speedup", "n"}
@@ -32,13 +30,6 @@ CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}{{ '<start_of_turn>' + m['role'] + '\\n' + m['content'] + "
     "'<end_of_turn>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
 )
-
-
-def _bench_main():
-    spec = importlib.util.spec_from_file_location("bench_specbench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
 
 
 def make_tokenizer(path: Path, chat_template: bool = True) -> Path:
@@ -148,7 +139,7 @@ def questions(tmp_path):
 
 
 def _run(args, capsys=None):
-    rc = _bench_main()(args)
+    rc = main(["bench", "specbench", *args])
     captured = capsys.readouterr() if capsys is not None else None
     return rc, captured
 
@@ -187,7 +178,7 @@ def test_end_to_end_two_configs(tokdir, questions, tmp_path, capsys):
     result = json.loads((out / "specbench.json").read_text())
     assert set(result) == EXPECTED_KEYS
     assert result["concurrency"] == 1 and result["temperature"] == 0.0
-    assert "bench_specbench.py" in result["command"] and "--max-new-tokens 64" in result["command"]
+    assert result["command"].startswith("sglang-specvocab bench specbench ") and "--max-new-tokens 64" in result["command"]
     assert set(result["versions"]) >= {"sglang", "torch", "sglang-specvocab"} and result["device"]
     assert (out / "specbench.md").is_file() and (out / "specbench.png").stat().st_size > 0
 
@@ -315,7 +306,7 @@ def test_server_that_dies_shows_its_log(tokdir, questions, tmp_path, capsys):
     crash = shlex.join([sys.executable, "-c", "import sys; print('RuntimeError: no CUDA GPUs are available'); sys.exit(3)"])
     rc, cap = _run(["--config", "name=broken,args=--model-path x", "--launcher", crash, "--questions", str(questions),
                     "--out", str(tmp_path / "o"), "--no-progress"], capsys)
-    assert rc == 1
+    assert rc == 2
     assert "server 'broken' exited with code 3 before it became healthy" in cap.err
     assert "no CUDA GPUs are available" in cap.err and "broken.log" in cap.err
 
@@ -324,7 +315,7 @@ def test_server_that_never_gets_healthy_times_out(tokdir, questions, tmp_path, c
     hang = shlex.join([sys.executable, "-c", "import time; print('loading weights', flush=True); time.sleep(600)"])
     rc, cap = _run(["--config", "name=slow,args=--model-path x", "--launcher", hang, "--questions", str(questions),
                     "--out", str(tmp_path / "o"), "--no-progress", "--server-timeout", "2"], capsys)
-    assert rc == 1
+    assert rc == 2
     assert "server 'slow' did not become healthy within 2 s" in cap.err and "loading weights" in cap.err
 
 
@@ -332,10 +323,10 @@ def test_server_errors_and_unreachable_urls_are_clear(tokdir, questions, tmp_pat
     with FakeSGLang(tokdir, fail="The input (9000 tokens) is longer than the model's context length") as fake:
         rc, cap = _run(["--config", f"name=a,algorithm=none,url={fake.url}", "--questions", str(questions),
                         "--out", str(tmp_path / "o"), "--warmup", "0", "--no-progress"], capsys)
-    assert rc == 1 and "/generate: HTTP 400" in cap.err and "longer than the model's context length" in cap.err
+    assert rc == 2 and "/generate: HTTP 400" in cap.err and "longer than the model's context length" in cap.err
     rc, cap = _run(["--config", "name=a,algorithm=none,url=http://127.0.0.1:9", "--questions", str(questions),
                     "--out", str(tmp_path / "o"), "--no-progress", "--server-timeout", "1"], capsys)
-    assert rc == 1 and "no healthy SGLang server at http://127.0.0.1:9" in cap.err
+    assert rc == 2 and "no healthy SGLang server at http://127.0.0.1:9" in cap.err
 
 
 def test_plain_prompts_and_missing_templates(questions, tmp_path, capsys):
@@ -347,7 +338,7 @@ def test_plain_prompts_and_missing_templates(questions, tmp_path, capsys):
         base = ["--config", f"name=a,algorithm=none,url={fake.url}", "--questions", str(questions), "--out",
                 str(tmp_path / "o"), "--warmup", "0", "--no-progress", "--categories", "qa"]
         rc, cap = _run(base + ["--prompt-format", "chat"], capsys)
-        assert rc == 1 and "the tokenizer has no chat template" in cap.err
+        assert rc == 2 and "the tokenizer has no chat template" in cap.err
         rc, cap = _run(base, capsys)  # auto: no template, so the plain transcript; the tokenizer adds BOS
         assert rc == 0, cap.err
     ids = fake.requests[-1]["payload"]["input_ids"]
@@ -402,34 +393,31 @@ def test_bad_inputs_give_clear_errors(tokdir, questions, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(QUESTIONS[0]) + "\n{not json\n")
     rc, cap = _run(["--config", url, "--questions", str(bad)] + common, capsys)
-    assert rc == 1 and "bad.jsonl line 2: not valid JSON" in cap.err
+    assert rc == 2 and "bad.jsonl line 2: not valid JSON" in cap.err
     bad.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": "not a list"}) + "\n")
     rc, cap = _run(["--config", url, "--questions", str(bad)] + common, capsys)
-    assert rc == 1 and "'turns' must be a non-empty list of non-empty strings" in cap.err
+    assert rc == 2 and "'turns' must be a non-empty list of non-empty strings" in cap.err
     bad.write_text(json.dumps(QUESTIONS[2]) + "\n" + json.dumps(QUESTIONS[2]) + "\n")
     rc, cap = _run(["--config", url, "--questions", str(bad)] + common, capsys)
-    assert rc == 1 and "question_id 201 appears twice" in cap.err
+    assert rc == 2 and "question_id 201 appears twice" in cap.err
     rc, cap = _run(["--config", url, "--questions", str(tmp_path / "missing.jsonl")] + common, capsys)
-    assert rc == 1 and "missing.jsonl: no such file" in cap.err
+    assert rc == 2 and "missing.jsonl: no such file" in cap.err
     rc, cap = _run(["--config", url, "--questions", str(questions), "--categories", "qa,poetry"] + common, capsys)
-    assert rc == 1 and "unknown category poetry" in cap.err and "mt_bench, translation, qa" in cap.err
+    assert rc == 2 and "unknown category poetry" in cap.err and "mt_bench, translation, qa" in cap.err
     rc, cap = _run(["--config", url, "--config", url, "--questions", str(questions)] + common, capsys)
-    assert rc == 1 and "config name 'a' is used twice" in cap.err
+    assert rc == 2 and "config name 'a' is used twice" in cap.err
     yaml_file = tmp_path / "c.yaml"
     yaml_file.write_text("configs: [name: a\n")
     rc, cap = _run(["--configs", str(yaml_file), "--questions", str(questions)] + common, capsys)
-    assert rc == 1 and "not valid YAML" in cap.err
+    assert rc == 2 and "not valid YAML" in cap.err
     yaml_file.write_text("configs:\n  - name: a\n    algorithm: none\n")
     rc, cap = _run(["--configs", str(yaml_file), "--questions", str(questions)] + common, capsys)
-    assert rc == 1 and "c.yaml entry 1 (config 'a'): needs 'args'" in cap.err
-    for args, message in ((["--concurrency", "0"], "--concurrency must be at least 1"),
-                          (["--temperature", "-1"], "--temperature must not be negative"),
-                          ([], None)):
-        with pytest.raises(SystemExit) as exit_:
-            _bench_main()((["--config", url] if args else []) + args + ["--questions", str(questions)] + common)
-        assert exit_.value.code == 2
-        err = capsys.readouterr().err
-        assert (message or "give at least one --config or a --configs file") in err
+    assert rc == 2 and "c.yaml entry 1 (config 'a'): needs 'args'" in cap.err
+    for args, message in ((["--concurrency", "0"], "argument --concurrency: must be at least 1, got 0"),
+                          (["--temperature", "-1"], "argument --temperature: must be at least 0.0, got -1.0"),
+                          ([], "no configurations: give --config and/or --configs")):
+        rc, cap = _run((["--config", url] if args else []) + args + ["--questions", str(questions)] + common, capsys)
+        assert rc == 2 and message in cap.err and len(cap.err.strip().splitlines()) == 1
 
 
 def test_summary_skips_unfinished_questions_and_compares_common_ones():
@@ -453,11 +441,3 @@ def test_summary_skips_unfinished_questions_and_compares_common_ones():
     assert rows[("o", "qa")]["speedup"] == pytest.approx(20.0 / 10.0)  # over question 1, the only common one
     assert rows[("o", "overall")]["accept_length"] == pytest.approx((10 + 12) / (4 + 5))
     assert rows[("o", "overall")]["n"] == 2 and rows[("b", "overall")]["n"] == 2
-
-
-def test_script_help_runs():
-    import subprocess
-
-    run = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, cwd=ROOT,
-                         env={**os.environ, "COLUMNS": "120"})
-    assert run.returncode == 0 and "--limit-per-category" in run.stdout and "name=dynvocab" in run.stdout

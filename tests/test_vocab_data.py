@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import itertools
 import json
@@ -12,12 +11,14 @@ import re
 import subprocess
 import sys
 from collections import Counter
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 from sglang_specvocab import vocab_data
+from sglang_specvocab.cli import main
 from sglang_specvocab.errors import ConfigError, SpecVocabError
 from sglang_specvocab.vocab_data import (
     count_tokens,
@@ -27,7 +28,6 @@ from sglang_specvocab.vocab_data import (
     save_successors,
 )
 
-MODULE = "sglang_specvocab.lab.frequency"
 SPECIAL = ["[PAD]", "[UNK]", "<s>", "</s>"]
 WORDS = [f"w{i}" for i in range(40)]  # word i has token id len(SPECIAL) + i
 
@@ -167,12 +167,15 @@ def test_count_tokens_rejects_ids_outside_the_vocabulary():
         count_tokens([[1, 2], [3, 12]], 10)
 
 
-# --- the build script ----------------------------------------------------------------------------
+# --- the build-freq command ----------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def script():
-    return importlib.import_module(MODULE)
+    """The build-freq command (``script.main``) and its module's helpers."""
+    from sglang_specvocab.lab import frequency
+
+    return SimpleNamespace(main=lambda args: main(["build-freq", *args]), load_tokenizer=frequency.load_tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +223,7 @@ def test_script_counts_text(hf_dir, tmp_path):
     data.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(docs)))
     freq, succ = tmp_path / "out" / "f.npz", tmp_path / "out" / "s.npz"
     args = ["--model", hf_dir, "--text", data, "--limit", 20, "--out", freq, "--cooccurrence", succ, "--successors", 4]
-    done = subprocess.run([sys.executable, "-m", MODULE, *map(str, args)], capture_output=True, text=True, check=False)
+    done = subprocess.run([sys.executable, "-m", "sglang_specvocab", "build-freq", *map(str, args)], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     out = done.stdout
     streams = [ids_of(t) for t in docs[:20]]
@@ -266,10 +269,10 @@ def test_script_generate(script, hf_dir, tmp_path, capsys):
 def test_script_errors(script, hf_dir, tmp_path, capsys):
     data = tmp_path / "docs.jsonl"
     data.write_text(json.dumps({"id": 1, "body": "w1 w2"}) + "\n")
-    assert script.main(["--model", str(hf_dir), "--text", str(data), "--out", str(tmp_path / "f.npz")]) == 1
+    assert script.main(["--model", str(hf_dir), "--text", str(data), "--out", str(tmp_path / "f.npz")]) == 2
     err = capsys.readouterr().err
     assert f"{data}: records have no field 'text'; available fields: id, body (use --field)" in err
-    assert script.main(["--model", str(tmp_path / "nomodel"), "--sharegpt", "--out", str(tmp_path / "f.npz")]) == 1
+    assert script.main(["--model", str(tmp_path / "nomodel"), "--sharegpt", "--out", str(tmp_path / "f.npz")]) == 2
     assert "not 'gemma3-270m' and not a local Hugging Face directory" in capsys.readouterr().err
     assert not (tmp_path / "f.npz").exists()
 

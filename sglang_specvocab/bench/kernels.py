@@ -1,7 +1,9 @@
-#!/usr/bin/env python
-"""Time the head ops (indexed / packed logits, window update) against torch and the dense heads.
+"""``sglang-specvocab bench kernels``: the head ops (indexed / packed logits, window update) against torch
+and the dense heads, over a grid of shapes (``GRIDS``: data, one preset each).
 
-Run ``python scripts/bench_kernels.py --help`` for the sweep, the timing method and the outputs.
+Each case is checked against an fp32 oracle, timed with ``timing.make_timer`` and rated against the
+bandwidth ideal; ``kernels_report`` writes the JSON, Markdown and plot. The options and the method
+are in ``sglang-specvocab bench kernels --help``.
 """
 
 from __future__ import annotations
@@ -11,17 +13,17 @@ import json
 import math
 import platform
 import re
-import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from .. import ops
+from ..errors import SpecVocabError
 from .kernels_report import OURS, save
 from .timing import Timing, make_timer, summarize
 
@@ -33,6 +35,7 @@ except ImportError:  # progress bars are a convenience only
     tqdm = None
 
 SCHEMA = "bench_kernels/1"
+_NOT_CONFIG = ("out", "command", "command_line", "bench")  # argument namespace entries that are not settings
 
 # -- the sweep ---------------------------------------------------------------------------------
 
@@ -101,140 +104,20 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 CHECK_TOL = {"bf16": 5e-3, "fp16": 5e-3, "fp32": 1e-4}  # relative error of our output vs an fp32 oracle
 CHECK_MAX_ELEMENTS = 1 << 27  # skip the oracle where the fp32 gather would exceed this many elements
 
-DESCRIPTION = """\
-Time the head ops of sglang_specvocab.ops against torch and the dense heads, and write
-JSON + Markdown (+ a plot) of the results.
-
-Ops (--ops):
-  indexed              ops.indexed_logits (gather through the table's ids), per backend
-  packed               ops.packed_logits (rows pre-packed per request [R, W, d]), per backend
-  index_select_matmul  torch: weight.index_select(ids) per request, then bmm (the baseline)
-  dense_static         torch: hidden @ weight[:dense_width].T (EAGLE-3's static 32k head)
-  dense_full           torch: hidden @ weight[:V].T for each --full-vocabs V
-  window_update        ops.window_update, one verify round (draft tokens + top-K ids), per backend
-
-Sweep: W (--widths) x d (--dims) x rows per request (--rows) x batch (--batches);
-M = batch * rows hidden rows, each request has its own sorted set of W distinct random ids
-from [0, --index-vocab). The weight is allocated once per d (--index-vocab and every full
-vocabulary are row prefixes of it) and filled with random values, never zeros.
-
-Timing on a GPU: inputs made, a warm-up (--warmup calls, eager), then a CUDA graph holding
-several calls (enough for about 50 us) replayed --iters times, each replay between CUDA
-events; a sample is replay time / calls per graph (so launch gaps inside a captured loop are
-in, host launch cost is out). Median, p10, p90 of the samples. Where one call's data is
-smaller than 3x the L2 cache, the calls in a graph rotate over several input sets (other
-ids / hidden rows; other weight slices for the dense head) so the numbers are of HBM, not L2
-(--hot turns this off). --device cpu: the same code path timed with time.perf_counter per
-call, no graphs (results marked CPU).
-
-Bandwidth: bytes = the rows that must be read once: batch * W * d * bytes(dtype) for the
-indexed/packed/index_select ops, W * d * bytes for the dense heads (W = head width). GB/s =
-bytes / median time; ideal = bytes / peak, reported against the datasheet peak (--peak-bw,
-default by device name) and against a measured device-to-device copy (bytes read + written).
-frac_ideal = ideal time / median time (1.0 = at the bandwidth limit).
-
-A configuration that does not fit memory, or a backend that is unavailable or raises
-NotImplementedError, is recorded as skipped with the reason; other errors are recorded too.
-Results are saved after every d and every minute, so a run cut short keeps what it measured;
---time-budget-s starts no case past a deadline (the rest are recorded as skipped).
-"""
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        out = [int(float(x)) for x in text.replace(" ", "").split(",") if x]
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
-    if not out or any(x < 1 for x in out):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return out
-
-
-def _name_list(choices: Iterable[str]) -> Callable[[str], list[str]]:
-    choices = tuple(choices)
-
-    def parse(text: str) -> list[str]:
-        out = [x for x in text.replace(" ", "").split(",") if x]
-        bad = [x for x in out if x not in choices]
-        if bad or not out:
-            raise argparse.ArgumentTypeError(f"{bad or text!r}: choose from {', '.join(choices)}")
-        return list(dict.fromkeys(out))
-
-    return parse
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    preset = p.add_mutually_exclusive_group()
-    preset.add_argument("--quick", action="store_true", help="headline shapes only (W 2048/3072, d 4096): a first look")
-    preset.add_argument("--tiny", action="store_true", help="tiny shapes that run in seconds on a CPU (tests)")
-    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available)")
-    p.add_argument(
-        "--ops", type=_name_list(OPS), default=list(OPS), help=f"comma list of {', '.join(OPS)} (default: all)"
-    )
-    p.add_argument(
-        "--backends",
-        type=_name_list(BACKENDS),
-        default=None,
-        help="comma list of our backends to time (default: cuda,triton on a GPU; cuda,triton,torch on the CPU)",
-    )
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="weight/hidden dtype (default: bf16)")
-    p.add_argument("--iters", type=int, default=200, help="timed samples per case, at most (default: 200)")
-    p.add_argument("--warmup", type=int, default=10, help="eager warm-up calls per case (default: 10)")
-    p.add_argument(
-        "--max-ms",
-        type=float,
-        default=200.0,
-        help="stop sampling a case after about this much timed time, keeping at least 10 samples (default: 200)",
-    )
-    p.add_argument("--peak-bw", type=float, default=None, help="peak memory bandwidth in B/s (default: by device name)")
-    p.add_argument(
-        "--out", type=Path, default=None, help="JSON path (default: benchmarks/kernels-<device>.json); .md/.png beside"
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--hot", action="store_true", help="no input rotation: repeated calls may hit the L2 cache")
-    p.add_argument("--no-graph", action="store_true", help="GPU: time eager calls between events, no CUDA graphs")
-    p.add_argument("--max-mem-gb", type=float, default=None, help="skip a case whose own tensors would exceed this")
-    p.add_argument(
-        "--time-budget-s",
-        type=float,
-        default=None,
-        help="start no case after this many seconds; the rest are recorded as skipped (fits a device lease)",
-    )
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own)")
-    p.add_argument("--no-plot", action="store_true")
-    p.add_argument("--no-progress", action="store_true")
-    g = p.add_argument_group("shapes (override the preset's)")
-    g.add_argument("--widths", type=_int_list, help="W: candidate set sizes")
-    g.add_argument("--dims", type=_int_list, help="d: hidden sizes")
-    g.add_argument("--rows", type=_int_list, help="hidden rows per request (tree width)")
-    g.add_argument("--batches", type=_int_list, help="requests per call")
-    g.add_argument("--full-vocabs", type=_int_list, help="V of the full heads")
-    g.add_argument("--index-vocab", type=int, help="ids are drawn from [0, this) (default 128256)")
-    g.add_argument("--dense-width", type=int, help="rows of the static dense head (default 32768)")
-    g.add_argument("--window-batches", type=_int_list, help="batches of the window update")
-    g.add_argument("--capacity", type=int, help="window capacity (default 3072)")
-    g.add_argument("--draft-tokens", type=int, help="draft-tree tokens per verify block (default 4)")
-    g.add_argument("--topk-ids", type=int, help="verified top-K ids per verify block (default 15 = 3 x 5)")
-    g.add_argument("--target-widths", type=_int_list, help="W of the headline table and targets (default 2048,3072)")
-    g.add_argument("--target-d", type=int, help="d of the headline table, targets and plot (default 4096)")
-    g.add_argument("--target-window-batch", type=int, help="batch of the window target (default 64)")
-    g.add_argument("--copy-mb", type=int, help="MiB copied to measure bandwidth (default 2048; tiny 8)")
-    args = p.parse_args(argv)
-    if args.iters < 1 or args.warmup < 0:
-        p.error("--iters must be >= 1 and --warmup >= 0")
+def resolve(args) -> None:
+    """Fill the sweep from the preset (``--tiny``/``--quick``, else the full grid) where no shape option
+    was given, and the device and backends from what this machine has."""
     preset = "tiny" if args.tiny else "quick" if args.quick else "full"
     merged = dict(GRIDS["full"])
     merged.update(GRIDS[preset])
     for key, value in merged.items():
-        if getattr(args, key) is None:
+        if getattr(args, key, None) is None:
             setattr(args, key, value)
     args.preset = preset
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.backends is None:
         args.backends = ["cuda", "triton"] if args.device.startswith("cuda") else ["cuda", "triton", "torch"]
-    return args
 
 
 @dataclass(frozen=True)
@@ -656,14 +539,13 @@ def run_case(bench: Bench, case: Case, avail: list[str] | None, avail_err: str |
     return rec
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(args) -> int:
+    """``sglang-specvocab bench kernels``: the sweep, saved as it goes; 1 if an output check failed."""
     started = time.perf_counter()
-    argv_list = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv_list)
+    resolve(args)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        print("bench_kernels: error: --device cuda but torch sees no GPU (use --device cpu)", file=sys.stderr)
-        return 2
+        raise SpecVocabError("--device cuda but torch sees no GPU (use --device cpu)")
     if device.type == "cuda":
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -671,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     env = environment(device)
-    out = args.out or ROOT / "benchmarks" / f"kernels-{device_slug(env)}.json"
+    out = args.out or Path("benchmarks") / f"kernels-{device_slug(env)}.json"
     torch.manual_seed(args.seed)
     gen = torch.Generator(device=device)
     gen.manual_seed(args.seed)
@@ -684,13 +566,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         peak, source = None, "none for a CPU: use --peak-bw"
     copy = measure_copy(bench)
-    config = {k: v for k, v in vars(args).items() if k not in ("out",)}
+    config = {k: v for k, v in vars(args).items() if k not in _NOT_CONFIG and not callable(v)}
     result = {
         "schema": SCHEMA,
         "cpu": device.type == "cpu",
         **env,
-        "command": shlex.join(["python", "scripts/bench_kernels.py", *argv_list]),
-        "argv": argv_list,
+        "command": args.command_line,
         "config": config,
         "timing": {"method": timer.method, "iters": args.iters, "warmup": args.warmup, "max_ms": args.max_ms},
         "bandwidth": {"peak_Bps": peak, "peak_source": source, **copy},
@@ -735,8 +616,6 @@ def main(argv: list[str] | None = None) -> int:
     md = out.with_suffix(".md").read_text()
     print(md.split("## Skipped")[0].rstrip())
     print(f"\nwrote {out} and {out.with_suffix('.md').name}" + (f", {result['plot']}" if result.get("plot") else ""))
-    return 0
+    wrong = [r for r in result["records"] if r.get("check", "").startswith("FAILED")]
+    return 1 if wrong else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,7 +10,7 @@ A request is greedy (``temperature 0``) with a fixed token budget. Routes:
   steps (accepted length) and DYNVOCAB's telemetry, and its ``output_ids`` the tokens.
 
 ``concurrency`` N keeps N requests in flight, so the server batches them (SGLang decodes the running
-requests together): ``1`` and ``8`` are the issue's batch 1 and batch 8. Outputs are compared as
+requests together): ``1`` and ``8`` are batch 1 and batch 8 (the defaults). Outputs are compared as
 text (and as token ids where the route returns them); a mismatch records where the two first differ.
 Results are cached per (configuration, settings, route, concurrency, prompt) in a JSON-lines file,
 so a run cut short resumes where it stopped.
@@ -27,12 +27,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..prompts import Prompt
+from ..prompts import Prompt, round_robin_prompts, spec_bench_file
 from .server import (
     TELEMETRY,
     ResultCache,
@@ -44,7 +45,10 @@ from .server import (
     device_name,
     fmt,
     http_json,
+    load_config_file,
+    parse_config_spec,
     run_concurrently,
+    sigterm_as_interrupt,
     telemetry,
     versions,
 )
@@ -304,14 +308,14 @@ def check_tiny_names(names: list[str] | None) -> None:
 
 def tiny_configs(root: str | Path, extra_args: list[str] | None = None, dynvocab_config: str | None = None,
                  names: list[str] | None = None) -> list[ServerConfig]:
-    """The issue's server set on the tiny checkpoints (``scripts/make_tiny_checkpoints.py``): no speculation,
+    """The server set on the tiny checkpoints (``sglang-specvocab tiny-checkpoints``): no speculation,
     EAGLE3 and DYNVOCAB with both drafts, chains (topk 1) and trees (topk 4); CUDA graphs stay on."""
     check_tiny_names(names)
     root = Path(root)
     missing = [d for d in ("target", "draft-d2t", "draft-full") if not (root / d / "config.json").is_file()]
     if missing:
         raise SpecBenchError(f"{root}: no tiny checkpoint in {', '.join(missing)}; make them with "
-                             f"python scripts/make_tiny_checkpoints.py --out {root}")
+                             f"sglang-specvocab tiny-checkpoints --out {root}")
     common = ["--model-path", str(root / "target"), "--dtype", "bfloat16", "--cuda-graph-max-bs-decode", "8",
               "--mem-fraction-static", "0.5", *(extra_args or [])]
     out = []
@@ -373,3 +377,64 @@ def write_report(result: dict, out_dir: Path, stem: str = "lossless") -> list[Pa
     paths[0].write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     paths[1].write_text(markdown(result), encoding="utf-8")
     return paths
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+
+def run(args) -> int:
+    """``sglang-specvocab check-lossless``: 0 when every DYNVOCAB output equals the reference, 1 when not."""
+    if args.tiny is None and (args.only or args.server_args or args.dynvocab_config):
+        raise SpecBenchError("--only, --server-args and --dynvocab-config go with --tiny")
+    if args.tiny is None and not args.config and args.configs is None:
+        raise SpecBenchError("give --tiny DIR, or --config/--configs (the first configuration is the reference)")
+    configs = []
+    if args.tiny is not None:
+        check_tiny_names(args.only)  # before minutes of making checkpoints
+        if not (args.tiny / "target" / "config.json").is_file():
+            from ..testing.tiny import make_tiny_checkpoints  # heavy: transformers, only when they are missing
+
+            print(f"making the tiny checkpoints in {args.tiny}", flush=True)
+            make_tiny_checkpoints(args.tiny)
+        configs += tiny_configs(args.tiny, shlex.split(args.server_args), args.dynvocab_config, args.only)
+    configs += load_config_file(args.configs) if args.configs is not None else []
+    configs += [parse_config_spec(spec) for spec in args.config]
+    prompts = round_robin_prompts(spec_bench_file(args.questions), args.prompts)
+    launcher = shlex.split(args.launcher)
+    if not launcher:
+        raise SpecBenchError("--launcher is empty")
+    settings = LosslessSettings(
+        max_new_tokens=args.max_new_tokens,
+        concurrencies=tuple(args.concurrency),
+        routes=tuple(args.routes),
+        server=ServerSettings(
+            warmup=args.warmup,
+            server_timeout=args.server_timeout,
+            request_timeout=args.request_timeout,
+            host=args.host,
+            launcher=launcher,
+        ),
+    )
+    print(
+        f"{len(prompts)} prompts x {len(settings.routes)} routes x concurrency "
+        f"{','.join(map(str, settings.concurrencies))} x {len(configs)} configurations (reference: "
+        f"{configs[0].name if configs else '-'})",
+        flush=True,
+    )
+    with sigterm_as_interrupt():
+        cache = args.cache or args.out / f"{args.name}-cache.jsonl"
+        result = run_lossless(
+            configs,
+            prompts,
+            settings,
+            cache_path=cache,
+            log_dir=args.out / "logs",
+            command=args.command_line,
+            progress=not args.no_progress,
+        )
+    paths = write_report(result, args.out, args.name)
+    print()
+    print(markdown(result), end="")
+    for path in paths:
+        print(f"wrote {path}")
+    return 0 if result["lossless"] else 1

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import sys
 import threading
 import time
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from ..prompts import Question, format_prompt
+from ..prompts import Question, format_prompt, load_bench_questions, spec_bench_file
 from .server import (
     ResultCache,
     Server,
@@ -34,12 +35,15 @@ from .server import (
     check_unique,
     device_name,
     http_json,
+    load_config_file,
     model_info,
+    parse_config_spec,
     run_concurrently,
+    sigterm_as_interrupt,
     telemetry,
     versions,
 )
-from .specbench_report import summarize
+from .specbench_report import markdown, summarize, write_report
 
 PROMPT_FORMATS = ("auto", "chat", "plain")
 _PLAIN = SimpleNamespace(chat_template=None)  # makes format_prompt write its plain Question:/Answer: transcript
@@ -83,7 +87,7 @@ def prompt_ids(tokenizer, prompt_format: str, turns: list[str], answers: list[st
         if not has_template:
             raise SpecBenchError(
                 "the tokenizer has no chat template (--prompt-format chat); use --prompt-format plain, or a "
-                "checkpoint with a template (scripts/convert_gemma3.py --chat-template gemma)"
+                "checkpoint with a template (sglang-specvocab convert-gemma3 --chat-template gemma)"
             )
         # The template writes BOS itself: encode without adding specials, as SGLang's chat route does.
         return tokenizer(format_prompt(tokenizer, turns, answers), add_special_tokens=False).input_ids
@@ -223,3 +227,51 @@ def run_bench(configs: list[ServerConfig], questions: list[Question], settings: 
         "concurrency": settings.concurrency,
         "temperature": settings.temperature,
     }
+
+
+def run(args) -> int:
+    """``sglang-specvocab bench specbench``: configurations, questions, the run (resumable), the report."""
+    configs = (load_config_file(args.configs) if args.configs is not None else []) + [
+        parse_config_spec(spec) for spec in args.config
+    ]
+    check_unique(configs)  # also: at least one configuration
+    questions = load_bench_questions(spec_bench_file(args.questions), args.limit_per_category, args.categories)
+    launcher = shlex.split(args.launcher)
+    if not launcher:
+        raise SpecBenchError("--launcher is empty")
+    settings = BenchSettings(
+        temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens,
+        concurrency=args.concurrency,
+        prompt_format=args.prompt_format,
+        tokenizer=args.tokenizer,
+        warmup=args.warmup,
+        server_timeout=args.server_timeout,
+        request_timeout=args.request_timeout,
+        host=args.host,
+        launcher=launcher,
+    )
+    turns = sum(len(q.turns) for q in questions)
+    print(
+        f"{len(questions)} questions ({turns} turns) x {len(configs)} configurations: "
+        + ", ".join(f"{c.name} ({c.algorithm})" for c in configs),
+        flush=True,
+    )
+    with sigterm_as_interrupt():
+        cache = args.cache or args.out / "specbench-cache.jsonl"
+        result = run_bench(
+            configs,
+            questions,
+            settings,
+            cache_path=cache,
+            log_dir=args.out / "logs",
+            command=args.command_line,
+            progress=not args.no_progress,
+        )
+    paths = write_report(result, args.out, args.name)
+    print()
+    print(markdown(result), end="")
+    print()
+    for path in paths:
+        print(f"wrote {path}")
+    return 0

@@ -207,7 +207,7 @@ def _members(config: PolicyConfig) -> list[PolicyConfig]:
 
 
 _TARGET_ID_FILES = (("static", "table"), ("retrieval", "table"), ("retrieval", "graph"))
-_TRAINED_FILES = (("lowrank", "ranker", "svd"), ("cluster", "router", "centroid"))
+_TRAINED_FILES = (("lowrank", "ranker", "svd", "train-ranker"), ("cluster", "router", "centroid", "train-router"))
 
 
 def check_config_for_models(config: PolicyConfig, draft: DraftInfo) -> None:
@@ -228,14 +228,14 @@ def check_config_for_models(config: PolicyConfig, draft: DraftInfo) -> None:
                 raise ConfigError(
                     f"{cfg.source}: {section}.{key} = {value!r} is invalid: {path} was built for a "
                     f"{built_for}-token vocabulary, the target model has {draft.vocab_size}; "
-                    "build one for this model with scripts/build_frequency_table.py"
+                    "build one for this model with sglang-specvocab build-freq"
                 )
-        for section, key, builtin in _TRAINED_FILES:
+        for section, key, builtin, command in _TRAINED_FILES:
             value = getattr(getattr(cfg, section, None), key, None)
             if value is not None and value != builtin and not cfg.resolve(value).is_file():
                 raise ConfigError(
                     f"{cfg.source}: {section}.{key} = {value!r} is invalid: {cfg.resolve(value)} is not a file; "
-                    f"use '{builtin}' or a file from scripts/"
+                    f"use '{builtin}' or a file from sglang-specvocab {command}"
                 )
         cfg.check_vocab(draft.head_size, draft.describe())
 

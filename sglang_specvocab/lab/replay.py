@@ -25,8 +25,8 @@ from typing import Iterator
 import torch
 
 from ..config import PolicyConfig
-from ..errors import TraceError
-from ..policies import Policy, build_policy
+from ..errors import SpecVocabError, TraceError
+from ..policies import Policy, build_policy, load_config
 
 _REQUEST_KEYS = {"prompt_ids", "prompt_topk", "rounds"}
 _ROUND_KEYS = {"draft_tokens", "verify_topk", "accepted"}
@@ -171,3 +171,21 @@ def _sets(table, rows: torch.Tensor, start: int, rnd: int) -> Iterator[dict]:
     for row in rows.tolist():
         ids = table.row(row)
         yield {"request": start + row - 1, "round": rnd, "size": len(ids), "ids": ids}
+
+
+def run(args) -> int:
+    """``sglang-specvocab replay``: every request of ``args.trace`` through ``args.config``'s policy, sets to ``args.out``."""
+    cfg = load_config(args.config)
+    if args.vocab_size is not None:
+        cfg.check_vocab(args.vocab_size, f"--vocab-size {args.vocab_size}")
+    policy = replay_policy(cfg, args.batch_size)
+    requests = read_trace(args.trace, policy.prefill_topk, policy.verify_topk, args.vocab_size)
+    lines = sorted(replay(policy, requests), key=lambda d: (d["request"], d["round"]))
+    try:
+        with open(args.out, "w", encoding="utf-8") as f:
+            for line in lines:
+                f.write(json.dumps(line) + "\n")
+    except OSError as exc:
+        raise SpecVocabError(f"cannot write {args.out}: {exc.strerror or exc}") from None
+    print(f"replayed {len(requests)} requests, {len(lines)} sets -> {args.out}")
+    return 0

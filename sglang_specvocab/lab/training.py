@@ -6,13 +6,15 @@ policy sees at serve time), against the draft's own full-vocabulary head as the 
 
 from __future__ import annotations
 
+import sys
 from itertools import islice
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import torch
 
-from ..policies import parse_config
+from ..errors import SpecVocabError
+from ..policies import ModelContext, build_policy, load_config, parse_config
 from ..policies.cluster import Router
 from ..policies.lowrank import svd_ranker
 from ..prompts import format_prompt, sharegpt_conversations
@@ -141,26 +143,11 @@ def train_router(
     return router.eval(), losses
 
 
-# --- the scripts' shared command line -----------------------------------------------------------
-
-
-def add_recording_args(parser) -> None:
-    """Arguments of ``scripts/train_ranker.py`` and ``scripts/train_router.py`` that choose the data."""
-    parser.add_argument("--model", default="gemma3-270m", help="'gemma3-270m' or a local Hugging Face checkpoint dir")
-    parser.add_argument("--draft-layers", type=int, default=12, help="self-draft depth (the lab's default: 12)")
-    parser.add_argument("--prompts", type=int, default=32, help="ShareGPT conversations to decode (never Spec-Bench)")
-    parser.add_argument("--skip", type=int, default=1000, help="ShareGPT conversations to skip first")
-    parser.add_argument("--prompt-tokens", type=int, default=256, help="prompt length cap")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--states", help="cache of recorded states (.pt): read if it exists, else written")
-    parser.add_argument("--steps", type=int, default=300, help="optimiser steps")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
+# --- the commands (sglang-specvocab train-ranker / train-router) ----------------------------------
 
 
 def recorded_states(args, lm=None):
-    """(loaded model, draft CausalLM, hidden [N, d], tokens [N]) for the scripts' arguments."""
+    """(loaded model, draft CausalLM, hidden [N, d], tokens [N]) for the commands' recording arguments."""
     lm = lm or load_model(args.model)
     target = CausalLM(lm.model)
     draft = CausalLM(lm.model, num_layers=args.draft_layers)
@@ -187,3 +174,55 @@ def save_trained(path, data: dict, losses: list[float], name: str, loss_name: st
         f"[{name}] {loss_name} first {k} steps {sum(losses[:k]) / k:.4f} -> last {k} steps {sum(losses[-k:]) / k:.4f}"
     )
     print(f"[{name}] wrote {path}")
+
+
+def run_train_ranker(args) -> int:
+    """``sglang-specvocab train-ranker``: record draft states, fit a SpecVocab ranker, write it."""
+    _, draft, hidden, _ = recorded_states(args)
+    print(f"[train-ranker] {len(hidden)} recorded draft states", file=sys.stderr)
+    w_down, w_vocab, losses = train_ranker(
+        draft.weight,
+        hidden,
+        args.rank,
+        steps=args.steps,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        progress=True,
+    )
+    save_trained(args.out, {"w_down": w_down, "w_vocab": w_vocab}, losses, "train-ranker", "KL")
+    return 0
+
+
+def run_train_router(args) -> int:
+    """``sglang-specvocab train-router``: record draft states, fit a DynaSpec router to a cluster config's clusters."""
+    cfg = load_config(args.config)
+    if cfg.policy != "cluster":
+        raise SpecVocabError(f"{args.config}: policy = {cfg.policy!r}, a router needs a 'cluster' config")
+    cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"router": "centroid"})})
+    _, draft, hidden, tokens = recorded_states(args)
+    policy = build_policy(cfg, 1, model=ModelContext(weight=draft.weight.detach(), vocab_size=draft.vocab_size))
+    print(f"[train-router] {len(hidden)} recorded draft states, {len(policy.offsets) - 1} clusters", file=sys.stderr)
+    router, losses = train_router(
+        draft.weight,
+        draft.embedding,
+        hidden,
+        tokens,
+        policy.perm,
+        policy.offsets,
+        top_l=args.top_l,
+        width=args.width,
+        steps=args.steps,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        progress=True,
+    )
+    data = {
+        "state": router.state_dict(),
+        "clusters_key": policy.clusters_key,
+        "width": args.width,
+        "clusters": len(policy.offsets) - 1,
+    }
+    save_trained(args.out, data, losses, "train-router", "BCE")
+    return 0

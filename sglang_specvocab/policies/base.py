@@ -106,12 +106,12 @@ class Policy:
         """Ranker policies: write the sets of ``rows`` for draft step ``step`` (see the module doc)."""
 
 
-def load_trained(path, keys: tuple[str, ...], what: str, script: str, where: str) -> dict:
-    """The tensors/values ``keys`` of a trained file written by ``scripts/<script>``, or a clear error."""
+def load_trained(path, keys: tuple[str, ...], what: str, command: str, where: str) -> dict:
+    """The tensors/values ``keys`` of a trained file written by ``sglang-specvocab <command>``, or a clear error."""
     try:
         data = torch.load(path, weights_only=True, map_location="cpu")
         return {k: data[k] for k in keys}
     except FileNotFoundError:
-        raise ConfigError(f"{where}: {what} file {path} does not exist (train one with scripts/{script})") from None
+        raise ConfigError(f"{where}: {what} file {path} does not exist (train one with sglang-specvocab {command})") from None
     except Exception as exc:  # any unreadable file gets the same clear message
-        raise ConfigError(f"{where}: {what} file {path} is not a {what} from scripts/{script} ({exc!r})") from None
+        raise ConfigError(f"{where}: {what} file {path} is not a {what} from sglang-specvocab {command} ({exc!r})") from None

@@ -12,7 +12,7 @@ has no repeats. A request's rows (beams) share one set, chosen by the maximum of
 Router, ``router:``
 - ``centroid`` (training-free, beyond the paper): score = draft hidden state . cluster centroid;
 - a path: the paper's two-layer MLP on [embedding of the input token, draft hidden state],
-  trained by ``scripts/train_router.py`` (multi-label BCE, positives = the clusters holding the
+  trained by ``sglang-specvocab train-router`` (multi-label BCE, positives = the clusters holding the
   draft's top-L tokens).
 """
 
@@ -34,7 +34,7 @@ class ClusterSection(Section):
     clusters: int = Field(ge=2, description="number of k-means clusters of the vocabulary")
     budget: list[int] = Field(min_length=2, max_length=2, description="[k0, k1]: clusters for draft tokens 1 and 2")
     router: str = Field(
-        "centroid", description="'centroid' (training-free) or a router file from scripts/train_router.py"
+        "centroid", description="'centroid' (training-free) or a router file from sglang-specvocab train-router"
     )
     iterations: int = Field(20, ge=1, description="k-means iterations")
     seed: int = Field(0, ge=0, description="k-means seed")
@@ -104,12 +104,12 @@ class Router(torch.nn.Module):
 
 
 def load_router(path, hidden_size: int, clusters_key: str, where: str) -> Router:
-    data = load_trained(path, ("state", "clusters_key", "width", "clusters"), "router", "train_router.py", where)
+    data = load_trained(path, ("state", "clusters_key", "width", "clusters"), "router", "train-router", where)
     state, key, width, n = data["state"], data["clusters_key"], data["width"], data["clusters"]
     if key != clusters_key:
         raise ConfigError(
             f"{where}: router file {path} was trained for other clusters (another model or other "
-            "clusters/iterations/seed); retrain it with scripts/train_router.py"
+            "clusters/iterations/seed); retrain it with sglang-specvocab train-router"
         )
     router = Router(hidden_size, width, n)
     router.load_state_dict(state)

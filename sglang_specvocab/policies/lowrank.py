@@ -12,7 +12,7 @@ cap and an order to cut it by.
 Ranker, ``ranker:``
 - ``svd`` (training-free, beyond the paper): the rank-d' truncated SVD of the LM head,
   ``W = U S V^T``: ``W_down = V_r^T``, ``W_vocab = U_r S_r = W V_r``; cached per weights.
-- a path: a ranker trained by ``scripts/train_ranker.py`` on recorded draft hidden states.
+- a path: a ranker trained by ``sglang-specvocab train-ranker`` on recorded draft hidden states.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from .base import ModelContext, Policy, load_trained
 class LowRankSection(Section):
     rank: int = Field(ge=1, description="d', the ranker's inner dimension (the paper: d/16 to d/8)")
     topk: int = Field(ge=1, description="ids per request per draft step (the paper: 2048)")
-    ranker: str = Field("svd", description="'svd' (training-free) or a ranker file from scripts/train_ranker.py")
+    ranker: str = Field("svd", description="'svd' (training-free) or a ranker file from sglang-specvocab train-ranker")
 
 
 class LowRankConfig(PolicyConfig):
@@ -54,7 +54,7 @@ def svd_ranker(weight: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Ten
 
 def load_ranker(path, vocab_size: int, hidden_size: int, rank: int, where: str) -> tuple[torch.Tensor, torch.Tensor]:
     """A trained ranker file, checked against the model and the config."""
-    data = load_trained(path, ("w_down", "w_vocab"), "ranker", "train_ranker.py", where)
+    data = load_trained(path, ("w_down", "w_vocab"), "ranker", "train-ranker", where)
     w_down, w_vocab = data["w_down"], data["w_vocab"]
     want = {"w_down": (rank, hidden_size), "w_vocab": (vocab_size, rank)}
     for name, t in (("w_down", w_down), ("w_vocab", w_vocab)):

@@ -13,7 +13,7 @@ Nearest rows by maximum inner product to the target hidden state h are exactly t
 the target's logits ``W h`` (EAGLE drafts share the target's LM head), which verification has
 already computed: the policy takes them from ``verify_topk``, an exact search at no extra cost,
 so no approximate index (HNSW) is needed. The co-occurrence graph comes from
-``scripts/build_frequency_table.py --cooccurrence``.
+``sglang-specvocab build-freq --cooccurrence``.
 
 ``align:`` (opt-in) adds EvoSpec's online LoRA alignment of the draft (``lab/align.py``); the
 reference decoder runs it.
@@ -35,7 +35,7 @@ from .static import frequent_ids, vocab_size
 
 
 class RetrievalSection(Section):
-    table: str = Field(description="frequency table (.npz) of the static core, from scripts/build_frequency_table.py")
+    table: str = Field(description="frequency table (.npz) of the static core, from sglang-specvocab build-freq")
     static_size: int = Field(ge=1, description="ids in the static core (EvoSpec: 32k)")
     dynamic_size: int = Field(ge=1, description="the most retrieved ids a request keeps (EvoSpec: 256-1024)")
     neighbours: int = Field(8, ge=0, description="nearest LM-head rows to the target hidden state per miss")

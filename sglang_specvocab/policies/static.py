@@ -1,6 +1,6 @@
 """``static``: FR-Spec / VocabTrim, a fixed set of the most frequent token ids, EOS forced in.
 
-The frequency table comes from ``scripts/build_frequency_table.py``: counted over local text
+The frequency table comes from ``sglang-specvocab build-freq``: counted over local text
 (FR-Spec) or over text the target model generated (VocabTrim). Every row holds the same set
 from the start; events never change it.
 """
@@ -19,7 +19,7 @@ from .base import ModelContext, Policy
 
 
 class StaticSection(Section):
-    table: str = Field(description="a frequency table (.npz) from scripts/build_frequency_table.py")
+    table: str = Field(description="a frequency table (.npz) from sglang-specvocab build-freq")
     size: int = Field(ge=1, description="how many of the most frequent ids form the set")
 
 

@@ -137,7 +137,7 @@ def hot_vocabulary(
     size: int, vocab_size: int, *, freq_path: str | Path | None = None, data: SelfDistillData | None = None
 ) -> torch.Tensor:
     """The ``size`` most frequent target ids, ascending (EAGLE-3's convention for ``d2t``): from a
-    frequency table (``scripts/build_frequency_table.py``) or counted over ``data``'s responses
+    frequency table (``sglang-specvocab build-freq``) or counted over ``data``'s responses
     (ties, and ids never seen, by lower id)."""
     if freq_path is not None:
         ids = load_frequency_ids(freq_path, vocab_size, size)

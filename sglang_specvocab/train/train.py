@@ -1,39 +1,13 @@
-#!/usr/bin/env python3
-"""Train an EAGLE-3 draft for a target model, saved as SGLang's ``LlamaForCausalLMEagle3`` loads it.
+"""Training an EAGLE-3 draft by self-distillation: the optimisation loop and ``sglang-specvocab train-eagle3``.
 
-Data (self-distillation): the first user turn of ShareGPT conversations (after skipping the
-first --skip, never the Spec-Bench evaluation prompts) is answered by the target itself
-(greedy, Hugging Face ``generate``, batched); training uses prompt + response. The generated
-token ids are cached in --data and reused when that file exists.
 
-Objective: EAGLE-3's training-time test. The draft is unrolled --ttt-steps times over each
-sequence, feeding its own hidden state back as SGLang's draft loop does, with the attention
-each draft step has in SGLang (the draft-extend keys of the prefix plus the chain's earlier
-steps); every step is scored by KL(target || draft) against the target's next-token
-distribution (restricted to the draft vocabulary with --head d2t). The target runs alongside
-(online) to give the features SGLang captures and the teacher distributions.
-
-Heads: --head full keeps the target's vocabulary and LM head (config draft_vocab_size: null:
-SGLang binds the target's head; not saved); --head d2t trains a head over the --draft-vocab
-most frequent tokens (the shipped ShareGPT frequency table for gemma3-270m, otherwise counted
-over the training responses), initialised from the target's head rows, saved with d2t/t2d.
-
-Output: DIR/config.json, DIR/model.safetensors (and DIR/training.json). Serve it with
-
-    python -m sglang.launch_server --model-path TARGET --speculative-algorithm EAGLE3 \\
-        --speculative-draft-model-path DIR --speculative-num-steps 3 --speculative-eagle-topk 1 \\
-        --speculative-num-draft-tokens 4
-
-Example (GPU, Gemma-3 270M):
-
-    python scripts/train_eagle3_draft.py --target gemma3-270m --head d2t --draft-vocab 32768 \\
-        --data eagle3-data/gemma3-270m.pt --conversations 4000 --steps 3000 --batch-size 8 \\
-        --device cuda --out drafts/gemma3-270m-eagle3-d2t32k
+``run`` (the command): the target answers ShareGPT prompts greedily (``data``), a draft as wide as
+the target is built (``model``) and trained on the training-time-test loss (``loss``), then saved
+as SGLang loads it (``checkpoint``). ``sglang-specvocab train-eagle3 --help`` describes the options.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -53,70 +27,6 @@ from .loss import StepStats, ttt_loss
 from .model import Eagle3Config, Eagle3Draft, TargetTap, build_draft, capture_layers_from_ids
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", default="gemma3-270m", help="'gemma3-270m' or a local Hugging Face checkpoint dir")
-    p.add_argument("--out", required=True, help="directory to write the draft checkpoint to")
-    p.add_argument("--head", choices=("full", "d2t"), default="d2t", help="draft vocabulary (default: %(default)s)")
-    p.add_argument("--draft-vocab", type=int, default=32768, help="draft vocabulary size for --head d2t")
-    p.add_argument(
-        "--freq",
-        default="auto",
-        help="frequency table (.npz) choosing the d2t vocabulary; 'data' counts the training responses; "
-        "'auto' (default): the shipped ShareGPT table for gemma3-270m, else 'data'",
-    )
-    p.add_argument("--data", help="cache of the generated training data (.pt): read if it exists, else written")
-    p.add_argument("--conversations", type=int, default=2000, help="ShareGPT conversations to answer")
-    p.add_argument("--skip", type=int, default=1000, help="ShareGPT conversations to skip first")
-    p.add_argument("--prompt-tokens", type=int, default=512, help="longer prompts are left out")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="response length cap")
-    p.add_argument("--gen-batch-size", type=int, default=32, help="prompts per generate() call")
-    p.add_argument("--steps", type=int, default=2000, help="optimiser steps")
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per step")
-    p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (warm-up, then cosine to lr/10)")
-    p.add_argument("--seq-len", type=int, default=1024, help="sequences are cut to this many tokens")
-    p.add_argument("--ttt-steps", type=int, default=5, help="draft steps unrolled per position (training-time test)")
-    p.add_argument("--aux-layer-ids", help="eagle_aux_hidden_state_layer_ids, e.g. '1,8,14' (default: SGLang's)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument(
-        "--dtype",
-        choices=("auto", *DTYPES),
-        default="auto",
-        help="the target's dtype and the draft's autocast dtype (auto: bfloat16 on cuda, float32 on cpu)",
-    )
-    p.add_argument("--save-dtype", choices=tuple(DTYPES), default="bfloat16", help="dtype of the saved weights")
-    p.add_argument("--log-every", type=int, default=100, help="print the loss every N steps (0: never)")
-    args = p.parse_args(argv)
-    for name in (
-        "draft_vocab",
-        "conversations",
-        "prompt_tokens",
-        "max_new_tokens",
-        "gen_batch_size",
-        "steps",
-        "batch_size",
-        "seq_len",
-        "ttt_steps",
-    ):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} = {getattr(args, name)} is invalid: must be >= 1")
-    if args.skip < 0:
-        p.error(f"--skip = {args.skip} is invalid: must be >= 0")
-    if not args.lr > 0:
-        p.error(f"--lr = {args.lr} is invalid: must be > 0")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda: no CUDA device is available")
-    if args.dtype == "auto":
-        args.dtype = "bfloat16" if args.device == "cuda" else "float32"
-    if args.aux_layer_ids is not None:
-        try:
-            args.aux_layer_ids = [int(x) for x in args.aux_layer_ids.split(",")]
-        except ValueError:
-            p.error(f"--aux-layer-ids = {args.aux_layer_ids!r} is invalid: comma-separated layer numbers")
-    return args
 
 
 def load_target(name: str, dtype: torch.dtype):
@@ -306,59 +216,61 @@ def format_stats(step: int, s: StepStats) -> str:
     return f"[eagle3] step {step}: loss {s.loss:.4f}  top-1 per pass [{acc}]  est. accept length {s.accept_length:.2f}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run(args) -> int:
+    """``sglang-specvocab train-eagle3``: data (generated or cached), the draft, training, the checkpoint."""
     start = time.perf_counter()
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SpecVocabError("--device cuda: no CUDA device is available")
+    if args.dtype == "auto":
+        args.dtype = "bfloat16" if args.device == "cuda" else "float32"
     device = torch.device(args.device)
-    try:
-        model, with_tokenizer = load_target(args.target, DTYPES[args.dtype])
-        model.to(device)
-        vocab = model.get_input_embeddings().weight.shape[0]
-        data = training_data(args, model, with_tokenizer)
-        if args.head == "d2t" and args.draft_vocab >= vocab:
-            raise SpecVocabError(
-                f"--draft-vocab {args.draft_vocab} is not below the target's {vocab} tokens; use --head full"
-            )
-        ids, vocab_source = hot_ids(args, data, vocab)
-        capture = (
-            None
-            if args.aux_layer_ids is None
-            else capture_layers_from_ids(args.aux_layer_ids, model.config.num_hidden_layers)
+    model, with_tokenizer = load_target(args.target, DTYPES[args.dtype])
+    model.to(device)
+    vocab = model.get_input_embeddings().weight.shape[0]
+    data = training_data(args, model, with_tokenizer)
+    if args.head == "d2t" and args.draft_vocab >= vocab:
+        raise SpecVocabError(
+            f"--draft-vocab {args.draft_vocab} is not below the target's {vocab} tokens; use --head full"
         )
-        cfg = Eagle3Config.for_target(
-            model, draft_vocab_size=None if ids is None else len(ids), capture_layers=capture
-        )
-        tap = TargetTap(model, cfg.capture_layers)
-        draft = build_draft(model, cfg, ids, seed=args.seed).to(device)
-        n_params = sum(p.numel() for p in draft.parameters())
-        print(
-            f"[eagle3] target {args.target}: {model.config.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
-            f"vocab {vocab}; capture layers {cfg.capture_layers} ({tap.style} features); head {cfg.head}"
-            + (f" over {cfg.draft_vocab_size} tokens ({vocab_source})" if ids is not None else "")
-            + f"; {n_params / 1e6:.1f}M trainable parameters",
-            file=sys.stderr,
-        )
-        if len(trainable(data, args.seq_len)) == 0:
-            raise SpecVocabError(f"no training sequence has a response within --seq-len {args.seq_len}")
-        autocast = DTYPES[args.dtype] if device.type == "cuda" and args.dtype != "float32" else None
-        history = train_draft(
-            draft,
-            tap,
-            data,
-            steps=args.steps,
-            batch_size=args.batch_size,
-            lr=args.lr,
-            seq_len=args.seq_len,
-            ttt_steps=args.ttt_steps,
-            seed=args.seed,
-            pad_token_id=_pad_id(model),
-            autocast_dtype=autocast,
-            progress=True,
-            log_every=args.log_every,
-        )
-    except SpecVocabError as exc:
-        print(f"train_eagle3_draft: error: {exc}", file=sys.stderr)
-        return 1
+    ids, vocab_source = hot_ids(args, data, vocab)
+    capture = (
+        None
+        if args.aux_layer_ids is None
+        else capture_layers_from_ids(args.aux_layer_ids, model.config.num_hidden_layers)
+    )
+    cfg = Eagle3Config.for_target(
+        model, draft_vocab_size=None if ids is None else len(ids), capture_layers=capture
+    )
+    tap = TargetTap(model, cfg.capture_layers)
+    draft = build_draft(model, cfg, ids, seed=args.seed).to(device)
+    n_params = sum(p.numel() for p in draft.parameters())
+    print(
+        f"[eagle3] target {args.target}: {model.config.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
+        f"vocab {vocab}; capture layers {cfg.capture_layers} ({tap.style} features); head {cfg.head}"
+        + (f" over {cfg.draft_vocab_size} tokens ({vocab_source})" if ids is not None else "")
+        + f"; {n_params / 1e6:.1f}M trainable parameters",
+        file=sys.stderr,
+    )
+    if len(trainable(data, args.seq_len)) == 0:
+        raise SpecVocabError(f"no training sequence has a response within --seq-len {args.seq_len}")
+    autocast = DTYPES[args.dtype] if device.type == "cuda" and args.dtype != "float32" else None
+    history = train_draft(
+        draft,
+        tap,
+        data,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seq_len=args.seq_len,
+        ttt_steps=args.ttt_steps,
+        seed=args.seed,
+        pad_token_id=_pad_id(model),
+        autocast_dtype=autocast,
+        progress=True,
+        log_every=args.log_every,
+    )
     k = max(1, len(history) // 10)
     first = sum(h.loss for h in history[:k]) / k
     last = sum(h.loss for h in history[-k:]) / k
@@ -371,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         f"estimated accept length (chain of {args.ttt_steps}) {accept:.2f}"
     )
     extra = {
-        "args": {k_: v for k_, v in vars(args).items()},
+        "args": {k_: v for k_, v in vars(args).items() if not callable(v)},
         "sequences": len(data),
         "data_source": data.meta.get("source"),
         "vocab_source": vocab_source,
@@ -384,11 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = save_checkpoint(draft, args.out, DTYPES[args.save_dtype], extra)
     except OSError as exc:
-        print(f"train_eagle3_draft: error: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
+        raise SpecVocabError(f"cannot write {args.out}: {exc.strerror or exc}") from None
     print(f"[eagle3] wrote {out}/config.json and {out}/model.safetensors")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,102 @@
+"""The one command, ``sglang-specvocab``: every subcommand answers --help, and one exit-status rule holds
+for all of them (0 success, 1 a check failed, 2 refused input with one ``error:`` line, 130 interrupted)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from sglang_specvocab import cli
+from sglang_specvocab.errors import SpecVocabError
+
+SUBCOMMANDS = {  # subcommand -> an option its help must list
+    ("lab",): "--per-category",
+    ("replay",): "--trace",
+    ("check-config",): "--vocab-size",
+    ("build-freq",): "--cooccurrence",
+    ("train-ranker",): "--rank",
+    ("train-router",): "--top-l",
+    ("train-eagle3",): "--ttt-steps",
+    ("convert-gemma3",): "--chat-template",
+    ("bench", "kernels"): "--time-budget-s",
+    ("bench", "specbench"): "--limit-per-category",
+    ("check-lossless",): "--tiny",
+    ("tiny-checkpoints",): "--draft-vocab",
+}
+
+
+@pytest.mark.parametrize("command", sorted(SUBCOMMANDS), ids=" ".join)
+def test_every_subcommand_explains_itself(command, capsys):
+    assert cli.main([*command, "--help"]) == 0
+    assert SUBCOMMANDS[command] in capsys.readouterr().out
+
+
+def test_the_top_level_help_lists_every_subcommand_and_the_exit_rule(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in {c[0] for c in SUBCOMMANDS}:
+        assert f"    {command}" in out
+    assert "refused input" in out and "130" in out
+
+
+def test_python_dash_m_runs_the_command_without_importing_torch_for_help():
+    code = (
+        "import sys, runpy; sys.argv = ['sglang-specvocab', 'check-config', '--help']\n"
+        "try:\n    runpy.run_module('sglang_specvocab', run_name='__main__')\n"
+        "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+        "assert 'torch' not in sys.modules, 'help imported torch'\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "--vocab-size" in run.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["nope"], "invalid choice: 'nope'"),
+        (["lab", "--config", "c.yaml", "--steps", "0"], "argument --steps: must be at least 1, got 0"),
+        (["bench", "kernels", "--ops", "indexed,bogus"], "bogus: choose from indexed"),
+        (["check-lossless", "--out", "o", "--concurrency", "1,x"], "must be integers separated by commas"),
+        (["replay", "--config", "c.yaml"], "the following arguments are required: --trace, --out"),
+    ],
+)
+def test_refused_arguments_exit_2_with_one_error_line(argv, message, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_refused_input_found_while_running_exits_2_with_one_error_line(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("policy: window\ncapacity: 0\n")
+    assert cli.main(["check-config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {bad}: capacity = 0 is invalid") and len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err
+
+
+def test_a_passing_and_a_failing_check_and_an_interrupt(monkeypatch, capsys):
+    outcomes = iter([0, 1, KeyboardInterrupt(), SpecVocabError("the input names what is wrong")])
+
+    def run(args):
+        outcome = next(outcomes)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(cli, "_run_check_lossless", run)
+    argv = ["check-lossless", "--out", "o", "--config", "name=a,args=--x"]
+    assert [cli.main(argv) for _ in range(4)] == [0, 1, 130, 2]
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "sglang-specvocab: interrupted; finished requests are cached, rerun the same command to resume",
+        "error: the input names what is wrong",
+    ]
+
+
+def test_the_command_line_is_recorded_as_typed(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(cli, "_run_check_config", lambda args: seen.setdefault("line", args.command_line) and 0)
+    assert cli.main(["check-config", "my config.yaml"]) == 0
+    assert seen["line"] == "sglang-specvocab check-config 'my config.yaml'"
