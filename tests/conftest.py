@@ -1,12 +1,16 @@
-import importlib.abc
-import importlib.machinery
+"""Fixtures and markers shared by every test module (shared helpers: ``helpers.py``).
+
+Markers (registered in pyproject.toml): ``slow`` (Gemma-3 270M or long loops; CI runs them too),
+``sglang`` (imports SGLang: skipped where it is not installed), ``gpu`` (needs a CUDA device:
+skipped without one). ``pytest -m "not slow and not sglang"`` is the fast inner loop.
+"""
+
 import importlib.util
 import os
-import sys
-import types
 
 import pytest
 import torch
+from helpers import tiny_llama
 from hypothesis import HealthCheck, settings
 
 # CI runs a fixed, reproducible set of examples; locally hypothesis explores new ones.
@@ -15,26 +19,12 @@ settings.register_profile("dev", deadline=None, suppress_health_check=[HealthChe
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
-def tiny_llama(vocab_size: int = 512, layers: int = 4, seed: int = 0, dtype=torch.float64):
-    """A random Llama with spread-out logits, so greedy decoding is not one repeated token."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        initializer_range=0.2,
-        tie_word_embeddings=False,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
-    return LlamaForCausalLM(cfg).to(dtype).eval()
+@pytest.hookimpl(tryfirst=True)  # before any fixture of the test is set up
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("sglang") and importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is not installed")
+    if item.get_closest_marker("gpu") and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
 
 
 @pytest.fixture(scope="module")
@@ -59,42 +49,9 @@ def gemma():
     return load_model("gemma3-270m")
 
 
-class _TorchvisionStandIn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Empty ``torchvision`` modules: SGLang's config package imports it, it has no CPU build, Llama never uses it.
-
-    Real module objects (with a ``__spec__``), because some code calls ``importlib.util.find_spec``."""
-
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] == "torchvision":
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        module = types.ModuleType(spec.name)
-        module.__path__ = []
-        module.__getattr__ = _standin_attr
-        return module
-
-    def exec_module(self, module):
-        pass
-
-
-def _standin_attr(name):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    return type(name, (), {})
-
-
-def install_torchvision_standin() -> None:
-    """Install the stand-in once, only when torchvision is missing (also callable from child processes)."""
-    if any(isinstance(f, _TorchvisionStandIn) for f in sys.meta_path) or importlib.util.find_spec("torchvision"):
-        return
-    from transformers.utils import import_utils
-
-    import_utils.is_torchvision_available()  # let transformers settle "unavailable" before the stand-in exists
-    sys.meta_path.insert(0, _TorchvisionStandIn())
-
-
 @pytest.fixture(scope="session")
 def torchvision_standin():
-    install_torchvision_standin()
+    """SGLang imported in this process: an empty torchvision where it is missing (vllm stays absent here)."""
+    from sglang_specvocab.testing.standins import install
+
+    install(("torchvision",))

@@ -4,6 +4,7 @@ import random
 
 import pytest
 import torch
+from helpers import pad
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from literal import LiteralARC
@@ -11,10 +12,6 @@ from literal import LiteralARC
 from sglang_specvocab.policies.arc import BatchedARC
 
 CAPACITIES = [1, 2, 3, 5, 8]
-
-
-def pad(rows, width):
-    return torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.int64).reshape(len(rows), width)
 
 
 def check(arc, lit, rows_n):

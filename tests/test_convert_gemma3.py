@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from sglang_specvocab.cli import main
+from sglang_specvocab.testing.standins import child_preamble
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE = "sglang_specvocab.lab.convert_gemma3"
@@ -105,31 +106,11 @@ def test_tokenizer_prepends_bos(converted, gemma):
     assert ids[:2] == [2, 105] and ids.count(2) == 1  # the template's BOS only: no double BOS
 
 
-# Runs in a child process: SGLang's config package imports torchvision, which has no CPU build. The
-# child makes transformers settle "torchvision is unavailable" first, then serves empty stand-in
-# modules for SGLang's own imports. It then loads the checkpoint the way the server does: ModelConfig,
-# get_tokenizer, the model registry, and Gemma3ForCausalLM.load_weights on CPU (gloo, TP 1).
-_SGLANG_CHECK = r"""
-import importlib.abc, importlib.machinery, importlib.util, json, socket, sys
+# Runs in a child process, after a stand-in for torchvision (no CPU build). It loads the checkpoint the way
+# the server does: ModelConfig, get_tokenizer, the model registry, and Gemma3ForCausalLM.load_weights on CPU.
+_SGLANG_CHECK = child_preamble(("torchvision",)) + r"""
+import json, socket, sys
 import torch
-from transformers.utils import import_utils
-import_utils.is_torchvision_available(); import_utils.is_torchvision_v2_available()
-
-class _Stub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, name, path=None, target=None):
-        if name == "torchvision" or name.startswith("torchvision."):
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-    def create_module(self, spec):
-        return None
-    def exec_module(self, module):
-        def missing(attr):
-            if attr.startswith("__"):
-                raise AttributeError(attr)
-            return type(attr, (), {})
-        module.__getattr__ = missing
-
-if importlib.util.find_spec("torchvision") is None:
-    sys.meta_path.append(_Stub())
 
 path = sys.argv[1]
 from sglang.srt.configs.model_config import ModelConfig
@@ -177,9 +158,8 @@ print("RESULT " + json.dumps(result))
 
 
 @pytest.mark.slow
+@pytest.mark.sglang
 def test_sglang_loads_config_tokenizer_and_weights(converted):
-    if importlib.util.find_spec("sglang") is None:
-        pytest.skip("sglang is not installed")
     run = subprocess.run([sys.executable, "-c", _SGLANG_CHECK, str(converted)], capture_output=True, text=True,
                          cwd=ROOT, timeout=900)
     lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]

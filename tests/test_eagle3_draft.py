@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_llama
-from sglang_child import STUBS, free_port, sglang_available
+from helpers import free_port, tiny_llama
 
 from sglang_specvocab.cli import main
 from sglang_specvocab.errors import SpecVocabError
+from sglang_specvocab.testing.standins import CHILD_PREAMBLE
 from sglang_specvocab.train import checkpoint as C
 from sglang_specvocab.train import data as D
 from sglang_specvocab.train import model as M
@@ -309,8 +309,10 @@ def test_bad_arguments_fail_clearly(target_dir, tmp_path, capsys):
 # SGLang's own model, in a child process (it initialises torch.distributed and stubs two imports that
 # a CPU machine lacks: torchvision, which only multimodal configs import, and vllm's rotary kernel,
 # which SGLang's RotaryEmbedding imports on a non-CUDA, non-CPU-engine build; no forward here uses them).
-_SGLANG_CHECK = STUBS + textwrap.dedent(
+_SGLANG_CHECK = CHILD_PREAMBLE + textwrap.dedent(
     """
+    import json, sys
+
     import torch
     from safetensors.torch import load_file
     from sglang.test.layer_ut_utils import init_single_process_dist
@@ -388,7 +390,7 @@ _SGLANG_CHECK = STUBS + textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(not sglang_available(), reason="sglang is not installed")
+@pytest.mark.sglang
 def test_sglang_loads_the_checkpoint_and_computes_the_same_draft(target, data, tmp_path):
     """Both head modes: every SGLang parameter but the ones the worker binds from the target comes
     from the checkpoint, d2t gives SGLang's hot_token_id, and SGLang's modules run the draft-extend

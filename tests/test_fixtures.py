@@ -3,7 +3,6 @@ target through transformers offline, the drafts' d2t and capture layers, determi
 ModelConfig / server-argument resolution on CPU (in a child process)."""
 
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from sglang_child import STUBS
 
 from sglang_specvocab.cli import main
 from sglang_specvocab.errors import SpecVocabError
 from sglang_specvocab.testing import tiny as F
+from sglang_specvocab.testing.standins import CHILD_PREAMBLE
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 128256
@@ -120,10 +119,11 @@ def test_refuses_a_non_empty_dir_without_force(tmp_path, capsys):
         F.make_tiny_checkpoints(tmp_path / "p", vocab_size=1024, draft_vocab_size=1024)
 
 
-# SGLang in a child process: its config package imports torchvision (absent on this CPU machine and
-# unused by Llama configs), so that is stubbed, as in test_eagle3_draft.py.
-_SGLANG_CHECK = STUBS + textwrap.dedent(
+# SGLang in a child process, after the stand-ins for what a CPU machine lacks (torchvision, vllm).
+_SGLANG_CHECK = CHILD_PREAMBLE + textwrap.dedent(
     """
+    import json, sys
+
     from sglang.srt.arg_groups.model_override_base import resolving_view
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.server_args import prepare_server_args
@@ -159,7 +159,7 @@ _SGLANG_CHECK = STUBS + textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed")
+@pytest.mark.sglang
 def test_sglang_model_config_and_server_args_on_cpu(tiny, tmp_path):
     script = tmp_path / "check.py"
     script.write_text(_SGLANG_CHECK)

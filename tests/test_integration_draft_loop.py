@@ -23,14 +23,13 @@ replaced in both runs by a stand-in that returns the predicted ids, the rows and
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 from types import SimpleNamespace
 
 import pytest
 import torch
-from test_integration_worker import Mode
+from helpers import Mode
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed")
+pytestmark = pytest.mark.sglang
 
 V, D, R, CAP = 40, 8, 6, 12
 ROWS = [3, 1, 4]  # request slots (row 0: SGLang's padding row, never a request's)

@@ -10,132 +10,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import compact_accepted, literal_event, sglang_round, window_config
 from literal import LiteralWindow
 
 from sglang_specvocab.integration.events import prefill_event, reset_rows, verify_event
-from sglang_specvocab.policies import build_policy, load_config, parse_config
+from sglang_specvocab.policies import build_policy, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_ROWS = 9  # pool rows, row 0 the padding row as in SGLang
 
 
-def window_config(cap=16, kpre=3, kver=3, sources=("context", "extension")):
-    return parse_config({"policy": "window", "capacity": cap,
-                         "window": {"prefill_topk": kpre, "verify_topk": kver, "sources": list(sources)}})
-
-
-# -- a literal SGLang verify round --------------------------------------------------------------
-
-
-def random_tree(gen, nd, steps, chain):
-    """Parents of nodes 1..nd-1 (node 0 the root), parent before child, depth <= steps."""
-    parents, depth = [-1], [0]
-    for j in range(1, nd):
-        p = j - 1 if chain else int(torch.randint(0, j, (1,), generator=gen))
-        while depth[p] >= steps:
-            p = parents[p]
-        parents.append(p)
-        depth.append(depth[p] + 1)
-    return parents
-
-
-def sglang_round(gen, bs, nd, steps, vocab, chain, accept_depths):
-    """One verify round in SGLang's layout, greedy, with the accepted path of request i at most accept_depths[i]."""
-    width = steps + 1
-    draft = torch.zeros(bs, nd, dtype=torch.int64)
-    logits = torch.randn(bs, nd, vocab, generator=gen, dtype=torch.float64)
-    ri = torch.full((bs, nd), -1, dtype=torch.int64)
-    rnt = torch.full((bs, nd), -1, dtype=torch.int64)
-    rns = torch.full((bs, nd), -1, dtype=torch.int64)
-    trees = []
-    for i in range(bs):
-        parents = random_tree(gen, nd, steps, chain)
-        trees.append(parents)
-        draft[i, 0] = int(torch.randint(0, vocab, (1,), generator=gen))
-        for j in range(1, nd):
-            taken = {int(draft[i, s]) for s in range(1, j) if parents[s] == parents[j]}
-            draft[i, j] = int(torch.tensor([t for t in range(vocab) if t not in taken])[
-                torch.randint(0, vocab - len(taken), (1,), generator=gen)])
-        for j in range(nd):
-            ri[i, j] = i * nd + j
-            kids = [c for c in range(nd) if parents[c] == j]
-            rnt[i, j] = kids[0] if kids else -1
-            sibs = [c for c in range(j + 1, nd) if parents[c] == parents[j]] if j else []
-            rns[i, j] = sibs[0] if sibs else -1
-        # Make the target agree with a random root-to-node walk of up to accept_depths[i] drafts.
-        node = 0
-        for _ in range(accept_depths[i]):
-            kids = [c for c in range(nd) if parents[c] == node]
-            if not kids:
-                break
-            child = kids[int(torch.randint(0, len(kids), (1,), generator=gen))]
-            logits[i, node, draft[i, child]] = 10.0
-            node = child
-    target = logits.argmax(-1)
-    predict, accept_index, accept_lens = greedy_verify(draft, ri, rnt, rns, target, width)
-    return {
-        "draft_token": draft.reshape(-1), "logits": logits.reshape(bs * nd, vocab), "predict": predict,
-        "accept_index": accept_index, "accept_lens": accept_lens, "nd": nd, "trees": trees,
-    }
-
-
-def greedy_verify(candidates, retrieve_index, next_token, next_sibling, target_predict, width):
-    """``verify_tree_greedy`` (spec_tree.py:211), one request at a time, in Python."""
-    bs, nd = candidates.shape
-    predict = torch.zeros(bs * nd, dtype=torch.int32)
-    accept_index = torch.full((bs, width), -1, dtype=torch.int32)
-    accept_num = torch.zeros(bs, dtype=torch.int32)
-    for b in range(bs):
-        last = int(retrieve_index[b, 0])
-        accept_index[b, 0] = last
-        n, cur = 0, 0
-        for _ in range(1, width):
-            cur = int(next_token[b, cur])
-            want = int(target_predict.view(-1)[last])
-            while cur != -1 and int(candidates[b, cur]) != want:
-                cur = int(next_sibling[b, cur])
-            if cur == -1:
-                break
-            predict[last] = want
-            n += 1
-            accept_index[b, n] = int(retrieve_index[b, cur])
-            last = int(retrieve_index[b, cur])
-        accept_num[b] = n
-        predict[last] = int(target_predict.view(-1)[last])
-    return predict, accept_index, accept_num + 1
-
-
-def compact(predict, accept_index, nd):
-    """``_compact_accept_to_front`` (eagle_worker_common.py:523) on predict."""
-    bs, width = accept_index.shape
-    out = predict.clone()
-    gathered = predict[accept_index.long().clamp(min=0).reshape(-1)]
-    out.view(bs, nd)[:, :width] = gathered.view(bs, width)
-    return out
-
-
-def literal_event(rnd, k):
-    """Per request: (draft tokens, verified top-k lists, committed tokens), read literally."""
-    nd, logits, out = rnd["nd"], rnd["logits"], []
-    for i in range(rnd["accept_index"].shape[0]):
-        path = [int(x) for x in rnd["accept_index"][i][: int(rnd["accept_lens"][i])]]
-        assert all(x >= 0 for x in path)
-        drafts = rnd["draft_token"][i * nd : (i + 1) * nd].tolist()
-        vtopk = [sorted(range(logits.shape[1]), key=lambda v, x=x: -float(logits[x, v]))[:k] for x in path]
-        committed = [int(rnd["predict"][x]) for x in path]
-        # Greedy semantics: the accepted drafts are the path's nodes, the bonus the target's choice.
-        assert committed[:-1] == [int(rnd["draft_token"][x]) for x in path[1:]]
-        assert committed[-1] == int(logits[path[-1]].argmax())
-        out.append((drafts, vtopk, committed))
-    return out
-
-
-def unpad(t):
-    return [[int(v) for v in row if v >= 0] for row in t.tolist()]
-
-
 def event_of(rnd, k, compacted):
-    predict = compact(rnd["predict"], rnd["accept_index"], rnd["nd"]) if compacted else rnd["predict"]
+    predict = compact_accepted(rnd["predict"], rnd["accept_index"], rnd["nd"]) if compacted else rnd["predict"]
     return verify_event(rnd["draft_token"], rnd["accept_index"], rnd["accept_lens"], predict, rnd["logits"],
                         num_draft_tokens=rnd["nd"], k=k, compacted=compacted)
 
@@ -326,8 +212,8 @@ def test_prefill_callable_head_padded_vocab_and_k0():
 # -- slot reuse ----------------------------------------------------------------------------------
 
 
-class Pool:
-    """``ReqToTokenPool``'s row allocation and generation counter (memory_pool.py:431-465)."""
+class AllocatingPool:
+    """``ReqToTokenPool``'s row allocation (last free rows first) and generation counter."""
 
     def __init__(self, size):
         self.free_slots = list(range(1, size))
@@ -347,7 +233,7 @@ def test_slot_reuse_resets_the_row_and_chunks_do_not():
     V, H, cap, k = 40, 8, 12, 2
     gen = torch.Generator().manual_seed(4)
     weight = torch.randn(V, H, generator=gen, dtype=torch.float64)
-    pool = Pool(NUM_ROWS)
+    pool = AllocatingPool(NUM_ROWS)
     seen = torch.zeros(NUM_ROWS, dtype=torch.int64)
     fed = torch.zeros(NUM_ROWS, dtype=torch.int64)
     pol = build_policy(window_config(cap, k, k), num_rows=NUM_ROWS, fallback_id=0)

@@ -14,17 +14,22 @@ from pathlib import Path
 
 import pytest
 import torch
-from sglang_child import STUBS, free_port, sglang_available
+from helpers import free_port
 
 from sglang_specvocab.head import DraftHead
 from sglang_specvocab.table import CandidateTable
+from sglang_specvocab.testing.standins import CHILD_PREAMBLE
 
 ROOT = Path(__file__).resolve().parents[1]
 V, D, R, W, HOT = 512, 64, 6, 16, 128
 SOFTCAP = 3.0
 
-_CHILD = STUBS + textwrap.dedent(
+pytestmark = pytest.mark.sglang
+
+_CHILD = CHILD_PREAMBLE + textwrap.dedent(
     """
+    import sys
+
     import torch
     from sglang.test.layer_ut_utils import init_single_process_dist
 
@@ -163,8 +168,6 @@ def _inputs():
 
 @pytest.fixture(scope="module")
 def sglang_run(tmp_path_factory):
-    if not sglang_available():
-        pytest.skip("sglang is not installed")
     tmp = tmp_path_factory.mktemp("dynvocab_logits")
     inp = _inputs()
     torch.save(inp, tmp / "in.pt")

@@ -4,7 +4,6 @@ entry point in a spawned child process (as SGLang's scheduler does)."""
 
 from __future__ import annotations
 
-import importlib.util
 import multiprocessing as mp
 import pickle
 from contextlib import nullcontext
@@ -14,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed")
+pytestmark = pytest.mark.sglang
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB, DRAFT_VOCAB = 8192, 4096  # small and fast; the vocabulary rule only needs V > H

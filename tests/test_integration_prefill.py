@@ -20,15 +20,14 @@ last hidden states, next tokens and a KV plan); the draft model is the fake of
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import GenerationPool, Mode, window_config
 from literal import LiteralWindow
-from test_integration_worker import Mode, Pool
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed")
+pytestmark = pytest.mark.sglang
 
 HT = 6  # the target's hidden size (its LM head input)
 CAP, KPRE = 12, 2
@@ -138,8 +137,6 @@ class Setup:
     """Both stacks over one window policy's table: ours (DYNVOCAB) and upstream's (masked full head)."""
 
     def __init__(self, mods, topk, seed=0):
-        from test_integration_events import window_config
-
         from sglang_specvocab.integration.telemetry import Gauges, Telemetry
         from sglang_specvocab.policies import build_policy
 
@@ -164,7 +161,7 @@ class Setup:
         w._draft_worker, w._target_worker = dw, self.target
         w.speculative_algorithm = SimpleNamespace(is_standalone=lambda: False)
         w.topk, w.speculative_num_draft_tokens = topk, nd
-        w.req_to_token_pool = Pool(loop.R)
+        w.req_to_token_pool = GenerationPool(loop.R)
         w._dv_seen = w._dv_fed = None
         w._dv_live, w._dv_row_rid = {}, {}
         w.dynvocab_gauges = Gauges(False)

@@ -8,7 +8,7 @@ Torch only (``sglang_specvocab.ops.topk``): neither the processes nor this modul
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from sglang_child import free_port
+from helpers import free_port
 
 from sglang_specvocab.ops import topk as L
 

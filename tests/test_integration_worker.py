@@ -5,17 +5,16 @@ the stepwise select inputs, and the copied methods (loadable by path, signatures
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import GenerationPool, Mode, compact_accepted, literal_event, sglang_round, window_config
 from literal import LiteralWindow
-from test_integration_events import literal_event, sglang_round, window_config
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed")
+pytestmark = pytest.mark.sglang
 
 NUM_ROWS, V = 9, 60
 
@@ -25,14 +24,6 @@ def W(torchvision_standin):
     from sglang_specvocab.integration import worker
 
     return worker
-
-
-class Mode:
-    def __init__(self, idle=False):
-        self.idle = idle
-
-    def is_idle(self):
-        return self.idle
 
 
 class FakeEvent:
@@ -89,9 +80,7 @@ def make_worker(W, monkeypatch, policy, *, topk, nd, results=None):
 
 
 def verify_result(rnd, compacted):
-    from test_integration_events import compact
-
-    predict = compact(rnd["predict"], rnd["accept_index"], rnd["nd"]) if compacted else rnd["predict"]
+    predict = compact_accepted(rnd["predict"], rnd["accept_index"], rnd["nd"]) if compacted else rnd["predict"]
     return SimpleNamespace(
         logits_output=SimpleNamespace(next_token_logits=rnd["logits"].float()),
         accept_index=rnd["accept_index"],
@@ -153,14 +142,6 @@ def test_idle_and_empty_batches_are_skipped(W, monkeypatch):
 # --- prefill, slot reuse, finished-request report -------------------------------------------------
 
 
-class Pool:
-    def __init__(self, n):
-        self.req_generation = torch.zeros(n, dtype=torch.int64)
-
-    def alloc(self, row):
-        self.req_generation[row] += 1
-
-
 def prefill_batch(reqs, ids, prefix_lens, extend_lens):
     return SimpleNamespace(
         reqs=reqs,
@@ -181,7 +162,7 @@ def test_prefill_slot_reuse_and_report(W, monkeypatch):
     weight = torch.randn(V, H, generator=gen, dtype=torch.float64)
     pol = build_policy(window_config(cap, k, k), num_rows=NUM_ROWS, fallback_id=0)
     w, _ = make_worker(W, monkeypatch, pol, topk=1, nd=4)
-    w.req_to_token_pool = Pool(NUM_ROWS)
+    w.req_to_token_pool = GenerationPool(NUM_ROWS)
     w._target_worker.model_runner.model = SimpleNamespace(lm_head=SimpleNamespace(weight=weight, tp_size=1))
 
     def req(rid, row, prompt):
@@ -265,7 +246,7 @@ def test_telemetry_summary_reads_the_newest_finished_copy():
     assert float(t.acc.abs().sum()) == 0
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (pinned memory, events)")
+@pytest.mark.gpu  # pinned memory and CUDA events
 def test_telemetry_mirror_on_cuda():
     from sglang_specvocab.integration.telemetry import Telemetry
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_llama
+from helpers import tiny_llama
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from literal import LiteralWindow

@@ -13,7 +13,7 @@ import torch
 from sglang_specvocab import ops
 from sglang_specvocab.ops import _ext, reference
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+pytestmark = pytest.mark.gpu
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # (M rows, R slots, W, d, V): tree branches sharing slots, W and d off every tile size, d up to 8192

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from conftest import tiny_llama
+from helpers import tiny_llama
 
 from sglang_specvocab.cli import main
 from sglang_specvocab.prompts import format_prompt, load_questions

@@ -1,7 +1,6 @@
 """``sglang-specvocab check-lossless`` against fake SGLang servers (OpenAI routes and /generate), and its
 tiny-checkpoint server set against SGLang's own argument parser."""
 
-import importlib.util
 import json
 import os
 import shlex
@@ -13,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from http_fake import FakeServer, JsonHandler
+from helpers import FakeServer, JsonHandler
 
 from sglang_specvocab.bench.lossless import TINY_SET, tiny_configs
 from sglang_specvocab.bench.server import SpecBenchError
@@ -275,8 +274,6 @@ def test_tiny_configs_need_the_checkpoints(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, torchvision_standin):
-    if importlib.util.find_spec("sglang") is None:
-        pytest.skip("sglang is not installed")
     from sglang_specvocab.integration.plugin import register
     from sglang_specvocab.testing.tiny import make_tiny_checkpoints
 
@@ -284,6 +281,7 @@ def tiny(tmp_path_factory, torchvision_standin):
     return make_tiny_checkpoints(tmp_path_factory.mktemp("tiny"), vocab_size=4096, draft_vocab_size=1024)
 
 
+@pytest.mark.sglang
 def test_tiny_set_is_accepted_by_sglang(tiny):
     """Every server of the set parses with SGLang's own argument handling (DYNVOCAB through our plug-in)."""
     from sglang.srt.server_args import prepare_server_args

@@ -1,4 +1,3 @@
-import re
 from importlib import resources
 from pathlib import Path
 
@@ -15,10 +14,3 @@ def test_configs_ship_inside_the_package():
         assert load_config(path).capacity == 3072
     data = sorted(p.name for p in shipped.joinpath("data").iterdir() if p.name.endswith(".npz"))
     assert data == sorted(p.name for p in (ROOT / "configs" / "data").glob("*.npz"))
-
-
-def test_readme_has_the_two_commands_and_ci_runs_the_test_one():
-    readme = (ROOT / "README.md").read_text()
-    commands = re.findall(r"```bash\n(.*?)\n```", readme.split("## Policy configs")[0], flags=re.S)
-    assert commands == ["./scripts/main.sh", "./scripts/test.sh"]
-    assert "exec ./scripts/test.sh" in (ROOT / ".ci" / "run").read_text()

@@ -374,7 +374,7 @@ def test_cpu_op_matches_reference():
     assert torch.equal(state.packed_ids, before[1]) and torch.equal(state.packed, before[0])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.gpu
 def test_cuda_op_matches_reference():
     from sglang_specvocab.ops import _ext
 

@@ -4,7 +4,7 @@ lossless decoding, no host sync, and clear errors."""
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_llama
+from helpers import tiny_llama
 from literal import LiteralRetrieval, cluster_budget, cluster_set, frequent_set, lowrank_set, union_set
 
 from sglang_specvocab import SpecVocabError

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import tiny_llama
+from helpers import tiny_llama
 
 from sglang_specvocab import SpecVocabError
 from sglang_specvocab.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_llama
+from helpers import tiny_llama
 
 from sglang_specvocab.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
 from sglang_specvocab.lab.training import record_draft_states, train_ranker, train_router

@@ -1,6 +1,7 @@
 """The window policy against a literal per-request reference, through its batched tensor API."""
 
 import torch
+from helpers import pad, pad3
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from literal import LiteralWindow
@@ -8,16 +9,6 @@ from literal import LiteralWindow
 from sglang_specvocab.policies import build_policy, parse_config
 
 SOURCES = [["context", "extension"], ["context"], ["extension"]]
-
-
-def pad(rows, width=None):
-    width = max([len(r) for r in rows] + [0]) if width is None else width
-    return torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.int64).reshape(len(rows), width)
-
-
-def pad3(rows, k):
-    width = max([len(r) for r in rows] + [0])
-    return torch.tensor([r + [[-1] * k] * (width - len(r)) for r in rows], dtype=torch.int64).reshape(len(rows), width, k)
 
 
 @st.composite

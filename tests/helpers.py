@@ -1,0 +1,249 @@
+"""What several test modules share: tiny models, padding, free ports, fake HTTP servers and fakes of
+SGLang's verify round and request pool. (``sglang_specvocab.testing`` holds what package code uses too:
+tiny checkpoints and the stand-ins that let SGLang import on a CPU machine; ``literal.py`` the literal
+references of every policy.)"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import torch
+
+# --- models and tensors -------------------------------------------------------------------------
+
+
+def tiny_llama(vocab_size: int = 512, layers: int = 4, seed: int = 0, dtype=torch.float64):
+    """A random Llama with spread-out logits, so greedy decoding is not one repeated token."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        initializer_range=0.2,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    return LlamaForCausalLM(cfg).to(dtype).eval()
+
+
+def pad(rows: list[list[int]], width: int | None = None) -> torch.Tensor:
+    """int64 ``[len(rows), width]``, -1 past each row (``width``: the longest row by default)."""
+    width = max([len(r) for r in rows] + [0]) if width is None else width
+    return torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.int64).reshape(len(rows), width)
+
+
+def pad3(rows: list[list[list[int]]], k: int) -> torch.Tensor:
+    """int64 ``[len(rows), longest, k]``: rows of k-wide lists, -1 lists past each row."""
+    width = max([len(r) for r in rows] + [0])
+    padded = [r + [[-1] * k] * (width - len(r)) for r in rows]
+    return torch.tensor(padded, dtype=torch.int64).reshape(len(rows), width, k)
+
+
+def unpad(t: torch.Tensor) -> list[list[int]]:
+    """Each row's entries >= 0, as lists."""
+    return [[int(v) for v in row if v >= 0] for row in t.tolist()]
+
+
+# --- processes and servers ----------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A free local TCP port (a child's torch.distributed rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """A quiet handler that answers JSON."""
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, code, body=None):
+        data = b"" if body is None else json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _payload(self):
+        return json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+
+
+class FakeServer:
+    """Serves a handler class on a free local port, in a thread, as a context manager."""
+
+    def _listen(self, handler):
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def serve_forever_at(self, host, port):
+        """Launched mode (a server process): serve on ``host:port`` in this thread until killed."""
+        handler = self.httpd.RequestHandlerClass
+        self.httpd.server_close()
+        self.httpd = ThreadingHTTPServer((host, int(port)), handler)
+        self.httpd.serve_forever()
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+# --- fakes of SGLang's verify round and request pool --------------------------------------------
+
+
+class Mode:
+    """A ``ForwardMode`` stand-in: idle or not."""
+
+    def __init__(self, idle=False):
+        self.idle = idle
+
+    def is_idle(self):
+        return self.idle
+
+
+class GenerationPool:
+    """``ReqToTokenPool.req_generation`` alone: ``alloc(row)`` hands the row to a new request."""
+
+    def __init__(self, n):
+        self.req_generation = torch.zeros(n, dtype=torch.int64)
+
+    def alloc(self, row):
+        self.req_generation[row] += 1
+
+
+def window_config(cap=16, kpre=3, kver=3, sources=("context", "extension")):
+    from sglang_specvocab.policies import parse_config
+
+    return parse_config(
+        {"policy": "window", "capacity": cap, "window": {"prefill_topk": kpre, "verify_topk": kver, "sources": list(sources)}}
+    )
+
+
+def random_tree(gen, nd, steps, chain):
+    """Parents of nodes 1..nd-1 (node 0 the root), parent before child, depth <= steps."""
+    parents, depth = [-1], [0]
+    for j in range(1, nd):
+        p = j - 1 if chain else int(torch.randint(0, j, (1,), generator=gen))
+        while depth[p] >= steps:
+            p = parents[p]
+        parents.append(p)
+        depth.append(depth[p] + 1)
+    return parents
+
+
+def sglang_round(gen, bs, nd, steps, vocab, chain, accept_depths):
+    """One verify round in SGLang's layout, greedy, with the accepted path of request i at most accept_depths[i]."""
+    width = steps + 1
+    draft = torch.zeros(bs, nd, dtype=torch.int64)
+    logits = torch.randn(bs, nd, vocab, generator=gen, dtype=torch.float64)
+    ri = torch.full((bs, nd), -1, dtype=torch.int64)
+    rnt = torch.full((bs, nd), -1, dtype=torch.int64)
+    rns = torch.full((bs, nd), -1, dtype=torch.int64)
+    trees = []
+    for i in range(bs):
+        parents = random_tree(gen, nd, steps, chain)
+        trees.append(parents)
+        draft[i, 0] = int(torch.randint(0, vocab, (1,), generator=gen))
+        for j in range(1, nd):
+            taken = {int(draft[i, s]) for s in range(1, j) if parents[s] == parents[j]}
+            draft[i, j] = int(
+                torch.tensor([t for t in range(vocab) if t not in taken])[
+                    torch.randint(0, vocab - len(taken), (1,), generator=gen)
+                ]
+            )
+        for j in range(nd):
+            ri[i, j] = i * nd + j
+            kids = [c for c in range(nd) if parents[c] == j]
+            rnt[i, j] = kids[0] if kids else -1
+            sibs = [c for c in range(j + 1, nd) if parents[c] == parents[j]] if j else []
+            rns[i, j] = sibs[0] if sibs else -1
+        # Make the target agree with a random root-to-node walk of up to accept_depths[i] drafts.
+        node = 0
+        for _ in range(accept_depths[i]):
+            kids = [c for c in range(nd) if parents[c] == node]
+            if not kids:
+                break
+            child = kids[int(torch.randint(0, len(kids), (1,), generator=gen))]
+            logits[i, node, draft[i, child]] = 10.0
+            node = child
+    target = logits.argmax(-1)
+    predict, accept_index, accept_lens = greedy_verify(draft, ri, rnt, rns, target, width)
+    return {
+        "draft_token": draft.reshape(-1),
+        "logits": logits.reshape(bs * nd, vocab),
+        "predict": predict,
+        "accept_index": accept_index,
+        "accept_lens": accept_lens,
+        "nd": nd,
+        "trees": trees,
+    }
+
+
+def greedy_verify(candidates, retrieve_index, next_token, next_sibling, target_predict, width):
+    """SGLang's ``verify_tree_greedy``, one request at a time, in Python."""
+    bs, nd = candidates.shape
+    predict = torch.zeros(bs * nd, dtype=torch.int32)
+    accept_index = torch.full((bs, width), -1, dtype=torch.int32)
+    accept_num = torch.zeros(bs, dtype=torch.int32)
+    for b in range(bs):
+        last = int(retrieve_index[b, 0])
+        accept_index[b, 0] = last
+        n, cur = 0, 0
+        for _ in range(1, width):
+            cur = int(next_token[b, cur])
+            want = int(target_predict.view(-1)[last])
+            while cur != -1 and int(candidates[b, cur]) != want:
+                cur = int(next_sibling[b, cur])
+            if cur == -1:
+                break
+            predict[last] = want
+            n += 1
+            accept_index[b, n] = int(retrieve_index[b, cur])
+            last = int(retrieve_index[b, cur])
+        accept_num[b] = n
+        predict[last] = int(target_predict.view(-1)[last])
+    return predict, accept_index, accept_num + 1
+
+
+def compact_accepted(predict, accept_index, nd):
+    """SGLang's ``_compact_accept_to_front`` on predict: each request's accepted entries moved to its front."""
+    bs, width = accept_index.shape
+    out = predict.clone()
+    gathered = predict[accept_index.long().clamp(min=0).reshape(-1)]
+    out.view(bs, nd)[:, :width] = gathered.view(bs, width)
+    return out
+
+
+def literal_event(rnd, k):
+    """Per request: (draft tokens, verified top-k lists, committed tokens), read literally."""
+    nd, logits, out = rnd["nd"], rnd["logits"], []
+    for i in range(rnd["accept_index"].shape[0]):
+        path = [int(x) for x in rnd["accept_index"][i][: int(rnd["accept_lens"][i])]]
+        assert all(x >= 0 for x in path)
+        drafts = rnd["draft_token"][i * nd : (i + 1) * nd].tolist()
+        vtopk = [sorted(range(logits.shape[1]), key=lambda v, x=x: -float(logits[x, v]))[:k] for x in path]
+        committed = [int(rnd["predict"][x]) for x in path]
+        # Greedy semantics: the accepted drafts are the path's nodes, the bonus the target's choice.
+        assert committed[:-1] == [int(rnd["draft_token"][x]) for x in path[1:]]
+        assert committed[-1] == int(logits[path[-1]].argmax())
+        out.append((drafts, vtopk, committed))
+    return out
