@@ -43,7 +43,7 @@ OPS = ("indexed", "packed", "index_select_matmul", "dense_static", "dense_full",
 BACKENDS = ("auto", "cuda", "triton", "torch")
 
 GRIDS = {
-    # the sweep
+    # the whole sweep: every W, d, rows and batch of interest
     "full": dict(
         widths=[512, 1024, 2048, 3072, 4096, 8192, 16384, 32768],
         dims=[640, 2048, 4096, 5120],

@@ -4,23 +4,20 @@ Pure torch functions for the worker (``integration/worker.py``). Per decode roun
 sync with the host (no ``.item()``, ``.cpu()``, ``.tolist()``, no data-dependent shapes, no
 Python loop over requests or tokens): every output shape follows from input shapes.
 
-Where the worker calls them (line numbers of SGLang 0.5.23):
+Where the worker calls them (SGLang 0.5.23):
 
 - ``verify_event``: in ``EAGLEWorkerV2.verify`` overridden as ``res = super().verify(...)``
-  (``speculative/eagle_worker_v2.py:1979-1994``, called at ``1483`` and ``1665``), right after
-  it returns and before ``_draft_extend_for_decode`` (``1503`` / ``1675``), skipping idle
-  batches: ``vi = batch.spec_info`` (read before the call), then
+  (``speculative/eagle_worker_v2.py``; both decode paths call it), right after it returns and
+  before ``_draft_extend_for_decode``, skipping idle batches: ``vi = batch.spec_info`` (read before the call), then
   ``verify_event(vi.draft_token, res.accept_index, res.accept_lens, res.next_token_ids,
   res.logits_output.next_token_logits, num_draft_tokens=self.speculative_num_draft_tokens,
   k=policy.verify_topk, compacted=self.topk > 1)`` and
   ``policy.on_verify(batch.req_pool_indices, *event)``.
-- ``reset_rows`` and ``prefill_event``: in the ``_forward_prefill_batch`` copy
-  (``eagle_worker_v2.py:1548-1602``), between the target forward (``1557``) and
-  ``_draft_extend_for_prefill`` (``1595``): ``reset_rows`` on the host first, then
+- ``reset_rows`` and ``prefill_event``: in the ``_forward_prefill_batch`` copy, between the
+  target forward and ``_draft_extend_for_prefill``: ``reset_rows`` on the host first, then
   ``policy.on_reset``, then ``prefill_event`` and ``policy.on_prefill``.
 
-Which distribution the verified top-K comes from: ``eagle_sample`` (``eagle_utils.py:560-588``)
-adds the penalties and the logit bias to ``logits_output.next_token_logits`` and applies the
+Which distribution the verified top-K comes from: ``eagle_sample`` (``eagle_utils.py``) adds the penalties and the logit bias to ``logits_output.next_token_logits`` and applies the
 grammar mask **in place**, before it samples or takes the argmax, and ``run_eagle_verify``
 returns that same tensor. After ``verify`` the logits are therefore the distribution the
 round's tokens were drawn from (temperature, top-k and top-p renormalisation do not change
@@ -31,8 +28,8 @@ Ids the grammar mask forbids (logit ``-inf``) are dropped (-1), so a masked row 
 than K ids. Without penalties, bias or grammar (the reference decoder's case) both coincide.
 
 Two differences from the reference decoder's events, both SGLang's layout: the draft-tree
-tokens come in SGLang's node order (root, then the chosen nodes sorted by node index,
-``eagle_utils.py:112,152``), not best-first, so a window policy may order a round's new
+tokens come in SGLang's node order (root, then the chosen nodes sorted by node index, as
+``eagle_utils.py`` builds the tree), not best-first, so a window policy may order a round's new
 distinct ids differently inside the ring; and ``accepted`` holds all ``accept_lens`` tokens
 (SGLang cuts at EOS / max_new_tokens later, on the host).
 """
@@ -70,7 +67,7 @@ def verify_event(
     - ``accept_lens`` ``[bs]``: accepted drafts + 1 (the bonus);
     - ``predict`` (``next_token_ids``) ``[bs * num_draft_tokens]``: the committed token after
       each node. ``compacted=True`` when it went through ``_finalize_accept_tree_path``
-      (``eagle_worker_common.py:491``; EAGLEWorkerV2 with topk > 1), which moves the accepted
+      (``eagle_worker_common.py``; EAGLEWorkerV2 with topk > 1), which moves the accepted
       path to the front of each request's block: token j of request i is then at
       ``i * num_draft_tokens + j`` instead of ``accept_index[i, j]``. The logits are never
       compacted (only ``hidden_states`` is);
@@ -254,8 +251,8 @@ def reset_rows(
 ) -> torch.Tensor:
     """The rows of this prefill batch whose slot was reallocated since we last saw it; updates our state.
 
-    ``req_generation`` is ``ReqToTokenPool.req_generation`` (``mem_cache/memory_pool.py:406``),
-    a CPU int64 tensor ``[R]`` bumped at every allocation of a row (``alloc_rows``, ``449``)
+    ``req_generation`` is ``ReqToTokenPool.req_generation`` (``mem_cache/memory_pool.py``),
+    a CPU int64 tensor ``[R]`` bumped at every allocation of a row (``alloc_rows``)
     and never reset (``clear`` keeps it); ``seen_generation`` is our CPU int64 ``[R]`` copy of
     the generation each row had when its policy state was last (re)started; ``rows`` the
     batch's ``req_pool_indices`` as host values (``batch.req_pool_indices_cpu`` or

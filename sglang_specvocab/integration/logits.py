@@ -1,4 +1,4 @@
-"""The compact draft logits processor (Option C): draft logits stay ``[N, W]`` over each request's set.
+"""The compact draft logits processor: draft logits stay ``[N, W]`` over each request's set.
 
 ``DynVocabLogitsProcessor`` replaces the draft model's ``logits_processor`` instance. SGLang's
 forward calls it exactly like the original (``(input_ids, hidden, lm_head, forward_batch, aux)``);

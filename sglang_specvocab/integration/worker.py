@@ -1,4 +1,4 @@
-"""DYNVOCAB's speculative worker for SGLang 0.5.23 (Option C: compact draft logits over each request's set).
+"""DYNVOCAB's speculative worker for SGLang 0.5.23 (compact draft logits over each request's set).
 
 Imported lazily by the worker factory (``plugin.worker_factory``), in the scheduler process.
 
@@ -242,7 +242,7 @@ class DynVocabDraftWorker(EagleDraftWorker):
             proc.dv_policy = policy
         self.dynvocab_proc = proc
 
-    # Option C copies (patches/sglang-0.5.23/dynvocab_draft.py); SGLang's own with a dense policy.
+    # The compact-head copies (patches/sglang-0.5.23/dynvocab_draft.py); SGLang's own with a dense policy.
     def draft_forward(self, forward_batch):
         if self.dynvocab_proc is None:
             return super().draft_forward(forward_batch)

@@ -2,7 +2,7 @@
 (Apache-2.0, Copyright the SGLang Team). Loaded by path through
 ``sglang_specvocab.patches.load_patch_module("dynvocab_draft")``; bound to ``DynVocabDraftWorker``
 (``integration/worker.py``), whose ``dynvocab_proc`` is the compact logits processor of
-``integration/logits.py`` (Option C: the draft logits are ``[N, W]`` over each request's set).
+``integration/logits.py`` (the draft logits are ``[N, W]`` over each request's set).
 
 Common to the three methods:
 - every draft top-k is ``proc.draft_topk(logits, topk, req_pool_indices)``, which returns
@@ -16,14 +16,13 @@ Common to the three methods:
 - ``maybe_detect_inf`` / ``maybe_detect_oob`` on the draft logits are dropped: ``-inf`` columns
   past a set's count are normal in compact logits, and columns are not vocabulary ids.
 
-``draft_forward`` (upstream 742-923): the topk==1 Triton chain fast path
+``draft_forward``: the topk==1 Triton chain fast path
 (``draft_tokens_topk1``) is gone, so every step goes through ``select_top_k_tokens``; before each
 step's forward it sets ``proc.dv_step = i + 1`` (the draft step whose set a stepwise policy picks
 inside the LM head, see ``integration/worker.py``); ``positions`` advance by one per step as in
 every upstream branch. Returns ``draft_probs = None``.
 
-``draft_extend_for_prefill`` (upstream 961-1096) and ``draft_extend_for_decode`` (upstream
-1110-1294): only the top-k block at the end changes (plus the drops above); the input
+``draft_extend_for_prefill`` and ``draft_extend_for_decode``: only the top-k block at the end changes (plus the drops above); the input
 rotation, the forward, the graph/eager split and the ``select_index`` row selection are
 upstream's.
 """

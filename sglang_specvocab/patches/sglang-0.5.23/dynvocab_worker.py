@@ -2,7 +2,7 @@
 (Apache-2.0, Copyright the SGLang Team). Loaded by path through
 ``sglang_specvocab.patches.load_patch_module("dynvocab_worker")``; bound to ``DynVocabWorkerV2``.
 
-``forward_prefill_batch`` is ``EAGLEWorkerV2._forward_prefill_batch`` (upstream 1548-1602) with
+``forward_prefill_batch`` is ``EAGLEWorkerV2._forward_prefill_batch`` with
 - one insertion between the target forward and the draft extend: ``self.dynvocab_prefill(batch,
   batch_output)`` (reset re-used request slots, then ``policy.on_prefill`` with the prompt ids and
   the target's top-K; ``integration/worker.py``), before ``_draft_extend_for_prefill`` rotates

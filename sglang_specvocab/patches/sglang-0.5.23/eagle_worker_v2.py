@@ -2,7 +2,7 @@
 (Apache-2.0, Copyright the SGLang Team). Loaded by path through
 ``sglang_specvocab.patches.load_patch_module("eagle_worker_v2")``.
 
-``worker_init`` is ``EAGLEWorkerV2.__init__`` (lines 1306-1363) with two changes:
+``worker_init`` is ``EAGLEWorkerV2.__init__`` with two changes:
 - the draft worker class is a parameter (``EagleDraftWorker`` is hard-coded upstream), as
   ``StandaloneWorkerV2.__init__`` does it;
 - the adaptive-steps controller is dropped: DYNVOCAB refuses ``--speculative-adaptive`` before start

@@ -51,7 +51,7 @@ WORKER = {
     ),
     # init_lm_head runs inside alloc_memory_pool (hot_token_id is read after it)
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.init_lm_head": "(self)",
-    # copied and trimmed in dynvocab_draft.py (Option C top-k) and dynvocab_worker.py (prefill event)
+    # copied and trimmed in dynvocab_draft.py (the compact top-k) and dynvocab_worker.py (prefill event)
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft_forward": "(self, forward_batch)",
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_prefill": (
         "(self, batch, target_hidden_states, next_token_ids, mm_input_embeds=None, kv_loc_plan=None)"
