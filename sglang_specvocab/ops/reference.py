@@ -1,53 +1,14 @@
-"""Torch reference of the head ops: the one definition every faster backend is tested against."""
+"""Torch reference of the head ops: the one definition every faster backend is tested against.
+
+Arguments are checked by ``checks`` (shared with Triton); fp64 is accepted here for exact CPU oracles.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from ..table import assign_sets, compact
-
-# bf16/fp16/fp32 are the kernels' contract; fp64 is accepted here for exact CPU oracles.
-_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-
-
-def _check_logits(op, hidden, rows, rows_shape, cnt, row_to_slot, R, W) -> None:
-    """Checks shared by the logits ops; ``rows`` holds the candidate rows (weight or packed)."""
-
-    def need(ok: bool, msg: str) -> None:
-        if not ok:
-            raise ValueError(f"{op}: {msg}")
-
-    name = "weight" if rows_shape == "[V, d]" else "packed"
-    need(hidden.dim() == 2, f"hidden must be [M, d], got shape {tuple(hidden.shape)}")
-    need(hidden.shape[1] == rows.shape[-1], f"hidden has d={hidden.shape[1]} but {name} has d={rows.shape[-1]}")
-    need(hidden.dtype in _FLOATS, f"hidden dtype {hidden.dtype} must be one of bf16, fp16, fp32, fp64")
-    need(rows.dtype == hidden.dtype, f"{name} dtype {rows.dtype} must equal hidden dtype {hidden.dtype}")
-    need(
-        cnt.dim() == 1 and cnt.dtype == torch.int32 and cnt.shape[0] == R,
-        f"cnt must be int32 [R={R}], got {cnt.dtype} {tuple(cnt.shape)}",
-    )
-    need(
-        row_to_slot.dim() == 1 and row_to_slot.dtype == torch.int32 and row_to_slot.shape[0] == hidden.shape[0],
-        f"row_to_slot must be int32 [M={hidden.shape[0]}], got {row_to_slot.dtype} {tuple(row_to_slot.shape)}",
-    )
-    devices = {t.device for t in (hidden, rows, cnt, row_to_slot)}
-    need(len(devices) == 1, f"all tensors must be on one device, got {sorted(map(str, devices))}")
-    if hidden.device.type == "cpu":  # value checks cost a sync on a GPU, nothing here
-        need(bool(((cnt >= 1) & (cnt <= W)).all()), f"cnt must be in [1, W={W}]")
-        need(bool(((row_to_slot >= 0) & (row_to_slot < R)).all()), f"row_to_slot must be in [0, R={R})")
-
-
-def _check(hidden, weight, ids, cnt, row_to_slot) -> None:
-    def need(ok: bool, msg: str) -> None:
-        if not ok:
-            raise ValueError(f"indexed_logits: {msg}")
-
-    need(weight.dim() == 2, f"weight must be [V, d], got shape {tuple(weight.shape)}")
-    need(ids.dim() == 2 and ids.dtype == torch.int32, f"ids must be int32 [R, W], got {ids.dtype} {tuple(ids.shape)}")
-    need(ids.device == weight.device, f"all tensors must be on one device, got {ids.device} and {weight.device}")
-    _check_logits("indexed_logits", hidden, weight, "[V, d]", cnt, row_to_slot, ids.shape[0], ids.shape[1])
-    if hidden.device.type == "cpu":
-        need(bool(((ids >= 0) & (ids < weight.shape[0])).all()), f"ids must be in [0, V={weight.shape[0]})")
+from .checks import REFERENCE_FLOATS, check_indexed_logits, check_pack_update, check_packed_logits, check_window_update
 
 
 def indexed_logits(
@@ -63,7 +24,7 @@ def indexed_logits(
     ids ``[R, W]`` int32, cnt ``[R]`` int32, row_to_slot ``[M]`` int32. Returns fp32 ``[M, W]``
     with products and sums in fp32 (in fp64 for fp64 inputs, then rounded to fp32).
     """
-    _check(hidden, weight, ids, cnt, row_to_slot)
+    check_indexed_logits(hidden, weight, ids, cnt, row_to_slot, floats=REFERENCE_FLOATS)
     acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
     slot = row_to_slot.long()
     rows = weight[ids.long().index_select(0, slot)].to(acc)  # [M, W, d]
@@ -112,6 +73,7 @@ def window_update(
     distinct valid ids of ``ring[s, :capacity]`` followed by ``fallback_id``, and ``cnt[s]`` their
     number (1, the set ``{fallback_id}``, when there are none).
     """
+    check_window_update(ring, length, ids, cnt, rows, block, fallback_id, vocab_size)
     cap = ids.shape[1]
     n = block.shape[1]
     if n:
@@ -141,48 +103,6 @@ def window_update(
 _PAST = torch.iinfo(torch.int64).max  # search key of dead entries: after every id, so rows stay sorted
 
 
-def _check_pack_update(packed, packed_ids, weight, ids, cnt, rows) -> None:
-    def need(ok: bool, msg: str) -> None:
-        if not ok:
-            raise ValueError(f"pack_update: {msg}")
-
-    need(packed.dim() == 3, f"packed must be [R, W, d], got shape {tuple(packed.shape)}")
-    R, W, d = packed.shape
-    need(weight.dim() == 2, f"weight must be [V, d], got shape {tuple(weight.shape)}")
-    need(weight.shape[1] == d, f"packed has d={d} but weight has d={weight.shape[1]}")
-    need(packed.dtype in _FLOATS, f"packed dtype {packed.dtype} must be one of bf16, fp16, fp32, fp64")
-    need(weight.dtype == packed.dtype, f"weight dtype {weight.dtype} must equal packed dtype {packed.dtype}")
-    for name, t in (("packed_ids", packed_ids), ("ids", ids)):
-        need(
-            t.dtype == torch.int32 and tuple(t.shape) == (R, W),
-            f"{name} must be int32 [R={R}, W={W}], got {t.dtype} {tuple(t.shape)}",
-        )
-    need(
-        cnt.dtype == torch.int32 and tuple(cnt.shape) == (R,),
-        f"cnt must be int32 [R={R}], got {cnt.dtype} {tuple(cnt.shape)}",
-    )
-    need(rows.dim() == 1 and rows.dtype == torch.int64, f"rows must be int64 [B], got {rows.dtype} {tuple(rows.shape)}")
-    devices = {t.device for t in (packed, packed_ids, weight, ids, cnt, rows)}
-    need(len(devices) == 1, f"all tensors must be on one device, got {sorted(map(str, devices))}")
-    if packed.device.type != "cpu" or rows.numel() == 0:  # value checks cost a sync on a GPU, nothing here
-        return
-    V = weight.shape[0]
-    need(bool(((rows >= 0) & (rows < R)).all()), f"rows must be in [0, R={R})")
-    need(rows.unique().numel() == rows.numel(), "rows must be distinct")
-    c = cnt[rows].long()[:, None]
-    need(bool(((c >= 1) & (c <= W)).all()), f"cnt[rows] must be in [1, W={W}]")
-    col = torch.arange(W)[None, :]
-    new, live = ids[rows], col < c
-    need(bool(((new >= 0) & (new < V) | ~live).all()), f"ids[rows, :cnt] must be in [0, V={V})")
-    need(bool(((new[:, 1:] > new[:, :-1]) | ~live[:, 1:]).all()), "ids[rows, :cnt] must be strictly ascending")
-    old = packed_ids[rows]
-    need(bool((old < V).all()), f"packed_ids[rows] must be in [-1, V={V})")
-    need(
-        torch.equal(old >= 0, col < (old >= 0).sum(1, keepdim=True)) and bool((old >= -1).all()),
-        "packed_ids[rows] must be live ids >= 0 followed by -1 (a fresh row is all -1)",
-    )
-
-
 def pack_update(
     packed: torch.Tensor,
     packed_ids: torch.Tensor,
@@ -208,7 +128,7 @@ def pack_update(
     Batched over rows with fixed shapes (no host sync; runs on ``meta``). The survivors' and
     unused rows' writes here copy their own values back, which is the same as not writing them.
     """
-    _check_pack_update(packed, packed_ids, weight, ids, cnt, rows)
+    check_pack_update(packed, packed_ids, weight, ids, cnt, rows, floats=REFERENCE_FLOATS)
     B, W = rows.shape[0], ids.shape[1]
     dev = ids.device
     old = packed_ids.index_select(0, rows).long()  # [B, W]
@@ -246,12 +166,6 @@ def pack_update(
     packed_ids[rows] = torch.where(new_live, torch.where(free, slot_id, old), -1).to(torch.int32)
 
 
-def _check_packed_logits(hidden, packed, cnt, row_to_slot) -> None:
-    if packed.dim() != 3:
-        raise ValueError(f"packed_logits: packed must be [R, W, d], got shape {tuple(packed.shape)}")
-    _check_logits("packed_logits", hidden, packed, "[R, W, d]", cnt, row_to_slot, packed.shape[0], packed.shape[1])
-
-
 def packed_logits(
     hidden: torch.Tensor,
     packed: torch.Tensor,
@@ -264,7 +178,7 @@ def packed_logits(
     hidden ``[M, d]``, packed ``[R, W, d]`` (same float dtype), cnt ``[R]`` int32, row_to_slot
     ``[M]`` int32. Returns fp32 ``[M, W]``, accumulated like ``indexed_logits``.
     """
-    _check_packed_logits(hidden, packed, cnt, row_to_slot)
+    check_packed_logits(hidden, packed, cnt, row_to_slot, floats=REFERENCE_FLOATS)
     acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
     slot = row_to_slot.long()
     out = torch.einsum("mwd,md->mw", packed.index_select(0, slot).to(acc), hidden.to(acc)).float()

@@ -32,6 +32,8 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.runtime.jit import JITFunction
 
+from .checks import KERNEL_FLOATS, check_indexed_logits, check_packed_logits
+
 __all__ = ["compile_for", "indexed_logits", "packed_logits"]
 
 ROWS = 16  # hidden rows per program; tl.dot needs >= 16 on GPU targets
@@ -99,7 +101,7 @@ def _head_logits_kernel(
         s = tl.min(tl.where(todo, slots, _INT32_MAX), axis=0)
 
 
-_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_DTYPES = KERNEL_FLOATS
 # Arguments the JIT sees as multiples of 16 in real use (torch pointers; d and row strides of a
 # hidden size such as 4096): declared so for AOT, which lets loads vectorise and the d loop pipeline.
 _ALIGNED = ("h_ptr", "w_ptr", "ids_ptr", "cnt_ptr", "slot_ptr", "out_ptr", "D", "stride_h", "stride_ws", "stride_wr")
@@ -115,30 +117,6 @@ def _blocks(dtype: torch.dtype, M: int, W: int) -> tuple[int, int]:
     block_d = 128 if dtype != torch.float32 else 64
     block_w = 64 if triton.cdiv(M, ROWS) * triton.cdiv(W, 64) >= 256 else 32
     return block_w, block_d
-
-
-def _need(ok: bool, op: str, msg: str) -> None:
-    if not ok:
-        raise ValueError(f"{op}: {msg}")
-
-
-def _check_common(op, hidden, table, cnt, row_to_slot, R) -> None:
-    _need(hidden.dim() == 2, op, f"hidden must be [M, d], got shape {tuple(hidden.shape)}")
-    _need(hidden.dtype in _DTYPES, op, f"hidden dtype {hidden.dtype} must be one of bf16, fp16, fp32")
-    _need(table.dtype == hidden.dtype, op, f"table dtype {table.dtype} must equal hidden dtype {hidden.dtype}")
-    _need(table.shape[-1] == hidden.shape[1], op, f"hidden has d={hidden.shape[1]} but table has d={table.shape[-1]}")
-    _need(
-        cnt.dim() == 1 and cnt.dtype == torch.int32 and cnt.shape[0] == R,
-        op,
-        f"cnt must be int32 [R={R}], got {cnt.dtype} {tuple(cnt.shape)}",
-    )
-    _need(
-        row_to_slot.dim() == 1 and row_to_slot.dtype == torch.int32 and row_to_slot.shape[0] == hidden.shape[0],
-        op,
-        f"row_to_slot must be int32 [M={hidden.shape[0]}], got {row_to_slot.dtype} {tuple(row_to_slot.shape)}",
-    )
-    devices = {t.device for t in (hidden, table, cnt, row_to_slot)}
-    _need(len(devices) == 1, op, f"all tensors must be on one device, got {sorted(map(str, devices))}")
 
 
 def _inner_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -202,16 +180,11 @@ def indexed_logits(
     """``out[m, j] = dot(weight[ids[s, j]], hidden[m])`` for ``j < cnt[s]``, else -inf; ``s = row_to_slot[m]``.
 
     hidden ``[M, d]``, weight ``[V, d]`` (bf16/fp16/fp32, same dtype), ids ``[R, W]`` int32, cnt ``[R]``
-    int32 in ``[1, W]``, row_to_slot ``[M]`` int32. Returns fp32 ``[M, W]``. Shape checks only: values
-    are not checked (that would sync). ``block_w``/``block_d`` (powers of two >= 16) override the tiles.
+    int32 in ``[1, W]``, row_to_slot ``[M]`` int32. Returns fp32 ``[M, W]``. Arguments are checked by
+    ``checks`` (values only for CPU tensors: on a GPU that would sync). ``block_w``/``block_d``
+    (powers of two >= 16) override the tiles.
     """
-    op = "indexed_logits"
-    _need(weight.dim() == 2, op, f"weight must be [V, d], got shape {tuple(weight.shape)}")
-    _need(
-        ids.dim() == 2 and ids.dtype == torch.int32, op, f"ids must be int32 [R, W], got {ids.dtype} {tuple(ids.shape)}"
-    )
-    _need(ids.device == hidden.device, op, f"ids on {ids.device} but hidden on {hidden.device}")
-    _check_common(op, hidden, weight, cnt, row_to_slot, ids.shape[0])
+    check_indexed_logits(hidden, weight, ids, cnt, row_to_slot)
     return _launch(hidden, weight, ids, cnt, row_to_slot, ids.shape[1], False, block_w, block_d, num_warps)
 
 
@@ -230,9 +203,7 @@ def packed_logits(
     hidden ``[M, d]``, packed ``[R, W, d]`` (same dtype), cnt ``[R]`` int32 in ``[1, W]``,
     row_to_slot ``[M]`` int32. Returns fp32 ``[M, W]``.
     """
-    op = "packed_logits"
-    _need(packed.dim() == 3, op, f"packed must be [R, W, d], got shape {tuple(packed.shape)}")
-    _check_common(op, hidden, packed, cnt, row_to_slot, packed.shape[0])
+    check_packed_logits(hidden, packed, cnt, row_to_slot)
     return _launch(hidden, packed, None, cnt, row_to_slot, packed.shape[1], True, block_w, block_d, num_warps)
 
 

@@ -1,0 +1,161 @@
+"""One argument check per op, shared by the Python backends (the torch reference and Triton).
+
+Each ``check_<op>`` raises ``ValueError("<op>: ...")`` naming the argument, what it must be and
+what it got. Shapes, dtypes and devices are always checked; values (counts, slots, ids, rows) only
+on CPU tensors, where reading them costs no device sync. The compiled extension keeps its own
+``TORCH_CHECK``s with the same rules (``csrc/``); ``tests/test_op_checks.py`` shows every backend
+refuses the same bad inputs. ``floats`` is the backend's float dtypes: the reference also takes
+fp64 (exact CPU oracles), the kernels bf16, fp16 and fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+KERNEL_FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+REFERENCE_FLOATS = (*KERNEL_FLOATS, torch.float64)
+_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
+
+
+def _need(ok: bool, op: str, msg: str) -> None:
+    if not ok:
+        raise ValueError(f"{op}: {msg}")
+
+
+def _one_device(op: str, *tensors: torch.Tensor) -> None:
+    devices = {t.device for t in tensors}
+    _need(len(devices) == 1, op, f"all tensors must be on one device, got {sorted(map(str, devices))}")
+
+
+def _floats(floats) -> str:
+    return ", ".join(_NAMES[f] for f in floats)
+
+
+def _check_logits(op, hidden, rows, name, cnt, row_to_slot, R, W, floats) -> None:
+    """What the two logits ops share; ``rows`` holds the candidate rows (``weight`` or ``packed``)."""
+    _need(hidden.dim() == 2, op, f"hidden must be [M, d], got shape {tuple(hidden.shape)}")
+    _need(hidden.shape[1] == rows.shape[-1], op, f"hidden has d={hidden.shape[1]} but {name} has d={rows.shape[-1]}")
+    _need(hidden.dtype in floats, op, f"hidden dtype {hidden.dtype} must be one of {_floats(floats)}")
+    _need(rows.dtype == hidden.dtype, op, f"{name} dtype {rows.dtype} must equal hidden dtype {hidden.dtype}")
+    _need(
+        cnt.dim() == 1 and cnt.dtype == torch.int32 and cnt.shape[0] == R,
+        op,
+        f"cnt must be int32 [R={R}], got {cnt.dtype} {tuple(cnt.shape)}",
+    )
+    _need(
+        row_to_slot.dim() == 1 and row_to_slot.dtype == torch.int32 and row_to_slot.shape[0] == hidden.shape[0],
+        op,
+        f"row_to_slot must be int32 [M={hidden.shape[0]}], got {row_to_slot.dtype} {tuple(row_to_slot.shape)}",
+    )
+    _one_device(op, hidden, rows, cnt, row_to_slot)
+    if hidden.device.type == "cpu":
+        _need(bool(((cnt >= 1) & (cnt <= W)).all()), op, f"cnt must be in [1, W={W}]")
+        _need(bool(((row_to_slot >= 0) & (row_to_slot < R)).all()), op, f"row_to_slot must be in [0, R={R})")
+
+
+def check_indexed_logits(hidden, weight, ids, cnt, row_to_slot, *, floats=KERNEL_FLOATS) -> None:
+    op = "indexed_logits"
+    _need(weight.dim() == 2, op, f"weight must be [V, d], got shape {tuple(weight.shape)}")
+    _need(
+        ids.dim() == 2 and ids.dtype == torch.int32, op, f"ids must be int32 [R, W], got {ids.dtype} {tuple(ids.shape)}"
+    )
+    _one_device(op, ids, weight)
+    _check_logits(op, hidden, weight, "weight", cnt, row_to_slot, ids.shape[0], ids.shape[1], floats)
+    if hidden.device.type == "cpu":
+        _need(bool(((ids >= 0) & (ids < weight.shape[0])).all()), op, f"ids must be in [0, V={weight.shape[0]})")
+
+
+def check_packed_logits(hidden, packed, cnt, row_to_slot, *, floats=KERNEL_FLOATS) -> None:
+    op = "packed_logits"
+    _need(packed.dim() == 3, op, f"packed must be [R, W, d], got shape {tuple(packed.shape)}")
+    _check_logits(op, hidden, packed, "packed", cnt, row_to_slot, packed.shape[0], packed.shape[1], floats)
+
+
+def check_window_update(ring, length, ids, cnt, rows, block, fallback_id: int, vocab_size: int) -> None:
+    op = "window_update"
+    _need(
+        ids.dim() == 2 and ids.dtype == torch.int32,
+        op,
+        f"ids must be int32 [R, capacity], got {ids.dtype} {tuple(ids.shape)}",
+    )
+    R, cap = ids.shape
+    _need(
+        cnt.dim() == 1 and cnt.dtype == torch.int32 and cnt.shape[0] == R,
+        op,
+        f"cnt must be int32 [R={R}], got {cnt.dtype} {tuple(cnt.shape)}",
+    )
+    _need(
+        ring.dim() == 2 and ring.dtype == torch.int32 and ring.shape[0] == R and ring.shape[1] >= cap,
+        op,
+        f"ring must be int32 [R={R}, >= capacity={cap}], got {ring.dtype} {tuple(ring.shape)}",
+    )
+    _need(
+        length.dim() == 1 and length.dtype == torch.int64 and length.shape[0] == R,
+        op,
+        f"length must be int64 [R={R}], got {length.dtype} {tuple(length.shape)}",
+    )
+    _need(
+        rows.dim() == 1 and rows.dtype == torch.int64,
+        op,
+        f"rows must be int64 [B], got {rows.dtype} {tuple(rows.shape)}",
+    )
+    _need(
+        block.dim() == 2 and block.dtype == torch.int32 and block.shape[0] == rows.shape[0],
+        op,
+        f"block must be int32 [B={rows.shape[0]}, n], got {block.dtype} {tuple(block.shape)}",
+    )
+    _need(1 <= vocab_size <= 2**31, op, f"vocab_size = {vocab_size} must be in [1, 2^31]")
+    _need(
+        0 <= fallback_id < vocab_size,
+        op,
+        f"fallback_id = {fallback_id} must be a token id in [0, vocab_size={vocab_size})",
+    )
+    _one_device(op, ring, length, ids, cnt, rows, block)
+    if ids.device.type == "cpu" and rows.numel():
+        _need(bool(((rows >= 0) & (rows < R)).all()), op, f"rows must be in [0, R={R})")
+        _need(rows.unique().numel() == rows.numel(), op, "rows must be distinct")
+
+
+def check_pack_update(packed, packed_ids, weight, ids, cnt, rows, *, floats=KERNEL_FLOATS) -> None:
+    op = "pack_update"
+    _need(packed.dim() == 3, op, f"packed must be [R, W, d], got shape {tuple(packed.shape)}")
+    R, W, d = packed.shape
+    _need(weight.dim() == 2, op, f"weight must be [V, d], got shape {tuple(weight.shape)}")
+    _need(weight.shape[1] == d, op, f"packed has d={d} but weight has d={weight.shape[1]}")
+    _need(packed.dtype in floats, op, f"packed dtype {packed.dtype} must be one of {_floats(floats)}")
+    _need(weight.dtype == packed.dtype, op, f"weight dtype {weight.dtype} must equal packed dtype {packed.dtype}")
+    for name, t in (("packed_ids", packed_ids), ("ids", ids)):
+        _need(
+            t.dtype == torch.int32 and tuple(t.shape) == (R, W),
+            op,
+            f"{name} must be int32 [R={R}, W={W}], got {t.dtype} {tuple(t.shape)}",
+        )
+    _need(
+        cnt.dtype == torch.int32 and tuple(cnt.shape) == (R,),
+        op,
+        f"cnt must be int32 [R={R}], got {cnt.dtype} {tuple(cnt.shape)}",
+    )
+    _need(
+        rows.dim() == 1 and rows.dtype == torch.int64,
+        op,
+        f"rows must be int64 [B], got {rows.dtype} {tuple(rows.shape)}",
+    )
+    _one_device(op, packed, packed_ids, weight, ids, cnt, rows)
+    if packed.device.type != "cpu" or rows.numel() == 0:  # value checks cost a sync on a GPU, nothing here
+        return
+    V = weight.shape[0]
+    _need(bool(((rows >= 0) & (rows < R)).all()), op, f"rows must be in [0, R={R})")
+    _need(rows.unique().numel() == rows.numel(), op, "rows must be distinct")
+    c = cnt[rows].long()[:, None]
+    _need(bool(((c >= 1) & (c <= W)).all()), op, f"cnt[rows] must be in [1, W={W}]")
+    col = torch.arange(W)[None, :]
+    new, live = ids[rows], col < c
+    _need(bool(((new >= 0) & (new < V) | ~live).all()), op, f"ids[rows, :cnt] must be in [0, V={V})")
+    _need(bool(((new[:, 1:] > new[:, :-1]) | ~live[:, 1:]).all()), op, "ids[rows, :cnt] must be strictly ascending")
+    old = packed_ids[rows]
+    _need(bool((old < V).all()), op, f"packed_ids[rows] must be in [-1, V={V})")
+    _need(
+        torch.equal(old >= 0, col < (old >= 0).sum(1, keepdim=True)) and bool((old >= -1).all()),
+        op,
+        "packed_ids[rows] must be live ids >= 0 followed by -1 (a fresh row is all -1)",
+    )

@@ -1,0 +1,156 @@
+"""Every backend of an op refuses the same bad inputs, naming the argument (``ops.checks`` for the torch
+reference and Triton, the extension's TORCH_CHECKs for the C++ kernels), before it computes anything."""
+
+import re
+
+import pytest
+import torch
+
+from sglang_specvocab.ops import _ext, checks, reference, triton_ops
+
+R, W, D, V, M = 3, 5, 8, 20, 4
+
+
+def logits_args():
+    g = torch.Generator().manual_seed(0)
+    ids = torch.stack([torch.randperm(V, generator=g)[:W].sort().values for _ in range(R)]).to(torch.int32)
+    return {
+        "hidden": torch.randn(M, D, generator=g),
+        "weight": torch.randn(V, D, generator=g),
+        "ids": ids,
+        "cnt": torch.tensor([1, W, 3], dtype=torch.int32),
+        "row_to_slot": torch.tensor([0, 1, 1, 2], dtype=torch.int32),
+    }
+
+
+def packed_args():
+    a = logits_args()
+    return {
+        "hidden": a["hidden"],
+        "packed": a["weight"][a["ids"].long()],
+        "cnt": a["cnt"],
+        "row_to_slot": a["row_to_slot"],
+    }
+
+
+def window_args():
+    return {
+        "ring": torch.full((R, W + 1), -1, dtype=torch.int32),
+        "length": torch.zeros(R, dtype=torch.int64),
+        "ids": torch.zeros(R, W, dtype=torch.int32),
+        "cnt": torch.ones(R, dtype=torch.int32),
+        "rows": torch.tensor([2, 0]),
+        "block": torch.tensor([[3, 4, -1], [5, 5, 6]], dtype=torch.int32),
+        "fallback_id": 0,
+        "vocab_size": V,
+    }
+
+
+def pack_args():
+    a = logits_args()
+    return {
+        "packed": torch.zeros(R, W, D),
+        "packed_ids": torch.full((R, W), -1, dtype=torch.int32),
+        "weight": a["weight"],
+        "ids": a["ids"],
+        "cnt": a["cnt"],
+        "rows": torch.tensor([0, 2]),
+    }
+
+
+BAD = {  # op -> (valid arguments, [(change, a phrase every backend's message has)])
+    "indexed_logits": (logits_args, [
+        ({"ids": lambda a: a["ids"].long()}, "ids must be int32"),
+        ({"cnt": lambda a: a["cnt"].long()}, "cnt must be int32 [R=3]"),
+        ({"cnt": lambda a: a["cnt"][:2]}, "cnt must be int32 [R=3]"),
+        ({"row_to_slot": lambda a: a["row_to_slot"].long()}, "row_to_slot must be int32 [M=4]"),
+        ({"hidden": lambda a: a["hidden"][None]}, "hidden must be [M, d]"),
+        ({"weight": lambda a: a["weight"].half()}, "must equal hidden dtype"),
+        ({"weight": lambda a: a["weight"][:, :7]}, "hidden has d=8 but weight has d=7"),
+        ({"weight": lambda a: a["weight"][0]}, "weight must be [V, d]"),
+        ({"hidden": lambda a: a["hidden"].long(), "weight": lambda a: a["weight"].long()}, "hidden dtype"),
+        ({"cnt": lambda a: a["cnt"] * 0}, "cnt must be in [1, W=5]"),
+        ({"cnt": lambda a: a["cnt"] + W}, "cnt must be in [1, W=5]"),
+        ({"row_to_slot": lambda a: a["row_to_slot"] + 1}, "row_to_slot must be in [0, R=3)"),
+        ({"ids": lambda a: a["ids"] + V}, "ids must be in [0, V=20)"),
+    ]),
+    "packed_logits": (packed_args, [
+        ({"packed": lambda a: a["packed"][0]}, "packed must be [R, W, d]"),
+        ({"packed": lambda a: a["packed"][:, :, :7]}, "hidden has d=8 but packed has d=7"),
+        ({"packed": lambda a: a["packed"].half()}, "must equal hidden dtype"),
+        ({"cnt": lambda a: a["cnt"].long()}, "cnt must be int32 [R=3]"),
+        ({"row_to_slot": lambda a: a["row_to_slot"][:3]}, "row_to_slot must be int32 [M=4]"),
+        ({"cnt": lambda a: a["cnt"] * 0}, "cnt must be in [1, W=5]"),
+        ({"row_to_slot": lambda a: a["row_to_slot"] - 1}, "row_to_slot must be in [0, R=3)"),
+    ]),
+    "window_update": (window_args, [
+        ({"ids": lambda a: a["ids"].long()}, "int32 [R, capacity]"),
+        ({"cnt": lambda a: a["cnt"][:2]}, "int32 [R=3]"),
+        ({"ring": lambda a: a["ring"][:, : W - 1]}, "ring must be int32 [R=3, >= capacity=5]"),
+        ({"length": lambda a: a["length"].int()}, "int64 [R=3]"),
+        ({"rows": lambda a: a["rows"].int()}, "rows must be int64 [B]"),
+        ({"block": lambda a: a["block"].long()}, "block must be int32 [B=2, n]"),
+        ({"block": lambda a: a["block"][:1]}, "block must be int32 [B=2, n]"),
+        ({"vocab_size": lambda a: 0}, "vocab_size = 0 must be in [1, 2^31]"),
+        ({"fallback_id": lambda a: V}, "fallback_id = 20 must be a token id in [0, vocab_size=20)"),
+        ({"rows": lambda a: torch.tensor([0, 3])}, "rows must be in [0, R=3)"),
+        ({"rows": lambda a: torch.tensor([1, 1])}, "rows must be distinct"),
+    ]),
+    "pack_update": (pack_args, [
+        ({"packed": lambda a: a["packed"][0]}, "packed must be [R, W, d]"),
+        ({"weight": lambda a: a["weight"][:, :7]}, "packed has d=8 but weight has d=7"),
+        ({"weight": lambda a: a["weight"].half()}, "must equal packed dtype"),
+        ({"packed_ids": lambda a: a["packed_ids"].long()}, "packed_ids must be int32 [R=3, W=5]"),
+        ({"ids": lambda a: a["ids"][:, :4]}, "ids must be int32 [R=3, W=5]"),
+        ({"cnt": lambda a: a["cnt"][:2]}, "cnt must be int32 [R=3]"),
+        ({"rows": lambda a: a["rows"].int()}, "rows must be int64 [B]"),
+        ({"rows": lambda a: torch.tensor([0, 3])}, "rows must be in [0, R=3)"),
+        ({"rows": lambda a: torch.tensor([2, 2])}, "rows must be distinct"),
+        ({"cnt": lambda a: a["cnt"] * 0}, "cnt[rows] must be in [1, W=5]"),
+        ({"ids": lambda a: a["ids"] + V}, "ids[rows, :cnt] must be in [0, V=20)"),
+        ({"ids": lambda a: a["ids"].flip(1)}, "ids[rows, :cnt] must be strictly ascending"),
+        ({"packed_ids": lambda a: a["packed_ids"] - 1}, "packed_ids[rows] must be live ids >= 0 followed by -1"),
+    ]),
+}  # fmt: skip
+CASES = [(op, i) for op, (_, bad) in BAD.items() for i in range(len(bad))]
+
+
+def backends(op: str):
+    """(name, function, the exception it raises) of every backend of ``op`` that can run here."""
+    out = [("torch", getattr(reference, op), ValueError)]
+    if op in ("indexed_logits", "packed_logits"):
+        out.append(("triton", getattr(triton_ops, op), ValueError))  # refuses before any launch
+    if _ext.available():
+        out.append(("cuda", getattr(torch.ops.specvocab, op), RuntimeError))  # its C++ kernels on CPU tensors
+    return out
+
+
+@pytest.mark.parametrize("op, i", CASES, ids=[f"{op}-{BAD[op][1][i][1]}" for op, i in CASES])
+def test_every_backend_refuses_the_same_bad_input(op, i):
+    make, bad = BAD[op]
+    change, phrase = bad[i]
+    for name, fn, error in backends(op):
+        args = make()
+        args.update({k: f(args) for k, f in change.items()})
+        with pytest.raises(error, match=re.escape(phrase)) as caught:
+            fn(**args) if name != "cuda" else fn(*args.values())
+        assert op in str(caught.value), (name, str(caught.value))
+
+
+@pytest.mark.parametrize("op", sorted(BAD))
+def test_the_valid_arguments_pass_every_check(op):
+    make = BAD[op][0]
+    for name, fn, _ in backends(op):
+        if name != "triton":  # Triton runs on GPU tensors (or under TRITON_INTERPRET=1, in test_triton_ops)
+            fn(*make().values())
+    getattr(checks, "check_" + op)(*make().values())
+
+
+def test_fp64_is_the_reference_oracle_alone():
+    a = {k: (v.double() if v.is_floating_point() else v) for k, v in logits_args().items()}
+    assert reference.indexed_logits(**a).dtype == torch.float32
+    with pytest.raises(ValueError, match="hidden dtype torch.float64 must be one of bf16, fp16, fp32"):
+        triton_ops.indexed_logits(**a)
+    if _ext.available():
+        with pytest.raises(RuntimeError, match="bf16, fp16 or fp32"):
+            torch.ops.specvocab.indexed_logits(*a.values())
