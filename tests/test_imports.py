@@ -125,3 +125,33 @@ def test_only_integration_imports_sglang():
                 assert name.startswith(f"{NAME}.integration") or name.startswith(f"{NAME}.patches"), (
                     f"{name} imports SGLang ({found}); only {NAME}.integration may"
                 )
+
+
+def test_function_local_imports_say_why():
+    """A function-local import is there to avoid a heavy or optional dependency, and says which in a comment
+    (on its line or the line above; the imports right below a commented one share its comment)."""
+    unexplained = []
+    for name, path in modules().items():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for fn in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            explained: set[int] = set()
+            local = sorted(
+                (n for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom))), key=lambda n: n.lineno
+            )
+            for node in local:
+                above = node.lineno - 2
+                while above >= 0 and not lines[above].strip():
+                    above -= 1
+                if (
+                    any("#" in lines[i] for i in range(node.lineno - 1, node.end_lineno))
+                    or (above >= 0 and lines[above].strip().startswith("#"))
+                    or above + 1 in explained
+                ):
+                    explained.update(range(node.lineno, node.end_lineno + 1))
+                else:
+                    unexplained.append(
+                        f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {lines[node.lineno - 1].strip()}"
+                    )
+    assert not unexplained, "function-local imports without a reason:\n" + "\n".join(unexplained)

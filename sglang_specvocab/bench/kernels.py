@@ -447,7 +447,7 @@ def environment(device: torch.device) -> dict:
     else:
         dev.update(name=platform.processor() or platform.machine(), driver=None, threads=torch.get_num_threads())
     try:
-        import triton
+        import triton  # optional: Triton may be absent
 
         triton_version = triton.__version__
     except Exception:

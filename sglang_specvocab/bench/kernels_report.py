@@ -221,10 +221,10 @@ def plot(result: dict, path: Path) -> bool:
     d = result["config"]["target_d"] if result["config"]["target_d"] in dims else max(dims)
     recs = [r for r in recs if r["d"] == d]
     try:
-        import matplotlib
+        import matplotlib  # optional: the plot needs matplotlib
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # optional: the plot needs matplotlib
     except ImportError:
         return False
     rows = sorted({r["rows"] for r in recs})

@@ -152,7 +152,7 @@ def _key(config: str, fp: str, route: str, concurrency: int, p: Prompt) -> str:
 def run_lossless(configs: list[ServerConfig], prompts: list[Prompt], settings: LosslessSettings, cache_path: Path,
                  log_dir: Path, command: str, progress: bool = True) -> dict:
     """Every prompt through every configuration, route and concurrency (cached ones skipped); the comparison."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # the lab extra (progress bars)
 
     check_unique(configs)
     if len(configs) < 2:

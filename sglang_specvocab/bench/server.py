@@ -29,7 +29,10 @@ import urllib.error
 import urllib.request
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
+
+import yaml
 
 from ..errors import SpecVocabError
 
@@ -140,8 +143,6 @@ def parse_config_spec(spec: str) -> ServerConfig:
 
 def load_config_file(path: str | Path) -> list[ServerConfig]:
     """Configurations of a YAML file: a list of mappings, or a mapping whose ``configs`` is that list."""
-    import yaml
-
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
@@ -422,7 +423,7 @@ def device_name() -> str:
     except (OSError, subprocess.SubprocessError):
         pass
     try:
-        import torch
+        import torch  # heavy, and needed only when nvidia-smi named no GPU
 
         if torch.cuda.is_available():
             return torch.cuda.get_device_name(0)
@@ -432,8 +433,6 @@ def device_name() -> str:
 
 
 def versions() -> dict[str, str]:
-    from importlib import metadata
-
     out = {"python": platform.python_version()}
     for package in ("sglang", "torch", "sglang-specvocab"):
         try:

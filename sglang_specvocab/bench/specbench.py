@@ -95,7 +95,7 @@ def prompt_ids(tokenizer, prompt_format: str, turns: list[str], answers: list[st
 
 
 def _load_tokenizer(path: str):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # heavy: transformers
 
     try:
         return AutoTokenizer.from_pretrained(path)
@@ -132,7 +132,7 @@ def _record(response, key: str, config: ServerConfig, fp: str, q: Question, turn
 
 def _run_config(config: ServerConfig, server: Server, questions: list[Question], settings: BenchSettings,
                 cache: ResultCache, fp: str, tokenizers: dict, progress: bool, pending: int) -> None:
-    from tqdm import tqdm
+    from tqdm import tqdm  # the lab extra (progress bars)
 
     tok_path = settings.tokenizer
     if tok_path is None:

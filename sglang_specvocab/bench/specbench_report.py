@@ -102,12 +102,12 @@ def markdown(result: dict) -> str:
 def plot(result: dict, path: Path) -> bool:
     """Speedup per category, one bar per configuration (the baseline is the line at 1)."""
     try:
-        import matplotlib
+        import matplotlib  # optional: the plot needs matplotlib
     except ImportError:
         print("matplotlib is not installed: no plot", file=sys.stderr)
         return False
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: the plot needs matplotlib
 
     runs = result["runs"]
     configs = list(dict.fromkeys(r["config"] for r in runs))

@@ -241,6 +241,7 @@ def check_config_for_models(config: PolicyConfig, draft: DraftInfo) -> None:
 
 
 def _draft_hf_config(cfg: Any) -> Any:
+    # late: keeps the plug-in's import (every server process) light
     from sglang.srt.utils.hf_transformers_utils import get_config
 
     return get_config(
@@ -260,6 +261,7 @@ def validate_server_args(server_args: Any) -> None:
             f"--speculative-algorithm {NAME} needs --speculative-draft-model-path: an EAGLE-3 draft "
             "(a full-vocabulary one, or a d2t one whose candidate sets are cut to its vocabulary)"
         )
+    # late: keeps the plug-in's import (every server process) light
     from sglang.srt.arg_groups.overrides import model_config_of
 
     hf = _draft_hf_config(server_args)
@@ -312,6 +314,7 @@ class DynVocabAlgo(CustomSpecAlgo):
         return None  # always our worker, never an out-of-tree platform's EAGLE replacement
 
     def create_future_map(self, device, req_to_token_pool, needs_cpu_seq_lens=True, needs_confidence_relay=False):
+        # late: keeps the plug-in's import (every server process) light
         from sglang.srt.managers.overlap_utils import FutureMap
 
         return FutureMap(device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay)
@@ -323,6 +326,7 @@ class DynVocabAlgo(CustomSpecAlgo):
         the record's ``_resolved_overrides`` list (reached through the stand-in), exactly as it does for
         EAGLE3. Tested: steps/topk/draft tokens, max_running_requests=48, overlap off on CPU.
         """
+        # late: keeps the plug-in's import (every server process) light
         from sglang.srt.arg_groups.speculative_hook import _handle_eagle_family
 
         check_combinations(server_args)

@@ -126,7 +126,7 @@ def from_cli_args_hook(result, cls, args):
 
 
 def _register_cli_hooks() -> None:
-    from sglang.srt.plugins import hook_registry as hr
+    from sglang.srt.plugins import hook_registry as hr  # late: keeps the plug-in's import (every server process) light
 
     hooks = dict(zip(HOOK_TARGETS, (add_cli_args_hook, from_cli_args_hook), strict=True))
     for target, hook in hooks.items():

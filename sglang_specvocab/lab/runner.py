@@ -51,7 +51,7 @@ def _named_configs(paths: list[str]) -> list[tuple[str, PolicyConfig]]:
 
 
 def versions() -> dict[str, str]:
-    import transformers
+    import transformers  # heavy: transformers
 
     return {
         "sglang_specvocab": __version__,
@@ -65,7 +65,7 @@ def versions() -> dict[str, str]:
 
 
 def run_lab(settings: LabSettings, progress: bool = True) -> dict:
-    from tqdm import tqdm
+    from tqdm import tqdm  # the lab extra (progress bars)
 
     named = _named_configs(settings.configs)  # bad configs fail before the model loads
     questions = load_questions(settings.questions, settings.per_category)

@@ -114,7 +114,7 @@ def implementation(backend: str, device: torch.device | str, op: str) -> Callabl
     if chosen == "cuda":
         return getattr(torch.ops.specvocab, op)
     if chosen == "triton":
-        from . import triton_ops
+        from . import triton_ops  # optional: Triton may be absent
 
         return getattr(triton_ops, op)
     return getattr(reference, op)

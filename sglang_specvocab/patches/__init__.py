@@ -24,6 +24,7 @@ import inspect
 import pkgutil
 import sys
 from functools import cache
+from importlib import metadata
 from pathlib import Path
 from types import ModuleType
 
@@ -45,14 +46,12 @@ def supported_versions() -> list[str]:
 
 def installed_sglang_version() -> str | None:
     """The installed SGLang's version (distribution metadata, else ``sglang.__version__``), or None."""
-    from importlib import metadata
-
     try:
         return metadata.version("sglang")
     except metadata.PackageNotFoundError:
         pass
     try:
-        import sglang
+        import sglang  # optional: SGLang may be absent
     except ImportError:
         return None
     return getattr(sglang, "__version__", None)

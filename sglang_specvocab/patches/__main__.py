@@ -5,14 +5,13 @@ Compare them with ``sglang-<version>/signatures.py`` after reading what changed 
 
 from __future__ import annotations
 
+import pkgutil
 import sys
 
 from . import installed_sglang_version, recorded_signatures, signature_text, supported_versions
 
 
 def main() -> int:
-    import pkgutil
-
     version = installed_sglang_version()
     base = version if version in supported_versions() else supported_versions()[-1]
     print(f"# installed SGLang {version}; targets recorded for {base}")

@@ -66,7 +66,7 @@ def spherical_kmeans(weight: torch.Tensor, clusters: int, iterations: int, seed:
     """Clusters of the normalised rows of ``weight[V, d]``: ``perm`` (ids grouped by cluster,
     most central first), ``offsets[C + 1]`` (cluster c is ``perm[offsets[c]:offsets[c+1]]``) and
     unit ``centroids[C, d]``."""
-    import faiss
+    import faiss  # heavy: only when the clusters are built
 
     x = torch.nn.functional.normalize(weight.detach().float().cpu(), dim=1).numpy()
     km = faiss.Kmeans(

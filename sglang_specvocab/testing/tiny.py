@@ -119,8 +119,9 @@ def build_tokenizer(vocab_size: int):
     """A ``PreTrainedTokenizerFast`` of exactly ``vocab_size`` tokens, built without the hub:
     byte-level BPE with no merges (text becomes one token per byte, and decodes back), the
     specials first, then the bytes, then filler tokens ``tok<i>`` that only generation produces."""
+    # heavy: tokenizers, only to build checkpoints
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # heavy: transformers
 
     if vocab_size < NUM_FIXED + 1:
         raise SpecVocabError(f"vocabulary size {vocab_size} is too small: at least {NUM_FIXED + 1}")
@@ -159,7 +160,7 @@ def byte_symbols() -> list[str]:
 
 def build_target(vocab_size: int, seed: int):
     """The random target (float32 in memory; saved as bf16)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM  # heavy: transformers
 
     cfg = LlamaConfig(
         vocab_size=vocab_size,

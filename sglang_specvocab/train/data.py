@@ -84,8 +84,8 @@ def generate_responses(
 ) -> list[list[int]]:
     """The target's greedy continuation of every prompt (HF ``generate``, left-padded batches;
     each response ends at its first EOS, which it keeps)."""
-    from tqdm import tqdm
-    from transformers import GenerationConfig
+    from tqdm import tqdm  # the lab extra (progress bars)
+    from transformers import GenerationConfig  # heavy: transformers
 
     device = next(model.parameters()).device
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))  # similar lengths share a batch

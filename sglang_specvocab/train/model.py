@@ -175,7 +175,7 @@ class Eagle3Config:
         )
 
     def to_hf_config(self, dtype: torch.dtype = torch.bfloat16) -> dict:
-        from transformers import LlamaConfig
+        from transformers import LlamaConfig  # heavy: transformers
 
         cfg = LlamaConfig(
             vocab_size=self.vocab_size,

@@ -38,12 +38,12 @@ def load_target(name: str, dtype: torch.dtype):
     path = Path(name)
     if not (path / "config.json").is_file():
         raise SpecVocabError(f"--target {name!r}: not '{GEMMA3_270M}' and not a directory with a config.json")
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # heavy: transformers
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
 
     def with_tokenizer():
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # heavy: transformers
 
         try:
             return LoadedModel(name, model, AutoTokenizer.from_pretrained(path))
@@ -170,7 +170,7 @@ def train_draft(
 ) -> list[StepStats]:
     """AdamW on the draft's parameters; linear warm-up then cosine decay to a tenth of ``lr``;
     gradients clipped at 1. Returns the statistics of every step."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # the lab extra (progress bars)
 
     pool = trainable(data, seq_len)
     if not pool:
