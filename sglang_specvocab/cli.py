@@ -81,6 +81,7 @@ def _choices_csv(choices: tuple[str, ...]):
 
 POSITIVE = _at_least(1)
 NON_NEGATIVE = _at_least(0)
+NON_NEGATIVE_FLOAT = _at_least(0.0, float)
 RAW = argparse.RawDescriptionHelpFormatter
 
 
@@ -586,11 +587,11 @@ def _add_bench_kernels(sub) -> None:
     p.add_argument("--hot", action="store_true", help="no input rotation: repeated calls may hit the L2 cache")
     p.add_argument("--no-graph", action="store_true", help="GPU: time eager calls between events, no CUDA graphs")
     p.add_argument(
-        "--max-mem-gb", type=_positive_float, default=None, help="skip a case whose own tensors would exceed this"
+        "--max-mem-gb", type=NON_NEGATIVE_FLOAT, default=None, help="skip a case whose own tensors would exceed this"
     )
     p.add_argument(
         "--time-budget-s",
-        type=_positive_float,
+        type=NON_NEGATIVE_FLOAT,
         default=None,
         help="start no case after this many seconds; the rest are recorded as skipped (fits a device lease)",
     )
