@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Iterator
 
 from .errors import SpecVocabError
 
@@ -42,7 +42,9 @@ def load_questions(path: str | Path | None = None, per_category: int | None = No
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise SpecVocabError(f"cannot read questions file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+            raise SpecVocabError(
+                f"cannot read questions file {path}: {getattr(exc, 'strerror', None) or exc}"
+            ) from None
         where = str(path)
     groups: dict[str, list[tuple[int, int, Question]]] = {}  # folded category -> (rank, subcategory, question)
     ranks: dict[str, int] = {}
@@ -83,8 +85,9 @@ def spec_bench_file(path: str | Path | None) -> Path:
     return SPEC_BENCH_BESIDE_CHECKOUT
 
 
-def load_bench_questions(path: str | Path, per_category: int | None = None,
-                         categories: list[str] | None = None) -> list[Question]:
+def load_bench_questions(
+    path: str | Path, per_category: int | None = None, categories: list[str] | None = None
+) -> list[Question]:
     """Spec-Bench questions (MT-Bench's eight categories folded into ``mt_bench``), checked for unique ids."""
     if not Path(path).is_file():
         raise SpecVocabError(f"questions file {path}: no such file")
@@ -98,8 +101,10 @@ def load_bench_questions(path: str | Path, per_category: int | None = None,
         known = list(dict.fromkeys(q.category for q in questions))
         unknown = [c for c in categories if c not in known]
         if unknown:
-            raise SpecVocabError(f"unknown categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; "
-                                 f"{path} has: {', '.join(known)}")
+            raise SpecVocabError(
+                f"unknown categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; "
+                f"{path} has: {', '.join(known)}"
+            )
         questions = [q for q in questions if q.category in categories]
     return questions
 

@@ -244,9 +244,7 @@ def generated_streams(
     # A fresh config: the checkpoint's own may ask for sampling, and only greedy is reproducible.
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=pad)
     docs = iter(docs)
-    while batch := [
-        loaded.encode(segments[0])[: prompt_tokens] for segments in itertools.islice(docs, batch_size)
-    ]:
+    while batch := [loaded.encode(segments[0])[:prompt_tokens] for segments in itertools.islice(docs, batch_size)]:
         width = max(len(p) for p in batch)
         input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)

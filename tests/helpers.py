@@ -134,7 +134,11 @@ def window_config(cap=16, kpre=3, kver=3, sources=("context", "extension")):
     from sglang_specvocab.policies import parse_config
 
     return parse_config(
-        {"policy": "window", "capacity": cap, "window": {"prefill_topk": kpre, "verify_topk": kver, "sources": list(sources)}}
+        {
+            "policy": "window",
+            "capacity": cap,
+            "window": {"prefill_topk": kpre, "verify_topk": kver, "sources": list(sources)},
+        }
     )
 
 

@@ -46,7 +46,7 @@ def test_python_dash_m_runs_the_command_without_importing_torch_for_help():
         "except SystemExit as e:\n    assert e.code == 0, e.code\n"
         "assert 'torch' not in sys.modules, 'help imported torch'\n"
     )
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 0, run.stderr
     assert "--vocab-size" in run.stdout
 

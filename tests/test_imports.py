@@ -122,7 +122,7 @@ def test_only_integration_imports_sglang():
             else:
                 continue
             if any(m == "sglang" or m.startswith("sglang.") for m in found):
-                assert name.startswith(f"{NAME}.integration") or name.startswith(f"{NAME}.patches"), (
+                assert name.startswith((f"{NAME}.integration", f"{NAME}.patches")), (
                     f"{name} imports SGLang ({found}); only {NAME}.integration may"
                 )
 
@@ -131,7 +131,7 @@ def test_function_local_imports_say_why():
     """A function-local import is there to avoid a heavy or optional dependency, and says which in a comment
     (on its line or the line above; the imports right below a commented one share its comment)."""
     unexplained = []
-    for name, path in modules().items():
+    for path in modules().values():
         lines = path.read_text(encoding="utf-8").splitlines()
         for fn in ast.walk(ast.parse("\n".join(lines))):
             if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):

@@ -104,6 +104,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 CHECK_TOL = {"bf16": 5e-3, "fp16": 5e-3, "fp32": 1e-4}  # relative error of our output vs an fp32 oracle
 CHECK_MAX_ELEMENTS = 1 << 27  # skip the oracle where the fp32 gather would exceed this many elements
 
+
 def resolve(args) -> None:
     """Fill the sweep from the preset (``--tiny``/``--quick``, else the full grid) where no shape option
     was given, and the device and backends from what this machine has."""
@@ -618,4 +619,3 @@ def run(args) -> int:
     print(f"\nwrote {out} and {out.with_suffix('.md').name}" + (f", {result['plot']}" if result.get("plot") else ""))
     wrong = [r for r in result["records"] if r.get("check", "").startswith("FAILED")]
     return 1 if wrong else 0
-

@@ -54,7 +54,14 @@ from .server import (
 )
 
 __all__ = [
-    "ROUTES", "LosslessSettings", "check_tiny_names", "compare", "markdown", "request", "run_lossless", "tiny_configs",
+    "ROUTES",
+    "LosslessSettings",
+    "check_tiny_names",
+    "compare",
+    "markdown",
+    "request",
+    "run_lossless",
+    "tiny_configs",
     "write_report",
 ]
 
@@ -87,41 +94,63 @@ def _served_model(url: str) -> str:
 def request(url: str, route: str, prompt: str, max_new_tokens: int, model: str, timeout: float) -> dict:
     """One greedy request: ``{"text", "ids" (or None), "completion_tokens", "spec_verify_ct", telemetry...}``."""
     if route == "chat":
-        reply = http_json(f"{url}/v1/chat/completions", {
-            "model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0,
-            "max_tokens": max_new_tokens}, timeout=timeout)
+        reply = http_json(
+            f"{url}/v1/chat/completions",
+            {
+                "model": model,
+                "messages": [{"role": "user", "content": prompt}],
+                "temperature": 0,
+                "max_tokens": max_new_tokens,
+            },
+            timeout=timeout,
+        )
         choice = _first_choice(reply, route)
         text = (choice.get("message") or {}).get("content")
     elif route == "completions":
-        reply = http_json(f"{url}/v1/completions", {
-            "model": model, "prompt": prompt, "temperature": 0, "max_tokens": max_new_tokens}, timeout=timeout)
+        reply = http_json(
+            f"{url}/v1/completions",
+            {"model": model, "prompt": prompt, "temperature": 0, "max_tokens": max_new_tokens},
+            timeout=timeout,
+        )
         choice = _first_choice(reply, route)
         text = choice.get("text")
     elif route == "generate":
-        reply = http_json(f"{url}/generate", {
-            "text": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens}}, timeout=timeout)
+        reply = http_json(
+            f"{url}/generate",
+            {"text": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens}},
+            timeout=timeout,
+        )
         if isinstance(reply, list) and len(reply) == 1:
             reply = reply[0]
         if not isinstance(reply, dict) or not isinstance(reply.get("meta_info"), dict):
             raise SpecBenchError(f"/generate reply has no meta_info: {json.dumps(reply)[:300]}")
         meta = reply["meta_info"]
         ids = reply.get("output_ids")
-        out = {"text": reply.get("text"), "ids": ids if isinstance(ids, list) else None,
-               "completion_tokens": meta.get("completion_tokens"), "spec_verify_ct": meta.get("spec_verify_ct"),
-               "finish_reason": _finish(meta.get("finish_reason"))}
+        out = {
+            "text": reply.get("text"),
+            "ids": ids if isinstance(ids, list) else None,
+            "completion_tokens": meta.get("completion_tokens"),
+            "spec_verify_ct": meta.get("spec_verify_ct"),
+            "finish_reason": _finish(meta.get("finish_reason")),
+        }
         out.update(telemetry(meta))  # as Spec-Bench's records: a per-step list becomes its mean
         if not isinstance(out["text"], str):
-            raise SpecBenchError("/generate reply has no 'text' (a server started with --skip-tokenizer-init cannot "
-                                 "be used)")
+            raise SpecBenchError(
+                "/generate reply has no 'text' (a server started with --skip-tokenizer-init cannot be used)"
+            )
         return out
     else:
         raise SpecBenchError(f"unknown route {route!r}; routes: {', '.join(ROUTES)}")
     if not isinstance(text, str):
         raise SpecBenchError(f"{route}: the reply has no text: {json.dumps(reply)[:300]}")
     usage = reply.get("usage") if isinstance(reply, dict) else None
-    return {"text": text, "ids": None,
-            "completion_tokens": usage.get("completion_tokens") if isinstance(usage, dict) else None,
-            "spec_verify_ct": None, "finish_reason": _finish(choice.get("finish_reason"))}
+    return {
+        "text": text,
+        "ids": None,
+        "completion_tokens": usage.get("completion_tokens") if isinstance(usage, dict) else None,
+        "spec_verify_ct": None,
+        "finish_reason": _finish(choice.get("finish_reason")),
+    }
 
 
 def _first_choice(reply, route: str) -> dict:
@@ -139,8 +168,14 @@ def _finish(value):
 
 
 def _fingerprint(config: ServerConfig, settings: LosslessSettings) -> str:
-    facts = {"algorithm": config.algorithm, "args": config.args, "url": config.url, "env": config.env,
-             "launcher": config.launcher, "max_new_tokens": settings.max_new_tokens}
+    facts = {
+        "algorithm": config.algorithm,
+        "args": config.args,
+        "url": config.url,
+        "env": config.env,
+        "launcher": config.launcher,
+        "max_new_tokens": settings.max_new_tokens,
+    }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -149,8 +184,15 @@ def _key(config: str, fp: str, route: str, concurrency: int, p: Prompt) -> str:
     return f"{config}|{fp}|{route}|{concurrency}|{p.pid}|{digest}"
 
 
-def run_lossless(configs: list[ServerConfig], prompts: list[Prompt], settings: LosslessSettings, cache_path: Path,
-                 log_dir: Path, command: str, progress: bool = True) -> dict:
+def run_lossless(
+    configs: list[ServerConfig],
+    prompts: list[Prompt],
+    settings: LosslessSettings,
+    cache_path: Path,
+    log_dir: Path,
+    command: str,
+    progress: bool = True,
+) -> dict:
     """Every prompt through every configuration, route and concurrency (cached ones skipped); the comparison."""
     from tqdm import tqdm  # the lab extra (progress bars)
 
@@ -170,8 +212,12 @@ def run_lossless(configs: list[ServerConfig], prompts: list[Prompt], settings: L
     cases = [(route, c) for route in settings.routes for c in settings.concurrencies]
     for config in configs:
         fp = _fingerprint(config, settings)
-        todo = [(route, c, p) for route, c in cases for p in prompts
-                if cache.get(_key(config.name, fp, route, c, p)) is None]
+        todo = [
+            (route, c, p)
+            for route, c in cases
+            for p in prompts
+            if cache.get(_key(config.name, fp, route, c, p)) is None
+        ]
         total = len(cases) * len(prompts)
         if not todo:
             print(f"[{config.name}] all {total} requests are cached in {cache_path}: nothing to run", flush=True)
@@ -189,12 +235,22 @@ def run_lossless(configs: list[ServerConfig], prompts: list[Prompt], settings: L
                     _run_case(server, config, fp, route, c, batch, settings, model, cache, bar)
             finally:
                 bar.close()
-    records = {c.name: {(route, cc, p.pid): cache.get(_key(c.name, _fingerprint(c, settings), route, cc, p))
-                        for route, cc in cases for p in prompts} for c in configs}
+    records = {
+        c.name: {
+            (route, cc, p.pid): cache.get(_key(c.name, _fingerprint(c, settings), route, cc, p))
+            for route, cc in cases
+            for p in prompts
+        }
+        for c in configs
+    }
     return {
-        "device": device_name(), "versions": versions(), "command": command,
-        "max_new_tokens": settings.max_new_tokens, "routes": list(settings.routes),
-        "concurrencies": list(settings.concurrencies), "prompts": len(prompts),
+        "device": device_name(),
+        "versions": versions(),
+        "command": command,
+        "max_new_tokens": settings.max_new_tokens,
+        "routes": list(settings.routes),
+        "concurrencies": list(settings.concurrencies),
+        "prompts": len(prompts),
         "configs": [{"name": c.name, "algorithm": c.algorithm, "args": c.args, "url": c.url} for c in configs],
         **compare(configs, prompts, cases, records),
     }
@@ -214,10 +270,20 @@ def _run_case(server, config, fp, route, concurrency, batch, settings, model, ca
         try:
             out = _ask(server, route, p.text, settings.max_new_tokens, model, settings.server.request_timeout)
         except SpecBenchError as exc:
-            raise SpecBenchError(f"config {config.name!r}, {route}, concurrency {concurrency}, prompt {p.pid}: "
-                                 f"{exc}") from None
-        cache.append({"key": _key(config.name, fp, route, concurrency, p), "config": config.name, "route": route,
-                      "concurrency": concurrency, "prompt": p.pid, "wall_s": time.perf_counter() - t0, **out})
+            raise SpecBenchError(
+                f"config {config.name!r}, {route}, concurrency {concurrency}, prompt {p.pid}: {exc}"
+            ) from None
+        cache.append(
+            {
+                "key": _key(config.name, fp, route, concurrency, p),
+                "config": config.name,
+                "route": route,
+                "concurrency": concurrency,
+                "prompt": p.pid,
+                "wall_s": time.perf_counter() - t0,
+                **out,
+            }
+        )
         bar.update(1)
 
     run_concurrently(one, batch, concurrency, f"lossless-{config.name}")
@@ -231,15 +297,24 @@ def _first_difference(a, b) -> int:
     return next((i for i in range(n) if a[i] != b[i]), n)
 
 
-def compare(configs: list[ServerConfig], prompts: list[Prompt], cases: list[tuple[str, int]],
-            records: dict[str, dict]) -> dict:
+def compare(
+    configs: list[ServerConfig], prompts: list[Prompt], cases: list[tuple[str, int]], records: dict[str, dict]
+) -> dict:
     """``{"rows", "reference_batch_invariance", "lossless"}``: each configuration against the first, per case."""
     ref = configs[0]
     rows = []
     for c in configs[1:]:
         for route, cc in cases:
-            row = {"config": c.name, "algorithm": c.algorithm, "route": route, "concurrency": cc,
-                   "compared": 0, "equal": 0, "missing": 0, "mismatches": []}
+            row = {
+                "config": c.name,
+                "algorithm": c.algorithm,
+                "route": route,
+                "concurrency": cc,
+                "compared": 0,
+                "equal": 0,
+                "missing": 0,
+                "mismatches": [],
+            }
             tokens = verify = 0
             telemetry: dict[str, list[float]] = {name: [] for name in TELEMETRY}
             for p in prompts:
@@ -253,12 +328,18 @@ def compare(configs: list[ServerConfig], prompts: list[Prompt], cases: list[tupl
                     row["equal"] += 1
                 else:
                     at = _first_difference(got["text"], want["text"])
-                    row["mismatches"].append({
-                        "prompt": p.pid, "category": p.category, "char": at,
-                        "token": None if got.get("ids") is None or want.get("ids") is None
-                        else _first_difference(got["ids"], want["ids"]),
-                        "reference": want["text"][max(0, at - 20): at + 40],
-                        "got": got["text"][max(0, at - 20): at + 40]})
+                    row["mismatches"].append(
+                        {
+                            "prompt": p.pid,
+                            "category": p.category,
+                            "char": at,
+                            "token": None
+                            if got.get("ids") is None or want.get("ids") is None
+                            else _first_difference(got["ids"], want["ids"]),
+                            "reference": want["text"][max(0, at - 20) : at + 40],
+                            "got": got["text"][max(0, at - 20) : at + 40],
+                        }
+                    )
                 if isinstance(got.get("completion_tokens"), int) and isinstance(got.get("spec_verify_ct"), int):
                     tokens += got["completion_tokens"]
                     verify += got["spec_verify_ct"]
@@ -275,11 +356,19 @@ def compare(configs: list[ServerConfig], prompts: list[Prompt], cases: list[tupl
     for route, cc in cases:
         if cc == base:
             continue
-        pairs = [(records[ref.name].get((route, base, p.pid)), records[ref.name].get((route, cc, p.pid)))
-                 for p in prompts]
+        pairs = [
+            (records[ref.name].get((route, base, p.pid)), records[ref.name].get((route, cc, p.pid))) for p in prompts
+        ]
         pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
-        invariance.append({"route": route, "concurrency": cc, "against": base, "compared": len(pairs),
-                           "equal": sum(a["text"] == b["text"] for a, b in pairs)})
+        invariance.append(
+            {
+                "route": route,
+                "concurrency": cc,
+                "against": base,
+                "compared": len(pairs),
+                "equal": sum(a["text"] == b["text"] for a, b in pairs),
+            }
+        )
     dyn = [r for r in rows if r["algorithm"] == "DYNVOCAB"]
     lossless = bool(dyn) and all(r["equal"] == r["compared"] and r["missing"] == 0 for r in dyn)
     return {"reference": ref.name, "rows": rows, "reference_batch_invariance": invariance, "lossless": lossless}
@@ -306,27 +395,51 @@ def check_tiny_names(names: list[str] | None) -> None:
         raise SpecBenchError(f"unknown tiny config(s) {', '.join(unknown)}; known: {', '.join(known)}")
 
 
-def tiny_configs(root: str | Path, extra_args: list[str] | None = None, dynvocab_config: str | None = None,
-                 names: list[str] | None = None) -> list[ServerConfig]:
+def tiny_configs(
+    root: str | Path,
+    extra_args: list[str] | None = None,
+    dynvocab_config: str | None = None,
+    names: list[str] | None = None,
+) -> list[ServerConfig]:
     """The server set on the tiny checkpoints (``sglang-specvocab tiny-checkpoints``): no speculation,
     EAGLE3 and DYNVOCAB with both drafts, chains (topk 1) and trees (topk 4); CUDA graphs stay on."""
     check_tiny_names(names)
     root = Path(root)
     missing = [d for d in ("target", "draft-d2t", "draft-full") if not (root / d / "config.json").is_file()]
     if missing:
-        raise SpecBenchError(f"{root}: no tiny checkpoint in {', '.join(missing)}; make them with "
-                             f"sglang-specvocab tiny-checkpoints --out {root}")
-    common = ["--model-path", str(root / "target"), "--dtype", "bfloat16", "--cuda-graph-max-bs-decode", "8",
-              "--mem-fraction-static", "0.5", *(extra_args or [])]
+        raise SpecBenchError(
+            f"{root}: no tiny checkpoint in {', '.join(missing)}; make them with "
+            f"sglang-specvocab tiny-checkpoints --out {root}"
+        )
+    common = [
+        "--model-path",
+        str(root / "target"),
+        "--dtype",
+        "bfloat16",
+        "--cuda-graph-max-bs-decode",
+        "8",
+        "--mem-fraction-static",
+        "0.5",
+        *(extra_args or []),
+    ]
     out = []
     for name, algorithm, draft, topk, steps, nd in TINY_SET:
         if names and name not in names and name != "target":
             continue
         args = list(common)
         if algorithm != "none":
-            args += ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(root / draft),
-                     "--speculative-eagle-topk", str(topk), "--speculative-num-steps", str(steps),
-                     "--speculative-num-draft-tokens", str(nd)]
+            args += [
+                "--speculative-algorithm",
+                algorithm,
+                "--speculative-draft-model-path",
+                str(root / draft),
+                "--speculative-eagle-topk",
+                str(topk),
+                "--speculative-num-steps",
+                str(steps),
+                "--speculative-num-draft-tokens",
+                str(nd),
+            ]
         if algorithm == "DYNVOCAB" and dynvocab_config:
             args += ["--speculative-dynvocab-config", str(dynvocab_config)]
         out.append(ServerConfig(name, algorithm, args))
@@ -353,21 +466,31 @@ def markdown(result: dict) -> str:
         "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
-        lines.append(f"| {r['config']} | {r['algorithm']} | {r['route']} | {r['concurrency']} | "
-                     f"{r['equal']} / {r['compared']} | {r['missing']} | {fmt(r['accept_length'], '.2f')} | "
-                     f"{fmt(r['dynvocab_set_size'], '.0f')} | {fmt(r['dynvocab_coverage'], '.3f')} |")
+        lines.append(
+            f"| {r['config']} | {r['algorithm']} | {r['route']} | {r['concurrency']} | "
+            f"{r['equal']} / {r['compared']} | {r['missing']} | {fmt(r['accept_length'], '.2f')} | "
+            f"{fmt(r['dynvocab_set_size'], '.0f')} | {fmt(r['dynvocab_coverage'], '.3f')} |"
+        )
     if result["reference_batch_invariance"]:
-        lines += ["", "The reference against itself (batch invariance of the target alone):", "",
-                  "| route | concurrency | against | equal / compared |", "|---|---:|---:|---:|"]
+        lines += [
+            "",
+            "The reference against itself (batch invariance of the target alone):",
+            "",
+            "| route | concurrency | against | equal / compared |",
+            "|---|---:|---:|---:|",
+        ]
         for r in result["reference_batch_invariance"]:
             lines.append(f"| {r['route']} | {r['concurrency']} | {r['against']} | {r['equal']} / {r['compared']} |")
     shown = [(r, m) for r in result["rows"] for m in r["mismatches"]][:20]
     if shown:
         lines += ["", "First mismatches (text around the first differing character):", ""]
         for r, m in shown:
-            lines.append(f"- `{r['config']}` {r['route']} c{r['concurrency']} prompt {m['prompt']} ({m['category']}), "
-                         f"char {m['char']}" + (f", token {m['token']}" if m["token"] is not None else "")
-                         + f": reference {m['reference']!r} / got {m['got']!r}")
+            lines.append(
+                f"- `{r['config']}` {r['route']} c{r['concurrency']} prompt {m['prompt']} ({m['category']}), "
+                f"char {m['char']}"
+                + (f", token {m['token']}" if m["token"] is not None else "")
+                + f": reference {m['reference']!r} / got {m['got']!r}"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -196,8 +196,12 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # local 
 def http_json(url: str, payload: dict | None = None, timeout: float = 30.0):
     """GET (no payload) or POST JSON; the decoded reply. Every failure is a SpecBenchError naming the URL."""
     data = None if payload is None else json.dumps(payload).encode()
-    req = urllib.request.Request(url, data=data, method="GET" if data is None else "POST",
-                                 headers={} if data is None else {"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url,
+        data=data,
+        method="GET" if data is None else "POST",
+        headers={} if data is None else {"Content-Type": "application/json"},
+    )
     try:
         with _OPENER.open(req, timeout=timeout) as resp:
             body = resp.read()
@@ -300,8 +304,14 @@ class Server:
         print(f"[{cfg.name}] log: {self.log_path}", flush=True)
         with self.log_path.open("wb") as log:
             try:
-                self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                             env={**os.environ, **cfg.env}, start_new_session=True)
+                self.proc = subprocess.Popen(
+                    cmd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env={**os.environ, **cfg.env},
+                    start_new_session=True,
+                )
             except OSError as exc:
                 raise SpecBenchError(f"config {cfg.name!r}: cannot run {cmd[0]!r}: {exc.strerror or exc}") from None
         self._wait_healthy(f"server {cfg.name!r} did not become healthy within {s.server_timeout:g} s")
@@ -323,7 +333,9 @@ class Server:
     def check_alive(self) -> None:
         """After a failed request: say so if the launched server died."""
         if self.proc is not None and self.proc.poll() is not None:
-            raise SpecBenchError(f"server {self.config.name!r} exited with code {self.proc.returncode}" + self.log_tail())
+            raise SpecBenchError(
+                f"server {self.config.name!r} exited with code {self.proc.returncode}" + self.log_tail()
+            )
 
     def log_tail(self) -> str:
         if self.log_path is None or not self.log_path.is_file():
@@ -415,8 +427,9 @@ class ResultCache:
 
 def device_name() -> str:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=20)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
+        )
         names = [line.strip() for line in out.stdout.splitlines() if line.strip()]
         if out.returncode == 0 and names:
             return names[0] if len(names) == 1 else f"{len(names)} x {names[0]}"

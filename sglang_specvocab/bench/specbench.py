@@ -61,9 +61,16 @@ class BenchSettings(ServerSettings):
 def fingerprint(config: ServerConfig, settings: BenchSettings) -> str:
     """What a cached result depends on: a change of any of these re-runs the question."""
     facts = {
-        "algorithm": config.algorithm, "args": config.args, "url": config.url, "env": config.env,
-        "launcher": config.launcher, "temperature": settings.temperature, "max_new_tokens": settings.max_new_tokens,
-        "concurrency": settings.concurrency, "prompt_format": settings.prompt_format, "tokenizer": settings.tokenizer,
+        "algorithm": config.algorithm,
+        "args": config.args,
+        "url": config.url,
+        "env": config.env,
+        "launcher": config.launcher,
+        "temperature": settings.temperature,
+        "max_new_tokens": settings.max_new_tokens,
+        "concurrency": settings.concurrency,
+        "prompt_format": settings.prompt_format,
+        "tokenizer": settings.tokenizer,
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -113,7 +120,9 @@ def _record(response, key: str, config: ServerConfig, fp: str, q: Question, turn
         raise SpecBenchError(f"/generate reply has no meta_info object: {json.dumps(response)[:300]}")
     text = response.get("text")
     if not isinstance(text, str):
-        raise SpecBenchError("/generate reply has no 'text' (a server started with --skip-tokenizer-init cannot be used)")
+        raise SpecBenchError(
+            "/generate reply has no 'text' (a server started with --skip-tokenizer-init cannot be used)"
+        )
     tokens = meta.get("completion_tokens")
     if not isinstance(tokens, int):
         raise SpecBenchError(f"/generate meta_info has no integer completion_tokens: {json.dumps(meta)[:300]}")
@@ -121,17 +130,36 @@ def _record(response, key: str, config: ServerConfig, fp: str, q: Question, turn
     e2e = float(e2e) if isinstance(e2e, (int, float)) and not isinstance(e2e, bool) and e2e > 0 else None
     verify = meta.get("spec_verify_ct")
     record = {
-        "key": key, "config": config.name, "fingerprint": fp, "question_id": q.qid, "category": q.category,
-        "turn": turn, "prompt_tokens": meta.get("prompt_tokens"), "completion_tokens": tokens,
-        "spec_verify_ct": verify if isinstance(verify, int) else None, "e2e_latency": e2e, "wall_s": wall,
-        "time_s": e2e if e2e is not None else wall, "finish_reason": meta.get("finish_reason"), "text": text,
+        "key": key,
+        "config": config.name,
+        "fingerprint": fp,
+        "question_id": q.qid,
+        "category": q.category,
+        "turn": turn,
+        "prompt_tokens": meta.get("prompt_tokens"),
+        "completion_tokens": tokens,
+        "spec_verify_ct": verify if isinstance(verify, int) else None,
+        "e2e_latency": e2e,
+        "wall_s": wall,
+        "time_s": e2e if e2e is not None else wall,
+        "finish_reason": meta.get("finish_reason"),
+        "text": text,
     }
     record.update(telemetry(meta))  # a per-step list becomes the request's mean
     return record
 
 
-def _run_config(config: ServerConfig, server: Server, questions: list[Question], settings: BenchSettings,
-                cache: ResultCache, fp: str, tokenizers: dict, progress: bool, pending: int) -> None:
+def _run_config(
+    config: ServerConfig,
+    server: Server,
+    questions: list[Question],
+    settings: BenchSettings,
+    cache: ResultCache,
+    fp: str,
+    tokenizers: dict,
+    progress: bool,
+    pending: int,
+) -> None:
     from tqdm import tqdm  # the lab extra (progress bars)
 
     tok_path = settings.tokenizer
@@ -139,8 +167,9 @@ def _run_config(config: ServerConfig, server: Server, questions: list[Question],
         info = model_info(server.url)
         tok_path = info.get("tokenizer_path") or info.get("model_path")
         if not tok_path:
-            raise SpecBenchError(f"server {config.name!r} did not say its tokenizer_path (GET /model_info): "
-                                 "pass --tokenizer PATH")
+            raise SpecBenchError(
+                f"server {config.name!r} did not say its tokenizer_path (GET /model_info): pass --tokenizer PATH"
+            )
     if tok_path not in tokenizers:
         tokenizers[tok_path] = _load_tokenizer(tok_path)
     tokenizer = tokenizers[tok_path]
@@ -149,8 +178,11 @@ def _run_config(config: ServerConfig, server: Server, questions: list[Question],
 
     def generate(ids: list[int], params: dict):
         try:
-            return http_json(f"{server.url}/generate", {"input_ids": ids, "sampling_params": params},
-                             timeout=settings.request_timeout)
+            return http_json(
+                f"{server.url}/generate",
+                {"input_ids": ids, "sampling_params": params},
+                timeout=settings.request_timeout,
+            )
         except SpecBenchError:
             server.check_alive()
             raise
@@ -182,8 +214,9 @@ def _run_config(config: ServerConfig, server: Server, questions: list[Question],
                 bar.update(1)
             answers.append(record["text"])
 
-    todo = [q for q in questions if any(cache.get(turn_key(config.name, fp, q, t)) is None
-                                        for t in range(len(q.turns)))]
+    todo = [
+        q for q in questions if any(cache.get(turn_key(config.name, fp, q, t)) is None for t in range(len(q.turns)))
+    ]
     try:
         run_concurrently(ask, todo, settings.concurrency, f"specbench-{config.name}")
     finally:
@@ -191,14 +224,23 @@ def _run_config(config: ServerConfig, server: Server, questions: list[Question],
         bar.close()
 
 
-def run_bench(configs: list[ServerConfig], questions: list[Question], settings: BenchSettings, cache_path: Path,
-              log_dir: Path, command: str, progress: bool = True) -> dict:
+def run_bench(
+    configs: list[ServerConfig],
+    questions: list[Question],
+    settings: BenchSettings,
+    cache_path: Path,
+    log_dir: Path,
+    command: str,
+    progress: bool = True,
+) -> dict:
     """Ask every question of every configuration (skipping cached turns); the result (see ``summarize``)."""
     check_unique(configs)
     if not questions:
         raise SpecBenchError("no questions to ask")
     if settings.prompt_format not in PROMPT_FORMATS:
-        raise SpecBenchError(f"prompt format must be one of {', '.join(PROMPT_FORMATS)}, got {settings.prompt_format!r}")
+        raise SpecBenchError(
+            f"prompt format must be one of {', '.join(PROMPT_FORMATS)}, got {settings.prompt_format!r}"
+        )
     cache = ResultCache(cache_path)
     if cache.skipped_lines:
         print(f"cache {cache_path}: ignored {cache.skipped_lines} unreadable line(s)", file=sys.stderr)
@@ -206,8 +248,9 @@ def run_bench(configs: list[ServerConfig], questions: list[Question], settings: 
     for config in configs:
         fp = fingerprint(config, settings)
         total = sum(len(q.turns) for q in questions)
-        pending = sum(cache.get(turn_key(config.name, fp, q, t)) is None
-                      for q in questions for t in range(len(q.turns)))
+        pending = sum(
+            cache.get(turn_key(config.name, fp, q, t)) is None for q in questions for t in range(len(q.turns))
+        )
         if pending == 0:
             print(f"[{config.name}] all {total} turns are cached in {cache_path}: nothing to run", flush=True)
             continue
@@ -215,8 +258,12 @@ def run_bench(configs: list[ServerConfig], questions: list[Question], settings: 
         with Server(config, settings, log_dir) as server:
             _run_config(config, server, questions, settings, cache, fp, tokenizers, progress, pending)
     records = {
-        c.name: [r for q in questions for t in range(len(q.turns))
-                 if (r := cache.get(turn_key(c.name, fingerprint(c, settings), q, t))) is not None]
+        c.name: [
+            r
+            for q in questions
+            for t in range(len(q.turns))
+            if (r := cache.get(turn_key(c.name, fingerprint(c, settings), q, t))) is not None
+        ]
         for c in configs
     }
     return {

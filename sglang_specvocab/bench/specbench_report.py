@@ -59,12 +59,19 @@ def summarize(configs: list[ServerConfig], questions: list[Question], records: d
                 speedup = 1.0
             elif common and sum(base_speed[q] for q in common) > 0:
                 speedup = (sum(speed[q] for q in common) / len(common)) / (
-                    sum(base_speed[q] for q in common) / len(common))
+                    sum(base_speed[q] for q in common) / len(common)
+                )
             else:
                 speedup = None
-            row = {"config": c.name, "algorithm": c.algorithm, "category": category,
-                   "tokens_per_s": sum(speed.values()) / len(speed), "accept_length": accept, "speedup": speedup,
-                   "n": len(speed)}
+            row = {
+                "config": c.name,
+                "algorithm": c.algorithm,
+                "category": category,
+                "tokens_per_s": sum(speed.values()) / len(speed),
+                "accept_length": accept,
+                "speedup": speedup,
+                "n": len(speed),
+            }
             for name in TELEMETRY:
                 values = [r[name] for r in turns if name in r]
                 if values:
@@ -124,8 +131,11 @@ def plot(result: dict, path: Path) -> bool:
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     ax.set_xticks(range(len(categories)), categories, rotation=20, ha="right")
     ax.set_ylabel(f"speedup over {configs[0]}" if configs else "speedup")
-    ax.set_title(f"Spec-Bench speedup ({result['device']}, concurrency {result['concurrency']}, "
-                 f"temperature {result['temperature']:g})", fontsize=9)
+    ax.set_title(
+        f"Spec-Bench speedup ({result['device']}, concurrency {result['concurrency']}, "
+        f"temperature {result['temperature']:g})",
+        fontsize=9,
+    )
     ax.legend(fontsize=7)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()

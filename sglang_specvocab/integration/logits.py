@@ -101,9 +101,7 @@ class DynVocabLogitsProcessor(LogitsProcessor):
         weight = getattr(lm_head, "weight", None)
         if weight is None or not weight.is_floating_point() or hasattr(lm_head, "set_lora"):
             raise ValueError("DynVocabLogitsProcessor: needs an unquantized, non-LoRA lm_head with a float weight")
-        if getattr(self, "do_tensor_parallel_all_gather_dp_attn", False) or getattr(
-            self, "use_attn_tp_group", False
-        ):
+        if getattr(self, "do_tensor_parallel_all_gather_dp_attn", False) or getattr(self, "use_attn_tp_group", False):
             raise ValueError("DynVocabLogitsProcessor: DP attention / a DP LM head is not supported")
         if ids.dtype != torch.int32 or cnt.dtype != torch.int32 or ids.dim() != 2 or cnt.shape != ids.shape[:1]:
             raise ValueError("DynVocabLogitsProcessor: ids must be int32 [R, W] and cnt int32 [R]")
@@ -130,9 +128,7 @@ class DynVocabLogitsProcessor(LogitsProcessor):
             in_vocab = torch.zeros(V, dtype=torch.bool, device=weight.device)
             in_vocab[hot_token_id.to(device=weight.device, dtype=torch.long)] = True
             if not bool(in_vocab[fallback_id]):
-                raise ValueError(
-                    f"DynVocabLogitsProcessor: fallback_id {fallback_id} is not in the draft vocabulary"
-                )
+                raise ValueError(f"DynVocabLogitsProcessor: fallback_id {fallback_id} is not in the draft vocabulary")
             self.draft_vocab_mask = in_vocab
         else:
             self.draft_vocab_mask = None

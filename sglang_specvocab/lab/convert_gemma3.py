@@ -193,7 +193,9 @@ def convert(out: Path, dtype_name: str, chat_template: str, template_text: str |
     model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype_name))
     config = model.config
     if config.model_type != MODEL_TYPE:
-        raise SpecVocabError(f"{source}: model_type is {config.model_type!r}, SGLang's Gemma3ForCausalLM needs {MODEL_TYPE!r}")
+        raise SpecVocabError(
+            f"{source}: model_type is {config.model_type!r}, SGLang's Gemma3ForCausalLM needs {MODEL_TYPE!r}"
+        )
     config.architectures = [ARCHITECTURE]
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the GGUF's quantization is gone: the weights are plain tensors
@@ -301,4 +303,3 @@ def _size(path: Path) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
-

@@ -18,9 +18,9 @@ batches, like SGLang's request slots.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -46,7 +46,9 @@ class Request:
     rounds: list[Round]
 
 
-def read_trace(path: str | Path, prefill_topk: int = 0, verify_topk: int = 0, vocab_size: int | None = None) -> list[Request]:
+def read_trace(
+    path: str | Path, prefill_topk: int = 0, verify_topk: int = 0, vocab_size: int | None = None
+) -> list[Request]:
     """Parse and check a trace; ``*_topk`` are how many ids per position the policy needs."""
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
@@ -130,9 +132,9 @@ def _pad3(rows: list[list[list[int]]], k: int) -> torch.Tensor | None:
     if k == 0:
         return None
     width = max((len(r) for r in rows), default=0)
-    return torch.tensor(
-        [r + [[-1] * k] * (width - len(r)) for r in rows], dtype=torch.int64
-    ).reshape(len(rows), width, k)
+    return torch.tensor([r + [[-1] * k] * (width - len(r)) for r in rows], dtype=torch.int64).reshape(
+        len(rows), width, k
+    )
 
 
 def replay_policy(config: PolicyConfig, batch_size: int = 8) -> Policy:
@@ -183,8 +185,7 @@ def run(args) -> int:
     lines = sorted(replay(policy, requests), key=lambda d: (d["request"], d["round"]))
     try:
         with open(args.out, "w", encoding="utf-8") as f:
-            for line in lines:
-                f.write(json.dumps(line) + "\n")
+            f.writelines(json.dumps(line) + "\n" for line in lines)
     except OSError as exc:
         raise SpecVocabError(f"cannot write {args.out}: {exc.strerror or exc}") from None
     print(f"replayed {len(requests)} requests, {len(lines)} sets -> {args.out}")

@@ -71,7 +71,9 @@ def parse_config(data: Any, source: str = "<config>") -> PolicyConfig:
     if data is None:
         raise ConfigError(f"{source}: is empty; it must be a YAML mapping with at least 'policy' (one of: {valid})")
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: must be a YAML mapping of keys to values, got {type(data).__name__} {short(data)}")
+        raise ConfigError(
+            f"{source}: must be a YAML mapping of keys to values, got {type(data).__name__} {short(data)}"
+        )
     if "policy" not in data:
         raise ConfigError(f"{source}: missing required key 'policy' (one of: {valid})")
     name = data["policy"]
