@@ -14,3 +14,18 @@ def test_configs_ship_inside_the_package():
         assert load_config(path).capacity == 3072
     data = sorted(p.name for p in shipped.joinpath("data").iterdir() if p.name.endswith(".npz"))
     assert data == sorted(p.name for p in (ROOT / "configs" / "data").glob("*.npz"))
+
+
+def test_every_sub_package_and_data_file_is_declared_for_the_wheel():
+    """A package missing from pyproject's list installs from a checkout (editable) but not from a wheel."""
+    import tomllib
+
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    on_disk = {
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for p in (ROOT / "sglang_specvocab").rglob("__init__.py")
+        if all(part.isidentifier() for part in p.parent.relative_to(ROOT).parts)
+    }
+    assert on_disk | {"sglang_specvocab.configs"} == set(tool["packages"])
+    assert "prompts.jsonl" in tool["package-data"]["sglang_specvocab"]
+    assert (ROOT / "sglang_specvocab" / "prompts.jsonl").is_file()
