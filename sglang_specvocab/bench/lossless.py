@@ -42,12 +42,12 @@ from .server import (
     ServerSettings,
     SpecBenchError,
     check_unique,
+    configs_from_args,
     device_name,
     fmt,
     http_json,
-    load_config_file,
-    parse_config_spec,
     run_concurrently,
+    server_settings,
     sigterm_as_interrupt,
     telemetry,
     versions,
@@ -520,23 +520,13 @@ def run(args) -> int:
             print(f"making the tiny checkpoints in {args.tiny}", flush=True)
             make_tiny_checkpoints(args.tiny)
         configs += tiny_configs(args.tiny, shlex.split(args.server_args), args.dynvocab_config, args.only)
-    configs += load_config_file(args.configs) if args.configs is not None else []
-    configs += [parse_config_spec(spec) for spec in args.config]
+    configs += configs_from_args(args)
     prompts = round_robin_prompts(spec_bench_file(args.questions), args.prompts)
-    launcher = shlex.split(args.launcher)
-    if not launcher:
-        raise SpecBenchError("--launcher is empty")
     settings = LosslessSettings(
         max_new_tokens=args.max_new_tokens,
         concurrencies=tuple(args.concurrency),
         routes=tuple(args.routes),
-        server=ServerSettings(
-            warmup=args.warmup,
-            server_timeout=args.server_timeout,
-            request_timeout=args.request_timeout,
-            host=args.host,
-            launcher=launcher,
-        ),
+        server=ServerSettings(**server_settings(args)),
     )
     print(
         f"{len(prompts)} prompts x {len(settings.routes)} routes x concurrency "

@@ -156,6 +156,26 @@ def load_config_file(path: str | Path) -> list[ServerConfig]:
     return [make_config(item, f"{path} entry {i}") for i, item in enumerate(data, 1)]
 
 
+def configs_from_args(args) -> list[ServerConfig]:
+    """The configurations of a command's ``--configs`` file (first) and its ``--config`` specs, in order."""
+    from_file = load_config_file(args.configs) if args.configs is not None else []
+    return from_file + [parse_config_spec(spec) for spec in args.config]
+
+
+def server_settings(args) -> dict:
+    """``ServerSettings`` fields from a command's server options (``--warmup``, timeouts, ``--launcher``, ``--host``)."""
+    launcher = shlex.split(args.launcher)
+    if not launcher:
+        raise SpecBenchError("--launcher is empty")
+    return {
+        "warmup": args.warmup,
+        "server_timeout": args.server_timeout,
+        "request_timeout": args.request_timeout,
+        "host": args.host,
+        "launcher": launcher,
+    }
+
+
 def check_unique(configs: list[ServerConfig]) -> None:
     if not configs:
         raise SpecBenchError("no configurations: give --config and/or --configs")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shlex
 import sys
 import threading
 import time
@@ -33,12 +32,12 @@ from .server import (
     ServerSettings,
     SpecBenchError,
     check_unique,
+    configs_from_args,
     device_name,
     http_json,
-    load_config_file,
     model_info,
-    parse_config_spec,
     run_concurrently,
+    server_settings,
     sigterm_as_interrupt,
     telemetry,
     versions,
@@ -278,25 +277,16 @@ def run_bench(
 
 def run(args) -> int:
     """``sglang-specvocab bench specbench``: configurations, questions, the run (resumable), the report."""
-    configs = (load_config_file(args.configs) if args.configs is not None else []) + [
-        parse_config_spec(spec) for spec in args.config
-    ]
+    configs = configs_from_args(args)
     check_unique(configs)  # also: at least one configuration
     questions = load_bench_questions(spec_bench_file(args.questions), args.limit_per_category, args.categories)
-    launcher = shlex.split(args.launcher)
-    if not launcher:
-        raise SpecBenchError("--launcher is empty")
     settings = BenchSettings(
         temperature=args.temperature,
         max_new_tokens=args.max_new_tokens,
         concurrency=args.concurrency,
         prompt_format=args.prompt_format,
         tokenizer=args.tokenizer,
-        warmup=args.warmup,
-        server_timeout=args.server_timeout,
-        request_timeout=args.request_timeout,
-        host=args.host,
-        launcher=launcher,
+        **server_settings(args),
     )
     turns = sum(len(q.turns) for q in questions)
     print(
