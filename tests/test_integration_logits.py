@@ -29,6 +29,7 @@ pytestmark = pytest.mark.sglang
 _CHILD = CHILD_PREAMBLE + textwrap.dedent(
     """
     import sys
+    import types
 
     import torch
     from sglang.test.layer_ut_utils import init_single_process_dist
