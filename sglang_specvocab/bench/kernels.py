@@ -44,50 +44,50 @@ BACKENDS = ("auto", "cuda", "triton", "torch")
 
 GRIDS = {
     # the whole sweep: every W, d, rows and batch of interest
-    "full": dict(
-        widths=[512, 1024, 2048, 3072, 4096, 8192, 16384, 32768],
-        dims=[640, 2048, 4096, 5120],
-        rows=[1, 4, 10],
-        batches=[1, 8, 32, 64],
-        full_vocabs=[128256, 151936, 262144],
-        index_vocab=128256,
-        dense_width=32768,
-        window_batches=[1, 8, 64],
-        capacity=3072,
-        draft_tokens=4,
-        topk_ids=15,
-        target_widths=[2048, 3072],
-        target_d=4096,
-        target_window_batch=64,
-        copy_mb=2048,
-    ),
+    "full": {
+        "widths": [512, 1024, 2048, 3072, 4096, 8192, 16384, 32768],
+        "dims": [640, 2048, 4096, 5120],
+        "rows": [1, 4, 10],
+        "batches": [1, 8, 32, 64],
+        "full_vocabs": [128256, 151936, 262144],
+        "index_vocab": 128256,
+        "dense_width": 32768,
+        "window_batches": [1, 8, 64],
+        "capacity": 3072,
+        "draft_tokens": 4,
+        "topk_ids": 15,
+        "target_widths": [2048, 3072],
+        "target_d": 4096,
+        "target_window_batch": 64,
+        "copy_mb": 2048,
+    },
     # a first look: exactly the headline (target) shapes, one full head
-    "quick": dict(
-        widths=[2048, 3072],
-        dims=[4096],
-        rows=[1, 4, 10],
-        batches=[1, 8, 32, 64],
-        full_vocabs=[128256],
-        window_batches=[1, 8, 64],
-    ),
+    "quick": {
+        "widths": [2048, 3072],
+        "dims": [4096],
+        "rows": [1, 4, 10],
+        "batches": [1, 8, 32, 64],
+        "full_vocabs": [128256],
+        "window_batches": [1, 8, 64],
+    },
     # seconds on a CPU: for the test and a sanity run
-    "tiny": dict(
-        widths=[64, 128],
-        dims=[32],
-        rows=[1, 2],
-        batches=[1, 2],
-        full_vocabs=[2048],
-        index_vocab=1024,
-        dense_width=256,
-        window_batches=[1, 2],
-        capacity=64,
-        draft_tokens=4,
-        topk_ids=6,
-        target_widths=[64, 128],
-        target_d=32,
-        target_window_batch=2,
-        copy_mb=8,
-    ),
+    "tiny": {
+        "widths": [64, 128],
+        "dims": [32],
+        "rows": [1, 2],
+        "batches": [1, 2],
+        "full_vocabs": [2048],
+        "index_vocab": 1024,
+        "dense_width": 256,
+        "window_batches": [1, 2],
+        "capacity": 64,
+        "draft_tokens": 4,
+        "topk_ids": 6,
+        "target_widths": [64, 128],
+        "target_d": 32,
+        "target_window_batch": 2,
+        "copy_mb": 8,
+    },
 }
 
 # Peak HBM bandwidth (B/s) by device name, first match wins; datasheet figures (H200.md of the
@@ -398,7 +398,10 @@ class Bench:
         block = block.gather(1, perm)  # stream order, not sorted
         short = torch.rand(B, generator=self.gen, device=dev) < 0.25  # some rows had duplicates removed
         block[:, -2:] = torch.where(short[:, None], -1, block[:, -2:])
-        call = lambda: fn(ring, length, ids, cnt, rows, block, fallback_id=0, vocab_size=V, backend=case.backend)  # noqa: E731
+
+        def call():
+            fn(ring, length, ids, cnt, rows, block, fallback_id=0, vocab_size=V, backend=case.backend)
+
         return [call], 1, None
 
 
@@ -415,7 +418,7 @@ def available_backends(device: torch.device) -> tuple[list[str] | None, str | No
         return None, "sglang_specvocab.ops has no available_backends (ops API not there yet)"
     try:
         return list(f(device)), None
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 (recorded in the results: the sweep goes on)
         return None, f"ops.available_backends({device}) raised {type(exc).__name__}: {exc}"
 
 
@@ -426,7 +429,7 @@ def _run_text(cmd: list[str]) -> str | None:
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=True)
         return out.stdout.strip() or None
-    except Exception:
+    except Exception:  # noqa: BLE001 (a fact the machine cannot give is recorded as unknown)
         return None
 
 
@@ -451,7 +454,7 @@ def environment(device: torch.device) -> dict:
         import triton  # optional: Triton may be absent
 
         triton_version = triton.__version__
-    except Exception:
+    except Exception:  # noqa: BLE001 (absent or broken: recorded as unknown)
         triton_version = None
     git = _run_text(["git", "-C", str(ROOT), "rev-parse", "HEAD"])
     dirty = _run_text(["git", "-C", str(ROOT), "status", "--porcelain"])

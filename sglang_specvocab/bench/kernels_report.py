@@ -142,13 +142,17 @@ def markdown(result: dict) -> str:
         + ", ".join(f"{k} {v}" for k, v in result["versions"].items()),
         f"- dtype {a['dtype']}; timing: {result['timing']['method']}; "
         + ("L2-hot (no rotation)" if a["hot"] or cpu else "inputs rotated so a replay reads >= 3x L2"),
-        f"- peak bandwidth: {_f(bw['peak_Bps'] and bw['peak_Bps'] / 1e12, '.3f')} TB/s ({bw['peak_source']}); "
-        f"measured copy: {_f(bw['copy_Bps'] / 1e12, '.3f')} TB/s (read + write of {bw['copy_bytes'] / 2**20:.0f} MiB)",
+        (
+            f"- peak bandwidth: {_f(bw['peak_Bps'] and bw['peak_Bps'] / 1e12, '.3f')} TB/s ({bw['peak_source']}); "
+            f"measured copy: {_f(bw['copy_Bps'] / 1e12, '.3f')} TB/s (read + write of {bw['copy_bytes'] / 2**20:.0f} MiB)"
+        ),
         "",
         f"## Headline: W {', '.join(map(str, a['target_widths']))}, d {a['target_d']}",
         "",
-        "Microseconds (median); in brackets the fraction of the bandwidth ideal vs peak (1.00 = at the limit). "
-        "`ideal` = batch x W x d x bytes / peak (and / measured copy). Speedups are of our best backend.",
+        (
+            "Microseconds (median); in brackets the fraction of the bandwidth ideal vs peak (1.00 = at the limit). "
+            "`ideal` = batch x W x d x bytes / peak (and / measured copy). Speedups are of our best backend."
+        ),
         "",
     ]
     cols = [(op, be) for op in OURS for be in a["backends"] if op in a["ops"]]

@@ -456,13 +456,17 @@ def markdown(result: dict) -> str:
         f"- device: {result['device']}",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()),
         f"- command: `{result['command']}`",
-        f"- {result['prompts']} Spec-Bench prompts (first turns), greedy, {result['max_new_tokens']} new tokens, "
-        f"routes {', '.join(result['routes'])}, concurrency {', '.join(map(str, result['concurrencies']))}",
+        (
+            f"- {result['prompts']} Spec-Bench prompts (first turns), greedy, {result['max_new_tokens']} new tokens, "
+            f"routes {', '.join(result['routes'])}, concurrency {', '.join(map(str, result['concurrencies']))}"
+        ),
         f"- reference: `{result['reference']}`",
         f"- **verdict: {'every DYNVOCAB output equals the reference' if result['lossless'] else 'NOT lossless'}**",
         "",
-        "| config | algorithm | route | concurrency | equal / compared | missing | accept length | set size "
-        "| coverage |",
+        (
+            "| config | algorithm | route | concurrency | equal / compared | missing | accept length | set size "
+            "| coverage |"
+        ),
         "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:

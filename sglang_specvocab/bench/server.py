@@ -31,6 +31,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import Self
 
 import yaml
 
@@ -289,7 +290,7 @@ class Server:
         self.log_path: Path | None = None
         self.url = config.url or ""
 
-    def __enter__(self) -> Server:
+    def __enter__(self) -> Self:
         try:
             self.start()
         except BaseException:
@@ -448,7 +449,11 @@ class ResultCache:
 def device_name() -> str:
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
         )
         names = [line.strip() for line in out.stdout.splitlines() if line.strip()]
         if out.returncode == 0 and names:

@@ -89,8 +89,10 @@ def markdown(result: dict) -> str:
         "",
         f"- device: {result['device']}",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()),
-        f"- concurrency {result['concurrency']}, temperature {result['temperature']:g}; speedup over `{base}` "
-        "(ratio of mean per-question tokens/s); accept length = completion tokens / verify steps",
+        (
+            f"- concurrency {result['concurrency']}, temperature {result['temperature']:g}; speedup over `{base}` "
+            "(ratio of mean per-question tokens/s); accept length = completion tokens / verify steps"
+        ),
         f"- command: `{result['command']}`",
         "",
         "| config | algorithm | category | tokens/s | accept length | speedup | questions |"

@@ -93,7 +93,7 @@ class CudaTimer:
                 with torch.cuda.graph(g):
                     eager()
                 replay, graph = g.replay, True
-            except Exception as exc:  # e.g. an op that syncs with the host
+            except Exception as exc:  # noqa: BLE001 (e.g. an op that syncs with the host: timed eagerly)
                 note = f"CUDA graph capture failed, timed eagerly: {type(exc).__name__}: {exc}"[:300]
                 torch.cuda.synchronize(self.device)
         for _ in range(2):

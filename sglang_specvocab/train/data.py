@@ -7,11 +7,12 @@ draft's vocabulary (the most frequent target ids).
 
 from __future__ import annotations
 
+import itertools
 import json
 import pickle
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
@@ -67,7 +68,7 @@ class SelfDistillData:
                 f"the target has {vocab_size}; delete it or pass another --data"
             )
         off = d["offsets"].tolist()
-        seqs = [d["tokens"][a:b].to(torch.int64) for a, b in zip(off[:-1], off[1:], strict=True)]
+        seqs = [d["tokens"][a:b].to(torch.int64) for a, b in itertools.pairwise(off)]
         return cls(seqs, d["prompt_lens"].tolist(), meta)
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Iterable
 from importlib import resources
 from itertools import islice
 from pathlib import Path
-from typing import Iterable
 
 import torch
 
