@@ -98,7 +98,7 @@ class _ChainedFiles:
             if self.file is None:
                 if self.index >= len(self.paths):
                     raise SpecVocabError("GGUF metadata: the file ends inside its header")
-                self.file = open(self.paths[self.index], "rb")
+                self.file = open(self.paths[self.index], "rb")  # noqa: SIM115 (closed at its end or by close())
                 self.index += 1
             chunk = self.file.read(n - len(out))
             if not chunk:
