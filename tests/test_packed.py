@@ -26,7 +26,8 @@ def bits(t):
 
 def next_set(rng, kind, prev, V, W):
     """A slot's next set (ascending), related to its previous one as ``kind`` says."""
-    others = [t for t in range(V) if t not in set(prev)]
+    prev_set = set(prev)  # once: V may be 520k (the CUDA test), and a set per candidate made that O(V * W)
+    others = [t for t in range(V) if t not in prev_set]
     if not prev or kind == "random":
         return sorted(rng.sample(range(V), rng.randint(1, W)))
     if kind == "identical":
