@@ -1,6 +1,10 @@
 """The packed head mode: pack_update (MicroSpec's asynchronous gathering) and packed_logits."""
 
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -373,6 +377,34 @@ def test_cpu_op_matches_reference():
             state.packed, state.packed_ids, state.weight, state.ids, state.cnt, torch.tensor([0, 2])
         )
     assert torch.equal(state.packed_ids, before[1]) and torch.equal(state.packed, before[0])
+
+
+def test_cpu_op_in_a_16_thread_process():
+    """The op of test_cpu_op_matches_reference, plus the CUDA test's largest shape, in a child with 16 threads.
+
+    The GPU machine (16 cores, torch 2.11) reported a segfault in test_cpu_op_matches_reference that
+    2 to 64 threads, valgrind and an ASan/UBSan build (torch 2.11 and 2.13) do not show here. In a
+    child, a crash is this test's failure with the child's faulthandler trace, not the end of the run.
+    """
+    from sglang_specvocab.ops import _ext
+
+    if not _ext.available():
+        pytest.skip("the specvocab extension is not built")
+    code = (
+        "import sys, torch; torch.set_num_threads(16); sys.path.insert(0, sys.argv[1]); import test_packed as t; "
+        "t.test_cpu_op_matches_reference(); "
+        "t._compiled_matches_reference('cpu', t._DTYPES[:1], [(3, 3000, 520_000, 8)], steps=6)"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "16"}
+    run = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", code, str(Path(__file__).parent)],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert run.returncode == 0, f"child exit {run.returncode}\n{run.stdout[-2000:]}\n{run.stderr[-6000:]}"
 
 
 @pytest.mark.gpu
