@@ -168,7 +168,8 @@ void pack_update_cuda(at::Tensor& packed, at::Tensor& packed_ids, const at::Tens
   TORCH_CHECK(packed.device().is_cuda(), "pack_update_cuda: tensors must be on a CUDA device, got ",
               packed.device());
   // Values are not checked here (that would cost a host sync): rows must be distinct, cnt in [1, W],
-  // ids[s, :cnt] ascending in [0, V), packed_ids[s] a live prefix; the kernel stays in bounds regardless.
+  // ids[s, :cnt] ascending in [0, V), packed_ids[s] a live prefix; the kernel stays in bounds regardless of
+  // these. Not of rows: the launcher is not given R, so a listed row outside [0, R) is the caller's to prevent.
   const c10::DeviceGuard guard(packed.device());
   const at::Tensor ids_c = ids.contiguous(), cnt_c = cnt.contiguous(), rows_c = rows.contiguous();
   const int64_t B = rows_c.size(0), W = packed.size(1);

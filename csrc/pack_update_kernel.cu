@@ -11,7 +11,8 @@
 //   the i-th free slot gets the i-th filler: its id, and its row (weight[id] if entering, the
 //     survivor's packed row if moved); then packed_ids[s, c:] = -1 (packed[s, c:] is don't care).
 // |N| = c = survivors + entering and free = c - survivors below c, so free and fillers are equally
-// many. The kernel never reads out of bounds even when the inputs break this contract.
+// many. The kernel never reads out of bounds even when the inputs break this contract, except for
+// rows[b] itself, which it trusts to lie in [0, R) (R is not passed; the CPU op checks it, this one cannot).
 //
 // Phase by phase (block of kThreads threads, slot s = rows[blockIdx.x]):
 //   (a) c_old by a block reduction over packed_ids[s, :]; clear the shared bitmap;
