@@ -402,7 +402,7 @@ def test_install_then_the_work_phases_print_their_commands(tmp_path):
     assert (
         f"-m sglang_specvocab check-lossless --tiny {work}/cache/parity/tiny --out {work}/cache/parity/out "
         f"--questions {work}/stage/question.jsonl --server-args "
-        "--attention-backend\\ triton\\ --sampling-backend\\ pytorch --no-progress"
+        "--attention-backend\\ triton\\ --sampling-backend\\ pytorch\\ --context-length\\ 16384 --no-progress"
     ) in out
     assert f"-m sglang_specvocab bench rounds --out {work}/cache/latency" in out
     assert all((dev.out / f"{p}.log").is_file() for p in ("tests", "bench", "parity", "latency"))
