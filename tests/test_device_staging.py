@@ -6,6 +6,7 @@ import csv
 import importlib.util
 import json
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -396,7 +397,7 @@ def test_install_then_the_work_phases_print_their_commands(tmp_path):
         assert f"-X faulthandler -m pytest -q -rfEs -p no:cacheprovider {f}" in out
     assert f"--junitxml {work}/results/tests/test_packed.xml" in out
     assert (
-        f"-m sglang_specvocab bench kernels --iters 100 --no-progress --time-budget-s 450 --out {work}/results/bench/"
+        f"-m sglang_specvocab bench kernels --iters 100 --no-progress --time-budget-s 435 --out {work}/results/bench/"
         in out
     )
     assert (
@@ -454,8 +455,8 @@ def test_tests_resume_file_by_file(tmp_path):
 def test_the_call_budget_bounds_every_phase(tmp_path):
     dev = Device(tmp_path)
     dev.installed()
-    rc, out = dev.run("bench", SV_CALL_BUDGET_S=200)
-    assert rc == 0 and "would run (timeout 200s)" in out and "--time-budget-s 110" in out
+    rc, out = dev.run("bench", SV_CALL_BUDGET_S=200)  # the dry run takes under 5 s of it
+    assert rc == 0 and re.search(r"would run \(timeout (19[5-9]|200)s\).* --time-budget-s (10[5-9]|110) ", out), out
     rc, out = dev.run("latency", SV_CALL_BUDGET_S=40)
     assert rc == 124 and "latency: not started" in out and "run it in the next call" in out
 

@@ -14,8 +14,8 @@
 # then works in WORK/src: files outside the checkout stay while the machine is held, the checkout's
 # ignored files do not (WORK=/tmp/sv). A phase that ends writes WORK/done/PHASE (its exit code); one
 # cut off by its time limit leaves its cache in WORK/cache/PHASE, and the same call again resumes it.
-# Each phase gets at most 9 minutes and no more than the call has left (the device stops a command at
-# 10). Per phase, $OUT gets PHASE.log and PHASE.tar.gz (results and logs): two files, so up to four
+# Each phase gets at most 525 s and no more than the call has left (the device stops a command at
+# 600 s). Per phase, $OUT gets PHASE.log and PHASE.tar.gz (results and logs): two files, so up to four
 # phases fit the eight files a call returns.
 # Exit: 0 every phase done and passed; 1 a phase done but failed (tests, parity); 2 refused (unknown
 # phase, a missing prerequisite or carry); 124 a phase cut off (call the same again to resume).
@@ -35,8 +35,11 @@ BENCH_ROUNDS="$SV bench rounds"
 CHECK_LOSSLESS="$SV check-lossless"
 CONVERT_GEMMA3="$SV convert-gemma3"
 WORK="${SV_WORK:-/tmp/sv}"
-CALL_BUDGET_S="${SV_CALL_BUDGET_S:-570}"   # the device stops a command at 600 s
-PHASE_BUDGET_S="${SV_PHASE_BUDGET_S:-540}" # 9 minutes
+# The device stops a command at 600 s. A phase ends by CALL_BUDGET_S; cut off, it gets 45 s more to
+# stop its servers (they take up to 40 s: SIGTERM, then SIGKILL), so a call ends by 590 s.
+CALL_BUDGET_S="${SV_CALL_BUDGET_S:-545}"
+PHASE_BUDGET_S="${SV_PHASE_BUDGET_S:-525}"
+KILL_AFTER_S=45
 # The Python radix tree is chosen by env.sh (the Rust one panics on torch 2.11, README); should it
 # fail too, RADIX_ARGS=--disable-radix-cache turns the prefix cache off for every server.
 RADIX_ARGS="${RADIX_ARGS:-}"
@@ -124,7 +127,7 @@ phase_limit() {
   [ "$left" -lt "$PHASE_BUDGET_S" ] && echo "$left" || echo "$PHASE_BUDGET_S"
 }
 
-# run_cmd SECONDS CMD...: CMD under timeout (SIGTERM, then SIGKILL 20 s later), or printed (dry run).
+# run_cmd SECONDS CMD...: CMD under timeout (SIGTERM, then SIGKILL KILL_AFTER_S later), or printed (dry run).
 run_cmd() {
   local t="$1"
   shift
@@ -134,7 +137,7 @@ run_cmd() {
     return "${!v:-0}"
   fi
   echo "  running (timeout ${t}s): $(printf '%q ' "$@")"
-  timeout --kill-after=20 "$t" "$@"
+  timeout --kill-after="$KILL_AFTER_S" "$t" "$@"
 }
 
 cut_off() { [ "$1" = 124 ] || [ "$1" = 137 ]; }
