@@ -394,7 +394,7 @@ def test_install_then_the_work_phases_print_their_commands(tmp_path):
     assert rc == 0, out
     work = dev.work
     for f in ("tests/test_kernels_gpu.py", "tests/test_packed.py", "tests/test_integration_worker.py"):
-        assert f"-X faulthandler -m pytest -q -rfEs -p no:cacheprovider {f}" in out
+        assert f"-X faulthandler -m pytest -q -rfEs -p no:cacheprovider -m not\\ slow {f}" in out
     assert f"--junitxml {work}/results/tests/test_packed.xml" in out
     assert (
         f"-m sglang_specvocab bench kernels --iters 100 --no-progress --time-budget-s 435 --out {work}/results/bench/"

@@ -190,13 +190,14 @@ phase_tests() {
       rc=$(cat "$cache/$key.rc")
       echo "  $f: finished in an earlier call (exit $rc)"
     else
-      run_cmd "$(phase_limit)" "$PY" -X faulthandler -m pytest -q -rfEs -p no:cacheprovider "$f" \
+      # not slow: those are CPU checks (e.g. a kernel build without nvcc, 3 min), CI runs them
+      run_cmd "$(phase_limit)" "$PY" -X faulthandler -m pytest -q -rfEs -p no:cacheprovider -m "not slow" "$f" \
         --junitxml "$res/$key.xml" 2>&1 | tee "$res/$key.log"
       rc=${PIPESTATUS[0]}
       cut_off "$rc" && return 124
       if [ "$rc" -ge 128 ] && command -v cuda-gdb >/dev/null; then # a crash: where, natively
         run_cmd "$(phase_limit)" cuda-gdb -batch -ex run -ex "thread apply all bt" --args \
-          "$PY" -X faulthandler -m pytest -x -q -p no:cacheprovider "$f" >"$res/$key-crash.log" 2>&1
+          "$PY" -X faulthandler -m pytest -x -q -p no:cacheprovider -m "not slow" "$f" >"$res/$key-crash.log" 2>&1
       fi
       echo "$rc" >"$cache/$key.rc"
     fi
