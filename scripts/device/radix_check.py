@@ -17,12 +17,10 @@ from __future__ import annotations
 import sys
 import types
 from array import array
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from sglang_child import STUBS  # noqa: E402  (torchvision/vllm stand-ins where they are missing)
+from sglang_specvocab.testing.standins import install  # noqa: E402
 
-exec(STUBS)
+install(("torchvision", "vllm"))  # stand-ins where they are missing (a CPU machine)
 
 
 def main(backend: str) -> int:
