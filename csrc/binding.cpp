@@ -23,6 +23,8 @@ void check_launch(int code, const char* op) {
 }  // namespace specvocab
 
 TORCH_LIBRARY(specvocab, m) {
+  // out[m, j] = dot(weight[ids[s, j]], hidden[m]) for j < cnt[s] and ids[s, j] >= 0, else -inf; s = row_to_slot[m].
+  // A negative id is a dead column (a set mapped to local head rows, d2t or a TP shard, keeps its slot).
   m.def("indexed_logits(Tensor hidden, Tensor weight, Tensor ids, Tensor cnt, Tensor row_to_slot) -> Tensor");
   m.def("packed_logits(Tensor hidden, Tensor packed, Tensor cnt, Tensor row_to_slot) -> Tensor");
   m.def(
@@ -31,11 +33,19 @@ TORCH_LIBRARY(specvocab, m) {
   m.def(
       "pack_update(Tensor(a!) packed, Tensor(b!) packed_ids, Tensor weight, Tensor ids, Tensor cnt, Tensor rows) -> "
       "()");
+  // The CUDA launch plan of the logits ops for shapes (tests, benchmarks): [wd, wc, mt, ntmax, vec, nsteps, grid_x,
+  // grid_y]; sms < 0 asks the current device. force_logits_plan(mt, ntmax) overrides the rule's free choices (which
+  // never change results) for later calls in this process; (0, 0) restores the rule.
+  m.def("logits_plan(int M, int W, int d, ScalarType dtype, bool aligned, int sms) -> int[]", &specvocab::logits_plan_op);
+  m.def("force_logits_plan(int mt, int ntmax) -> ()", &specvocab::force_logits_plan_op);
+  // The pieces the logits kernels cut row_to_slot into (csrc/pieces.h): [n, 2] of (first row, rows).
+  m.def("logits_pieces(Tensor row_to_slot, int P) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specvocab, CPU, m) {
   m.impl("indexed_logits", &specvocab::indexed_logits_cpu);
   m.impl("packed_logits", &specvocab::packed_logits_cpu);
+  m.impl("logits_pieces", &specvocab::logits_pieces_op);
   m.impl("window_update", &specvocab::window_update_cpu);
   m.impl("pack_update", &specvocab::pack_update_cpu);
 }

@@ -2,10 +2,15 @@
 #include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
+#include <type_traits>
+#include <vector>
 
 #include "ops.h"
+#include "pieces.h"
 
 namespace specvocab {
 namespace {
@@ -38,23 +43,64 @@ void check_values_cpu(const char* op, const at::Tensor& cnt, const at::Tensor& r
     TORCH_CHECK(s[m] >= 0 && s[m] < R, op, ": row_to_slot must be in [0, R=", R, "), got row_to_slot[", m, "] = ", s[m]);
 }
 
+// fp32 dot product with eight independent partial sums (the compiler vectorises the lanes).
+inline float dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8)
+    for (int i = 0; i < 8; ++i) acc[i] += a[k + i] * b[k + i];
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; k < n; ++k) s += a[k] * b[k];
+  return s;
+}
+
+// The pieces of the CUDA kernel (pieces.h: runs of consecutive rows with one slot, cut to at most 16 rows) share
+// their candidate rows: each live row is converted to fp32 once per piece and dotted with every hidden row of the
+// piece. Work items are (piece, 16 columns); dead columns are never read.
 template <typename T>
 void logits_cpu(const T* hidden, const T* weight, const int32_t* ids, const int32_t* cnt, const int32_t* slot,
                 float* out, int64_t M, int64_t d, int64_t W, bool packed) {
-  at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m) {
-      const int64_t s = slot[m];
-      const T* h = hidden + m * d;
-      for (int64_t j = 0; j < W; ++j) {
-        if (j >= cnt[s]) {
-          out[m * W + j] = -std::numeric_limits<float>::infinity();
+  constexpr bool kFloat = std::is_same<T, float>::value;
+  constexpr int kPiece = 16;
+  std::vector<int64_t> starts, lens;
+  for (int64_t m = 0; m < M; ++m) {
+    const int len = piece_length([&](int64_t i) { return slot[i]; }, m, M, kPiece);
+    if (len > 0) {
+      starts.push_back(m);
+      lens.push_back(len);
+    }
+  }
+  const int64_t pieces = static_cast<int64_t>(starts.size());
+  std::vector<float> hidden_f;
+  if (!kFloat) {
+    hidden_f.resize(static_cast<size_t>(M * d));
+    at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+      for (int64_t i = m0 * d; i < m1 * d; ++i) hidden_f[i] = static_cast<float>(hidden[i]);
+    });
+  }
+  const float* h = kFloat ? reinterpret_cast<const float*>(hidden) : hidden_f.data();
+  constexpr int64_t kCols = 16;
+  const int64_t tiles = (W + kCols - 1) / kCols;
+  at::parallel_for(0, pieces * tiles, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> row_f(kFloat ? 0 : d);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t q = t / tiles, m0 = starts[q], m1 = m0 + lens[q];
+      const int64_t s = slot[m0], c = cnt[s];
+      for (int64_t j = (t % tiles) * kCols; j < std::min(W, (t % tiles + 1) * kCols); ++j) {
+        const int64_t row = packed ? s * W + j : static_cast<int64_t>(ids[s * W + j]);
+        if (j >= c || row < 0) {  // a dead column: never read
+          for (int64_t m = m0; m < m1; ++m) out[m * W + j] = -std::numeric_limits<float>::infinity();
           continue;
         }
-        const int64_t row = packed ? s * W + j : static_cast<int64_t>(ids[s * W + j]);
-        const T* w = weight + row * d;
-        float acc = 0.f;
-        for (int64_t k = 0; k < d; ++k) acc += static_cast<float>(w[k]) * static_cast<float>(h[k]);
-        out[m * W + j] = acc;
+        const float* w;
+        if (kFloat) {
+          w = reinterpret_cast<const float*>(weight) + row * d;
+        } else {
+          const T* src = weight + row * d;
+          for (int64_t k = 0; k < d; ++k) row_f[k] = static_cast<float>(src[k]);
+          w = row_f.data();
+        }
+        for (int64_t m = m0; m < m1; ++m) out[m * W + j] = dot(w, h + m * d, d);
       }
     }
   });
@@ -77,18 +123,24 @@ at::Tensor run_cpu(const at::Tensor& hidden_, const at::Tensor& weight_, const a
 
 int dtype_code(at::ScalarType t) { return t == at::kFloat ? SV_F32 : (t == at::kHalf ? SV_F16 : SV_BF16); }
 
+// Test and tuning hook: mt / ntmax to use instead of the rule (0 = the rule).
+std::atomic<int> g_force_mt{0}, g_force_ntmax{0};
+
 at::Tensor run_cuda(const at::Tensor& hidden_, const at::Tensor& weight_, const at::Tensor* ids_, const at::Tensor& cnt_,
-                    const at::Tensor& slot_, int64_t W, bool packed, const char* op) {
+                    const at::Tensor& slot_, int64_t W, int64_t R, bool packed, const char* op) {
   c10::DeviceGuard guard(hidden_.device());
   at::Tensor hidden = hidden_.contiguous(), weight = weight_.contiguous(), cnt = cnt_.contiguous(),
              slot = slot_.contiguous();
   at::Tensor ids = ids_ ? ids_->contiguous() : at::Tensor();
   const int64_t M = hidden.size(0), d = hidden.size(1);
   at::Tensor out = at::empty({M, W}, hidden.options().dtype(at::kFloat));
+  const bool aligned = reinterpret_cast<uintptr_t>(hidden.data_ptr()) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(weight.data_ptr()) % 16 == 0;
+  const SpecvocabLogitsPlan plan = plan_logits(M, W, d, hidden.scalar_type(), aligned, specvocab_sm_count());
   const int code = specvocab_indexed_logits_launch(
       hidden.data_ptr(), weight.data_ptr(), packed ? nullptr : ids.data_ptr<int32_t>(), cnt.data_ptr<int32_t>(),
-      slot.data_ptr<int32_t>(), out.data_ptr<float>(), M, d, W, weight.size(0), dtype_code(hidden.scalar_type()),
-      packed ? 1 : 0, current_cuda_stream(hidden.device()));
+      slot.data_ptr<int32_t>(), out.data_ptr<float>(), M, d, W, weight.size(0), R, dtype_code(hidden.scalar_type()),
+      packed ? 1 : 0, &plan, current_cuda_stream(hidden.device()));
   check_launch(code, op);
   return out;
 }
@@ -125,14 +177,14 @@ at::Tensor indexed_logits_cpu(const at::Tensor& hidden, const at::Tensor& weight
   at::Tensor ids_c = ids.contiguous();
   const int32_t* p = ids_c.data_ptr<int32_t>();
   for (int64_t i = 0; i < ids_c.numel(); ++i)
-    TORCH_CHECK(p[i] >= 0 && p[i] < V, "indexed_logits: ids must be in [0, V=", V, "), got ", p[i]);
+    TORCH_CHECK(p[i] < V, "indexed_logits: ids must be below V=", V, " (a negative id is a dead column), got ", p[i]);
   return run_cpu(hidden, weight, &ids_c, cnt, row_to_slot, W, false);
 }
 
 at::Tensor indexed_logits_cuda(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& ids,
                                const at::Tensor& cnt, const at::Tensor& row_to_slot) {
   check_indexed(hidden, weight, ids, cnt, row_to_slot);
-  return run_cuda(hidden, weight, &ids, cnt, row_to_slot, ids.size(1), false, "indexed_logits");
+  return run_cuda(hidden, weight, &ids, cnt, row_to_slot, ids.size(1), ids.size(0), false, "indexed_logits");
 }
 
 at::Tensor packed_logits_cpu(const at::Tensor& hidden, const at::Tensor& packed, const at::Tensor& cnt,
@@ -147,8 +199,68 @@ at::Tensor packed_logits_cuda(const at::Tensor& hidden, const at::Tensor& packed
                               const at::Tensor& row_to_slot) {
   check_packed(hidden, packed, cnt, row_to_slot);
   const int64_t R = packed.size(0), W = packed.size(1);
-  return run_cuda(hidden, packed.reshape({R * W, packed.size(2)}), nullptr, cnt, row_to_slot, W, true,
+  return run_cuda(hidden, packed.reshape({R * W, packed.size(2)}), nullptr, cnt, row_to_slot, W, R, true,
                   "packed_logits");
+}
+
+SpecvocabLogitsPlan plan_logits(int64_t M, int64_t W, int64_t d, at::ScalarType dtype, bool aligned, int64_t sms) {
+  const bool fp32 = dtype == at::kFloat;
+  const int64_t elem = fp32 ? 4 : 2, kstep = fp32 ? 16 : 32;
+  SpecvocabLogitsPlan p{};
+  p.nsteps = (d + kstep - 1) / kstep;
+  // d-slices of at least 4 k-steps, at most 8: fixed by d and the dtype, so it is the summation order.
+  p.wd = 1;
+  while (p.wd < 8 && p.nsteps / (2 * p.wd) >= 4) p.wd *= 2;
+  p.wc = 8 / p.wd;
+  p.vec = aligned && (d * elem) % 16 == 0;
+  p.mt = 1;
+  p.ntmax = 2;
+  if (!fp32 && p.vec) {
+    // Long calls (many rows, long runs of one slot) take 32-row pieces: half the L2 re-reads of a long run.
+    p.ntmax = M >= 128 ? 4 : 2;
+    // Two 16-column tiles per warp halve the hidden-row traffic, but halve the CTAs: only with 2 CTAs per SM.
+    const int64_t row_tiles = (M + 8 * p.ntmax - 1) / (8 * p.ntmax);
+    const int64_t ctas = (W + 32 * p.wc - 1) / (32 * p.wc) * row_tiles;
+    p.mt = ctas >= 2 * std::max<int64_t>(sms, 1) ? 2 : 1;
+    const int fmt = g_force_mt.load(), fnt = g_force_ntmax.load();
+    if (fmt) p.mt = fmt;
+    if (fnt) p.ntmax = fnt;
+  }
+  return p;
+}
+
+std::vector<int64_t> logits_plan_op(int64_t M, int64_t W, int64_t d, at::ScalarType dtype, bool aligned, int64_t sms) {
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
+              "logits_plan: dtype must be bf16, fp16 or fp32, got ", dtype);
+  TORCH_CHECK(M >= 0 && W >= 0 && d >= 0, "logits_plan: M, W and d must be >= 0, got ", M, ", ", W, ", ", d);
+  if (sms < 0) sms = specvocab_sm_count();
+  const SpecvocabLogitsPlan p = plan_logits(M, W, d, dtype, aligned, sms);
+  const int64_t rows = 8 * p.ntmax, cols = 16 * p.mt * p.wc;
+  return {p.wd, p.wc, p.mt, p.ntmax, p.vec, p.nsteps, (M + rows - 1) / rows, (W + cols - 1) / cols};
+}
+
+at::Tensor logits_pieces_op(const at::Tensor& row_to_slot, int64_t P) {
+  TORCH_CHECK(row_to_slot.dim() == 1 && row_to_slot.scalar_type() == at::kInt && row_to_slot.device().is_cpu(),
+              "logits_pieces: row_to_slot must be an int32 [M] CPU tensor, got ", row_to_slot.scalar_type(), " ",
+              row_to_slot.sizes(), " on ", row_to_slot.device());
+  TORCH_CHECK(P >= 1 && P <= 32, "logits_pieces: P must be in [1, 32], got ", P);
+  const at::Tensor slot = row_to_slot.contiguous();
+  const int32_t* sl = slot.data_ptr<int32_t>();
+  const int64_t M = slot.size(0);
+  std::vector<int64_t> flat;
+  for (int64_t m = 0; m < M; ++m) {
+    const int len = piece_length([&](int64_t i) { return sl[i]; }, m, M, static_cast<int>(P));
+    if (len > 0) flat.insert(flat.end(), {m, static_cast<int64_t>(len)});
+  }
+  return at::tensor(flat, at::kLong).reshape({-1, 2});
+}
+
+void force_logits_plan_op(int64_t mt, int64_t ntmax) {
+  TORCH_CHECK((mt == 0 || mt == 1 || mt == 2) && (ntmax == 0 || ntmax == 2 || ntmax == 4),
+              "force_logits_plan: mt must be 0 (the rule), 1 or 2 and ntmax 0 (the rule), 2 or 4, got mt=", mt,
+              ", ntmax=", ntmax);
+  g_force_mt.store(static_cast<int>(mt));
+  g_force_ntmax.store(static_cast<int>(ntmax));
 }
 
 }  // namespace specvocab

@@ -9,9 +9,16 @@
 
 #include <ATen/ATen.h>
 
+#include <vector>
+
+#include "launchers.h"
+
 namespace specvocab {
 
-// indexed_logits: out[m, j] = dot(weight[ids[s, j]], hidden[m]) for j < cnt[s], else -inf.
+// indexed_logits: out[m, j] = dot(weight[ids[s, j]], hidden[m]) for j < cnt[s] and ids[s, j] >= 0, else -inf
+// (a negative id is a dead column: a set mapped to local head rows keeps its slot).
+// The CPU kernel checks values (cnt in [1, W], row_to_slot in [0, R), ids < V); the CUDA kernel cannot without a
+// host sync and instead never reads out of bounds (such columns and rows give -inf).
 at::Tensor indexed_logits_cpu(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& ids,
                               const at::Tensor& cnt, const at::Tensor& row_to_slot);
 at::Tensor indexed_logits_cuda(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& ids,
@@ -35,6 +42,15 @@ void pack_update_cpu(at::Tensor& packed, at::Tensor& packed_ids, const at::Tenso
 void pack_update_cuda(at::Tensor& packed, at::Tensor& packed_ids, const at::Tensor& weight, const at::Tensor& ids,
                       const at::Tensor& cnt, const at::Tensor& rows);
 
+// The launch plan of indexed_logits / packed_logits on a device with `sms` SMs (see launchers.h). `aligned`: the
+// hidden and weight base pointers are 16-byte aligned. A forced plan (force_logits_plan, tests and tuning) replaces
+// mt and ntmax where it is valid for the shapes.
+SpecvocabLogitsPlan plan_logits(int64_t M, int64_t W, int64_t d, at::ScalarType dtype, bool aligned, int64_t sms);
+std::vector<int64_t> logits_plan_op(int64_t M, int64_t W, int64_t d, at::ScalarType dtype, bool aligned, int64_t sms);
+void force_logits_plan_op(int64_t mt, int64_t ntmax);
+// The pieces (pieces.h) of row_to_slot: int64 [n, 2] of (first row, rows), in row order.
+at::Tensor logits_pieces_op(const at::Tensor& row_to_slot, int64_t P);
+
 // The current CUDA stream of `device` as a cudaStream_t (void*), without linking c10_cuda.
 void* current_cuda_stream(const at::Device& device);
 
@@ -43,19 +59,3 @@ void check_launch(int code, const char* op);
 
 }  // namespace specvocab
 
-// Dtype codes shared with the launchers (the .cu files cannot see at::ScalarType).
-enum SpecvocabDtype : int { SV_F32 = 0, SV_F16 = 1, SV_BF16 = 2 };
-
-extern "C" {
-const char* specvocab_cuda_error_string(int code);
-// Launchers: see each .cu file for the exact contract.
-int specvocab_indexed_logits_launch(const void* hidden, const void* weight, const int32_t* ids, const int32_t* cnt,
-                                    const int32_t* row_to_slot, float* out, int64_t M, int64_t d, int64_t W,
-                                    int64_t weight_rows, int dtype, int packed, void* stream);
-int specvocab_window_update_launch(int32_t* ring, int64_t* length, int32_t* ids, int32_t* cnt, const int64_t* rows,
-                                   const int32_t* block, int64_t B, int64_t n, int64_t ring_stride, int64_t capacity,
-                                   int32_t fallback_id, int64_t vocab_size, void* stream);
-int specvocab_pack_update_launch(void* packed, int32_t* packed_ids, const void* weight, const int32_t* ids,
-                                 const int32_t* cnt, const int64_t* rows, int32_t* scratch, int64_t B, int64_t W,
-                                 int64_t d, int64_t vocab_size, int dtype, void* stream);
-}

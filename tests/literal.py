@@ -166,3 +166,33 @@ def literal_pack_update(packed, packed_ids, weight, ids, cnt, rows):
                 packed[s, slot] = packed[s, x]
         for j in range(c, W):
             packed_ids[s, j] = -1
+
+
+def literal_logits(hidden, weight, ids, cnt, row_to_slot):
+    """The head's compact logits as stated, one element at a time in fp64: row m over its slot s's set;
+    column j is -inf past cnt[s] or where its id is negative (a dead column), else the dot product."""
+    import torch
+
+    M, W = hidden.shape[0], ids.shape[1]
+    out = torch.full((M, W), float("-inf"), dtype=torch.float64)
+    for m in range(M):
+        s = int(row_to_slot[m])
+        for j in range(int(cnt[s])):
+            t = int(ids[s, j])
+            if t >= 0:
+                out[m, j] = float(weight[t].double() @ hidden[m].double())
+    return out
+
+
+def runs_to_slots(lengths, num_slots, seed=0):
+    """row_to_slot for consecutive runs of the given lengths: each run one slot, neighbours different
+    (so the runs stay separate), slots reused by runs further apart."""
+    import random
+
+    rng = random.Random(seed)
+    slots, prev = [], -1
+    for n in lengths:
+        s = rng.choice([x for x in range(num_slots) if x != prev] or [prev])
+        slots += [s] * n
+        prev = s
+    return slots

@@ -3,6 +3,7 @@ the CUDA machine code in the built library, and the backend choice a config make
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
@@ -16,7 +17,7 @@ import torch
 from helpers import tiny_llama
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from literal import LiteralWindow
+from literal import LiteralWindow, literal_logits, runs_to_slots
 
 from sglang_specvocab import ops
 from sglang_specvocab.errors import ConfigError
@@ -91,6 +92,7 @@ def _case(seed: int, dtype, *, M: int, R: int, W: int, d: int, V: int):
     weight = torch.randn(V, d, generator=g).to(dtype)
     ids = torch.randint(0, V, (R, W), generator=g, dtype=torch.int32)
     ids[:, -1] = ids[:, 0]  # duplicate ids in a row
+    ids[torch.rand(R, W, generator=g) < 0.15] = -1  # dead columns inside the count
     cnt = torch.randint(1, W + 1, (R,), generator=g, dtype=torch.int32)
     cnt[0], cnt[-1] = 1, W  # both ends of the range
     slot = torch.randint(0, R, (M,), generator=g, dtype=torch.int32)
@@ -124,6 +126,7 @@ def test_cpu_indexed_logits_equals_reference(seed, dtype, M, R, W, d):
 def test_cpu_packed_logits_equals_reference(seed, dtype, M, W):
     d, R = 24, 5
     hidden, weight, ids, cnt, slot = _case(seed, dtype, M=M, R=R, W=W, d=d, V=61)
+    ids = ids.clamp(min=0)  # packed rows have no ids: only the count decides
     packed = weight[ids.long()]  # [R, W, d]: the same rows, laid out per slot
     got = torch.ops.specvocab.packed_logits(hidden, packed, cnt, slot)
     _close(got, reference.packed_logits(hidden, packed, cnt, slot), d)
@@ -138,12 +141,128 @@ def test_cpu_logits_ops_refuse_bad_input():
         ((hidden, weight, ids.long(), cnt, slot), "ids must be int32"),
         ((hidden, weight, ids, cnt.clone().fill_(0), slot), "cnt must be in [1, W=5]"),
         ((hidden, weight, ids, cnt, slot.clone().fill_(3)), "row_to_slot must be in [0, R=3)"),
-        ((hidden, weight, ids.clone().fill_(20), cnt, slot), "ids must be in [0, V=20)"),
+        ((hidden, weight, ids.clone().fill_(20), cnt, slot), "ids must be below V=20 (a negative id is a dead column)"),
         ((hidden[:, :7], weight, ids, cnt, slot), "hidden has d=7 but weight has d=8"),
     ]
     for args, msg in bad:
         with pytest.raises(RuntimeError, match=re.escape(msg)):
             torch.ops.specvocab.indexed_logits(*args)
+
+
+# --- logits ops: the reference and the C++ CPU kernel against the literal definition ----------------
+
+# (run lengths, slots, W, d): tree branches (runs of 1..10 rows), runs around the kernels' 16- and 32-row
+# pieces (up to 40), one slot for every row (a union table), single rows; W and d off every tile size
+# (d = 33 and 3: element loads on a GPU).
+RUN_CASES = {
+    "branches": ([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 6, 37, 40),
+    "long_runs": ([40, 17, 16, 15, 33, 1, 32, 31], 5, 21, 33),
+    "one_slot": ([40], 1, 70, 72),
+    "singles": ([1] * 23, 9, 16, 3),
+}
+
+
+def _runs_case(seed, dtype, lengths, R, W, d, V=97):
+    g = torch.Generator().manual_seed(seed)
+    M = sum(lengths)
+    hidden = torch.randn(M, d, generator=g).to(dtype)
+    weight = torch.randn(V, d, generator=g).to(dtype)
+    ids = torch.randint(0, V, (R, W), generator=g, dtype=torch.int32)
+    ids[:, -1] = ids[:, 0]  # duplicate ids in a row
+    neg = torch.rand(R, W, generator=g) < 0.2  # dead columns inside and past the count, any negative value
+    ids[neg] = torch.tensor([-1, -(2**31)], dtype=torch.int32)[torch.randint(0, 2, (int(neg.sum()),), generator=g)]
+    ids[0, :32] = -1  # whole 16- and 32-column tiles of dead ids inside the count
+    cnt = torch.randint(1, W + 1, (R,), generator=g, dtype=torch.int32)
+    cnt[0] = W
+    cnt[-1] = 1 if R > 1 else W
+    slot = torch.tensor(runs_to_slots(lengths, R, seed), dtype=torch.int32)
+    return hidden, weight, ids, cnt, slot
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", sorted(RUN_CASES))
+def test_logits_reference_and_cpu_kernels_equal_the_literal_definition(case, dtype):
+    hidden, weight, ids, cnt, slot = args = _runs_case(1, dtype, *RUN_CASES[case])
+    d = hidden.shape[1]
+    want = literal_logits(*args).float()
+    assert torch.isneginf(want).any() and torch.isfinite(want).any()
+    _close(reference.indexed_logits(*args), want, d)
+    _close(torch.ops.specvocab.indexed_logits(*args), want, d)
+    # packed rows: the same set laid out per slot (no ids, so only the count decides)
+    packed = weight[ids.long().clamp(min=0)]
+    want = literal_logits(hidden, weight, ids.clamp(min=0), cnt, slot).float()
+    _close(reference.packed_logits(hidden, packed, cnt, slot), want, d)
+    _close(torch.ops.specvocab.packed_logits(hidden, packed, cnt, slot), want, d)
+
+
+def _runs(slots):
+    out, start = [], 0
+    for i in range(1, len(slots) + 1):
+        if i == len(slots) or slots[i] != slots[i - 1]:
+            out.append((start, i))
+            start = i
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 70), min_size=1, max_size=10),
+    P=st.sampled_from([1, 3, 8, 16, 32]),
+    seed=st.integers(0, 2**16),
+)
+def test_pieces_read_each_short_run_once(lengths, P, seed):
+    """The kernels' pieces (csrc/pieces.h) partition the rows within runs, at most P rows each; a run of at
+    most P rows is one piece (its candidate rows are read once) and a longer one at most ceil(L / P) + 1; and the
+    pieces starting in rows [m0, m0 + P) follow from rows [m0 - P - 1, m0 + 2P) alone (a GPU block's window)."""
+    slots = runs_to_slots(lengths, 4, seed)
+    M = len(slots)
+    pieces = [tuple(p) for p in torch.ops.specvocab.logits_pieces(torch.tensor(slots, dtype=torch.int32), P).tolist()]
+    assert [p[0] for p in pieces] == sorted(p[0] for p in pieces) and pieces[0][0] == 0
+    assert all(a[0] + a[1] == b[0] for a, b in itertools.pairwise(pieces))
+    assert pieces[-1][0] + pieces[-1][1] == M and all(1 <= n <= P for _, n in pieces)
+    for start, end in _runs(slots):
+        inside = [p for p in pieces if start <= p[0] < end]
+        assert inside[0][0] == start and inside[-1][0] + inside[-1][1] == end  # no piece crosses a run boundary
+        assert len(inside) == 1 if end - start <= P else len(inside) <= -(-(end - start) // P) + 1
+    for m0 in range(0, M, P):
+        lo, hi = max(0, m0 - P - 1), min(M, m0 + 2 * P)
+        other = [s if lo <= i < hi else -7 - i for i, s in enumerate(slots)]  # every row outside: its own slot
+        got = torch.ops.specvocab.logits_pieces(torch.tensor(other, dtype=torch.int32), P).tolist()
+        assert [p for p in got if m0 <= p[0] < m0 + P] == [list(p) for p in pieces if m0 <= p[0] < m0 + P]
+
+
+def test_logits_plan_keeps_the_summation_order_and_says_its_branch():
+    """The CUDA launch plan (computed on the host, so checked here): the d-split, which fixes the summation order,
+    depends on d and the dtype only; the free choices follow the documented rule and can be forced."""
+    plan = torch.ops.specvocab.logits_plan
+    for dtype in DTYPES:
+        for d in [1, 33, 64, 256, 512, 640, 4096, 5120]:
+            first = plan(1, 3072, d, dtype, True, 132)
+            for M, W, sms in [(10, 3072, 132), (640, 3072, 132), (80, 512, 108), (1, 17, 1), (4096, 70000, 132)]:
+                p = plan(M, W, d, dtype, True, sms)
+                assert (p[0], p[1], p[5]) == (first[0], first[1], first[5]), (dtype, d, M, W)
+                assert p[0] * p[1] == 8 and p[0] in (1, 2, 4, 8)
+    bf16 = torch.bfloat16
+    # [wd, wc, mt, ntmax, vec, nsteps, row tiles, column tiles]
+    assert plan(1, 3072, 4096, bf16, True, 132) == [8, 1, 1, 2, 1, 128, 1, 192]  # bs 1: 192 CTAs of 16 columns
+    assert plan(80, 3072, 4096, bf16, True, 132) == [8, 1, 2, 2, 1, 128, 5, 96]  # bs 8 x 10 rows: 32 columns
+    assert plan(640, 3072, 4096, bf16, True, 132) == [8, 1, 2, 4, 1, 128, 20, 96]  # 32-row pieces
+    assert plan(10, 3072, 640, bf16, True, 132)[:3] == [4, 2, 1]  # small d: 2 column groups of 4 d-warps
+    assert plan(10, 100, 64, torch.float16, True, 132)[:2] == [1, 8]
+    assert plan(640, 3072, 4096, torch.float32, True, 132)[2:6] == [1, 2, 1, 256]  # fp32: FMA tiles, 16-element steps
+    assert plan(10, 3072, 33, bf16, True, 132)[2:5] == [1, 2, 0]  # odd d: element loads
+    assert plan(10, 3072, 4096, bf16, False, 132)[4] == 0  # unaligned base pointers
+    force = torch.ops.specvocab.force_logits_plan
+    try:
+        force(2, 4)
+        assert plan(1, 3072, 4096, bf16, True, 132)[:4] == [8, 1, 2, 4]
+        assert plan(1, 3072, 4096, torch.float32, True, 132)[2:4] == [1, 2]  # fp32 has one tiling
+        force(0, 0)
+        assert plan(1, 3072, 4096, bf16, True, 132)[2:4] == [1, 2]
+        with pytest.raises(RuntimeError, match=r"mt must be 0 \(the rule\), 1 or 2 and ntmax 0 \(the rule\), 2 or 4"):
+            force(3, 2)
+    finally:
+        force(0, 0)
 
 
 # --- window update: the C++ CPU kernel against the reference, and the reference against the paper ---

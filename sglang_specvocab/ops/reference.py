@@ -18,19 +18,25 @@ def indexed_logits(
     cnt: torch.Tensor,
     row_to_slot: torch.Tensor,
 ) -> torch.Tensor:
-    """Compact logits: ``out[m, j] = dot(weight[ids[s, j]], hidden[m])`` for ``j < cnt[s]``, else -inf.
+    """Compact logits: ``out[m, j] = dot(weight[ids[s, j]], hidden[m])`` for live columns, else -inf.
 
-    ``s = row_to_slot[m]``. Shapes: hidden ``[M, d]``, weight ``[V, d]`` (same float dtype),
-    ids ``[R, W]`` int32, cnt ``[R]`` int32, row_to_slot ``[M]`` int32. Returns fp32 ``[M, W]``
-    with products and sums in fp32 (in fp64 for fp64 inputs, then rounded to fp32).
+    ``s = row_to_slot[m]``; column j of slot s is live if ``j < cnt[s]`` and ``ids[s, j] >= 0``.
+    Shapes: hidden ``[M, d]``, weight ``[V, d]`` (same float dtype), ids ``[R, W]`` int32, cnt ``[R]``
+    int32, row_to_slot ``[M]`` int32. Returns fp32 ``[M, W]`` with products and sums in fp32 (in fp64
+    for fp64 inputs, then rounded to fp32).
+
+    A dead column's row is never read. A negative id lets a slot's set mapped to local head rows (d2t
+    drafts, tensor-parallel shards) mark the ids the local head lacks and keep the request's slot, so
+    all of a request's hidden rows still share one read of its candidate rows. Ids must be below ``V``.
     """
     check_indexed_logits(hidden, weight, ids, cnt, row_to_slot, floats=REFERENCE_FLOATS)
     acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
     slot = row_to_slot.long()
-    rows = weight[ids.long().index_select(0, slot)].to(acc)  # [M, W, d]
+    sel = ids.long().index_select(0, slot)  # [M, W]
+    rows = weight[sel.clamp(min=0)].to(acc)  # [M, W, d]
     out = torch.einsum("mwd,md->mw", rows, hidden.to(acc)).float()
     dead = torch.arange(ids.shape[1], device=ids.device)[None, :] >= cnt.long().index_select(0, slot)[:, None]
-    return out.masked_fill_(dead, float("-inf"))
+    return out.masked_fill_(dead | (sel < 0), float("-inf"))
 
 
 def compact_topk(

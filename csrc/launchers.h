@@ -1,0 +1,38 @@
+// The launchers' C interface, shared by the .cu kernels (which see no torch header) and the .cpp side.
+#pragma once
+
+#include <stdint.h>
+
+// Dtype codes shared with the launchers (the .cu files cannot see at::ScalarType).
+enum SpecvocabDtype : int { SV_F32 = 0, SV_F16 = 1, SV_BF16 = 2 };
+
+// How indexed_logits / packed_logits are tiled (indexed_logits_kernel.cu explains the kernel). Chosen on the host
+// from shapes and the SM count only (indexed_logits.cpp, plan_logits), so a CUDA graph replays the same launch.
+// wd: warps splitting d, a function of d and the dtype alone: it fixes the summation order;
+// wc = 8 / wd: warps splitting a CTA's columns; mt: 16-column tiles per warp (1, 2; 1 for fp32);
+// ntmax: 8-row tiles per piece (2, 4; 2 for fp32), P = 8 * ntmax rows per piece and per row tile;
+// vec: 16-byte loads (d * elem_size % 16 == 0 and 16-byte aligned bases), else element loads;
+// nsteps: k-steps of d (32 elements for bf16/fp16, 16 for fp32).
+struct SpecvocabLogitsPlan {
+  int32_t wd, wc, mt, ntmax, vec;
+  int64_t nsteps;
+};
+
+extern "C" {
+const char* specvocab_cuda_error_string(int code);
+// The current device's SM count, cached per device (-1 without a device).
+int specvocab_sm_count(void);
+// Launchers: see each .cu file for the exact contract.
+// hidden [M, d] and weight [V, d] (packed: [R * W, d], ids unused) of `dtype`, contiguous; ids [R, W], cnt [R],
+// row_to_slot [M] int32; out [M, W] fp32, every element written. Returns a cudaError_t (0 = launched).
+int specvocab_indexed_logits_launch(const void* hidden, const void* weight, const int32_t* ids, const int32_t* cnt,
+                                    const int32_t* row_to_slot, float* out, int64_t M, int64_t d, int64_t W,
+                                    int64_t V, int64_t R, int dtype, int packed, const SpecvocabLogitsPlan* plan,
+                                    void* stream);
+int specvocab_window_update_launch(int32_t* ring, int64_t* length, int32_t* ids, int32_t* cnt, const int64_t* rows,
+                                   const int32_t* block, int64_t B, int64_t n, int64_t ring_stride, int64_t capacity,
+                                   int32_t fallback_id, int64_t vocab_size, void* stream);
+int specvocab_pack_update_launch(void* packed, int32_t* packed_ids, const void* weight, const int32_t* ids,
+                                 const int32_t* cnt, const int64_t* rows, int32_t* scratch, int64_t B, int64_t W,
+                                 int64_t d, int64_t vocab_size, int dtype, void* stream);
+}
