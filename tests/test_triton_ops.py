@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from literal import literal_logits, runs_to_slots
 
 pytest.importorskip("triton")  # the Triton backend is optional; its tests need triton, not a GPU
 
@@ -27,6 +28,10 @@ _DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 def _case(name, op, dt, M, R, W, d, *, V=0, slots="random", block_w=None, block_d=None, seed=0, strided=False):
     return dict(locals())
+
+
+# Run lengths of the "runs" cases: tree branches (1..10 rows) and runs around the 16-row groups (up to 40).
+RUNS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 40, 17, 16, 15, 33]
 
 
 # ROWS is 16, so M > 16 spans several row groups. W and d are deliberately not multiples of the
@@ -43,6 +48,9 @@ CASES = [
     _case("idx_fp16_default_blocks", "indexed", "fp16", 19, 3, 40, 150, V=300, seed=6),
     _case("idx_bf16_one_slot", "indexed", "bf16", 18, 1, 20, 24, V=7, slots="random", block_w=16, block_d=16, seed=7),
     _case("idx_fp32_strided", "indexed", "fp32", 17, 3, 24, 40, V=50, block_w=16, block_d=16, seed=8, strided=True),
+    _case("idx_bf16_runs", "indexed", "bf16", sum(RUNS), 6, 37, 40, V=90, slots="runs", block_w=16, block_d=32, seed=9),
+    _case("idx_fp16_runs", "indexed", "fp16", sum(RUNS), 6, 21, 33, V=90, slots="runs", seed=10),
+    _case("idx_fp32_runs", "indexed", "fp32", sum(RUNS), 6, 70, 3, V=90, slots="runs", block_w=32, seed=16),
     _case("pk_bf16_tiles", "packed", "bf16", 37, 5, 37, 50, block_w=16, block_d=16, seed=11),
     _case("pk_fp16_shared", "packed", "fp16", 33, 5, 30, 40, slots="shared", block_w=16, block_d=16, seed=12),
     _case("pk_fp32_reversed", "packed", "fp32", 20, 3, 33, 20, slots="reversed", block_w=16, block_d=16, seed=13),
@@ -69,6 +77,8 @@ def _inputs(case):
         row_to_slot = torch.zeros(M, dtype=torch.int32)
         for s, start in enumerate(cuts, start=1):
             row_to_slot[start:] = s
+    elif case["slots"] == "runs":  # consecutive runs of RUNS rows, neighbours on different slots
+        row_to_slot = torch.tensor(runs_to_slots(RUNS, R, case["seed"]), dtype=torch.int32)
     elif case["slots"] == "reversed":
         row_to_slot = torch.arange(M, dtype=torch.int32).flip(0) % R
     else:
@@ -78,10 +88,12 @@ def _inputs(case):
         V = case["V"]
         table = torch.randn(V, d, generator=g).to(dtype)
         ids = torch.randint(0, V, (R, W), generator=g, dtype=torch.int32)
-        ids[0, 1] = ids[0, 0]  # explicit duplicate in a row
         if case["strided"]:
             table = torch.randn(V, d + 3, generator=g).to(dtype)[:, :d]
             ids = torch.randint(0, V, (R, W + 4), generator=g, dtype=torch.int32)[:, :W]
+        ids[0, 1] = ids[0, 0]  # explicit duplicate in a row
+        ids[torch.rand(R, W, generator=g) < 0.2] = -1  # dead columns, inside and past the count
+        ids[0, 16:32] = -3  # a wholly dead 16-column tile inside the count
         return hidden, table, ids, cnt, row_to_slot
     table = torch.randn(R, W, d, generator=g).to(dtype)
     if case["strided"]:  # non-contiguous [R, W, d]: every other slot of a bigger buffer, padded rows
@@ -91,9 +103,7 @@ def _inputs(case):
 
 def _expected(case, hidden, table, ids, cnt, row_to_slot):
     if case["op"] == "indexed":
-        from sglang_specvocab.ops.reference import indexed_logits
-
-        return indexed_logits(hidden, table, ids, cnt, row_to_slot)
+        return literal_logits(hidden, table, ids, cnt, row_to_slot).float()
     slot = row_to_slot.long()
     rows = table.index_select(0, slot).float()  # [M, W, d]
     out = torch.einsum("mwd,md->mw", rows, hidden.float())
@@ -158,10 +168,12 @@ def test_inputs_cover_the_contract():
         assert cnt.max() == case["W"]
         if ids is not None:
             assert any(len(set(r.tolist())) < len(r) for r in ids)  # duplicate ids in a row
+            assert (ids[:, : cnt.max()] < 0).any()  # dead columns inside a count
         groups = row_to_slot[: (case["M"] // 16) * 16].view(-1, 16)
         mixed = any(len(set(g.tolist())) > 1 for g in groups)
         assert case["M"] > 16 and (mixed or case["R"] == 1)
     assert seen == set(_DT)
+    assert {c["dt"] for c in CASES if c["slots"] == "runs"} == set(_DT)  # runs of 1..40 rows in every dtype
     assert any(c["block_w"] and c["W"] % c["block_w"] and c["d"] % c["block_d"] for c in CASES)
 
 

@@ -12,8 +12,8 @@ through ``ids`` into ``weight``, or the contiguous ``packed[s, j]``), and its pr
 * per pass it streams the slot's ``[BLOCK_W, d]`` candidate tile in ``BLOCK_D`` chunks, loading
   each chunk once and feeding it to ``tl.dot`` against all rows of the group that map to that slot
   (fp32 accumulation; fp32 inputs use ``input_precision="ieee"``, no tf32);
-* columns ``j >= cnt[s]`` are never loaded (masked), a tile that is wholly dead skips the ``d``
-  loop, and the output there is ``-inf``;
+* columns ``j >= cnt[s]`` and columns whose id is negative are never loaded (masked), a tile that is
+  wholly dead skips the ``d`` loop, and the output there is ``-inf``;
 * row addresses are int64 (``V * d`` and ``R * W * d`` may pass 2**31).
 
 The wrappers only allocate and launch (no host syncs), so they can sit inside a CUDA-graph-captured
@@ -25,6 +25,8 @@ exact because bf16 products are exact in fp32.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -83,9 +85,10 @@ def _head_logits_kernel(
             roff = s64 * stride_ws + cols.to(tl.int64) * stride_wr
         else:
             idx = tl.load(ids_ptr + s64 * stride_ids + cols, mask=live, other=0)
-            roff = idx.to(tl.int64) * stride_wr
+            live = live & (idx >= 0)  # a negative id is a dead column
+            roff = tl.where(live, idx, 0).to(tl.int64) * stride_wr
         acc = tl.zeros((ROWS, BLOCK_W), dtype=tl.float32)
-        d_end = tl.where(pid_w * BLOCK_W < c, D, 0)  # a wholly dead tile reads nothing
+        d_end = tl.where(tl.max(live.to(tl.int32), axis=0) > 0, D, 0)  # a wholly dead tile reads nothing
         for k in range(0, d_end, BLOCK_D):
             dk = k + offs_d
             d_ok = dk < D
@@ -112,11 +115,20 @@ def _interpreting() -> bool:
     return not isinstance(_head_logits_kernel, JITFunction)
 
 
-def _blocks(dtype: torch.dtype, M: int, W: int) -> tuple[int, int]:
-    """(BLOCK_W, BLOCK_D) from static shapes only: wide tiles, narrower when the grid would be small."""
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    """SMs of a GPU (asked once per device); the interpreter's CPU tensors count as one."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def _blocks(dtype: torch.dtype, M: int, W: int, sms: int) -> tuple[int, int]:
+    """(BLOCK_W, BLOCK_D) from static shapes and the SM count only: the widest tile (64, 32, 16 columns) that still
+    gives every SM two programs, so one request alone (bs 1: one row group) spreads over the whole GPU."""
     block_d = 128 if dtype != torch.float32 else 64
-    block_w = 64 if triton.cdiv(M, ROWS) * triton.cdiv(W, 64) >= 256 else 32
-    return block_w, block_d
+    for block_w in (64, 32):
+        if triton.cdiv(M, ROWS) * triton.cdiv(W, block_w) >= 2 * sms:
+            return block_w, block_d
+    return 16, block_d
 
 
 def _inner_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -128,7 +140,7 @@ def _launch(hidden, table, ids, cnt, row_to_slot, W, packed, block_w, block_d, n
     out = torch.empty((M, W), dtype=torch.float32, device=hidden.device)
     if M == 0:
         return out
-    bw, bd = _blocks(hidden.dtype, M, W)
+    bw, bd = _blocks(hidden.dtype, M, W, _sm_count(hidden.device))
     block_w, block_d = block_w or bw, block_d or bd
     hidden = _inner_contiguous(hidden)
     table = _inner_contiguous(table)
@@ -177,7 +189,9 @@ def indexed_logits(
     block_d: int | None = None,
     num_warps: int = 4,
 ) -> torch.Tensor:
-    """``out[m, j] = dot(weight[ids[s, j]], hidden[m])`` for ``j < cnt[s]``, else -inf; ``s = row_to_slot[m]``.
+    """``out[m, j] = dot(weight[ids[s, j]], hidden[m])`` for ``j < cnt[s]`` and ``ids[s, j] >= 0``, else -inf.
+
+    ``s = row_to_slot[m]``; a negative id is a dead column (see ``reference.indexed_logits``).
 
     hidden ``[M, d]``, weight ``[V, d]`` (bf16/fp16/fp32, same dtype), ids ``[R, W]`` int32, cnt ``[R]``
     int32 in ``[1, W]``, row_to_slot ``[M]`` int32. Returns fp32 ``[M, W]``. Arguments are checked by
@@ -243,7 +257,7 @@ def compile_for(
                 "PACKED": is_packed,
                 "ROWS": ROWS,
                 "BLOCK_W": 64,
-                "BLOCK_D": _blocks(dtype, 1 << 20, 1 << 20)[1],
+                "BLOCK_D": _blocks(dtype, 1 << 20, 1 << 20, 1)[1],
                 "DOT_FP32": False,
             }
             for name in constexprs:
