@@ -3,59 +3,98 @@
 These run where a GPU is present (a lent device machine: ``pytest tests/test_kernels_gpu.py``);
 on the CPU machines the same kernels are tested through their C++ versions, the Triton
 interpreter and the compiled machine code (test_kernels.py, test_triton_ops.py).
+
+Tolerance of the logits against the reference (fp32 einsum of the same inputs): products of bf16/fp16
+inputs are exact in fp32 and every backend sums in fp32, only in another order (d-slices, tensor-core
+adders), so the difference grows like sqrt(d) ulps of the partial sums: rtol 1e-4 and atol 1e-4 * sqrt(d)
+(about 1e-2 at d 8192) hold it with a wide margin, while one wrong product of two N(0, 1) numbers (~1) or a
+row read for the wrong slot fails it. ``-inf`` must appear exactly where the definition has it.
 """
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
+from literal import literal_logits
+from test_kernels import RUN_CASES, _runs_case
 
 from sglang_specvocab import ops
 from sglang_specvocab.ops import _ext, reference
 
+DEV = "cuda"
 pytestmark = pytest.mark.gpu
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # (M rows, R slots, W, d, V): tree branches sharing slots, W and d off every tile size, d up to 8192
 SHAPES = [(1, 1, 512, 640, 4000), (10, 3, 3072, 4096, 50000), (64, 64, 2048, 2048, 30000), (33, 5, 1000, 8192, 9000)]
+# The CUDA launch plans a test can force: (mt, ntmax); (0, 0) is the launcher's own rule.
+PLANS = [(0, 0), (1, 2), (2, 2), (1, 4), (2, 4)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _extension():
+    assert _ext.load(), _ext.reason()  # torch.ops.specvocab.* below need the library loaded
 
 
 def _case(M, R, W, d, V, dtype, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    hidden = torch.randn(M, d, device="cuda", generator=g).to(dtype)
-    weight = torch.randn(V, d, device="cuda", generator=g).to(dtype)
-    ids = torch.randint(0, V, (R, W), device="cuda", generator=g, dtype=torch.int32)
-    cnt = torch.randint(1, W + 1, (R,), device="cuda", generator=g, dtype=torch.int32)
-    slot = (torch.arange(M, device="cuda") * R // M).to(torch.int32)  # consecutive rows share a slot
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    hidden = torch.randn(M, d, device=DEV, generator=g).to(dtype)
+    weight = torch.randn(V, d, device=DEV, generator=g).to(dtype)
+    ids = torch.randint(0, V, (R, W), device=DEV, generator=g, dtype=torch.int32)
+    ids[torch.rand(R, W, device=DEV, generator=g) < 0.15] = -1  # dead columns inside the count
+    cnt = torch.randint(1, W + 1, (R,), device=DEV, generator=g, dtype=torch.int32)
+    slot = (torch.arange(M, device=DEV) * R // M).to(torch.int32)  # consecutive rows share a slot
     return hidden, weight, ids, cnt, slot
 
 
 def _window_state(R, cap):
     return (
-        torch.full((R, cap + 1), -1, dtype=torch.int32, device="cuda"),
-        torch.zeros(R, dtype=torch.int64, device="cuda"),
-        torch.zeros((R, cap), dtype=torch.int32, device="cuda"),
-        torch.ones(R, dtype=torch.int32, device="cuda"),
+        torch.full((R, cap + 1), -1, dtype=torch.int32, device=DEV),
+        torch.zeros(R, dtype=torch.int64, device=DEV),
+        torch.zeros((R, cap), dtype=torch.int32, device=DEV),
+        torch.ones(R, dtype=torch.int32, device=DEV),
     )
 
 
 def _close(got, want, d):
+    want = want.to(got.device)
     assert torch.equal(torch.isinf(got), torch.isinf(want))
     fin = torch.isfinite(want)
     torch.testing.assert_close(got[fin], want[fin], rtol=1e-4, atol=1e-4 * d**0.5)
+
+
+class _forced:
+    """Run the CUDA logits kernels with a forced (mt, ntmax) for the calls inside the block."""
+
+    def __init__(self, plan):
+        self.plan = plan
+
+    def __enter__(self):
+        torch.ops.specvocab.force_logits_plan(*self.plan)
+
+    def __exit__(self, *exc):
+        torch.ops.specvocab.force_logits_plan(0, 0)
+
+
+def _plan(hidden, W, aligned=True):
+    """The launch plan the CUDA op takes for these shapes on this GPU: (wd, mt, ntmax, vec)."""
+    p = torch.ops.specvocab.logits_plan(hidden.shape[0], W, hidden.shape[1], hidden.dtype, aligned, -1)
+    return p[0], p[2], p[3], p[4]
 
 
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_logits_ops_equal_reference(backend, dtype, shape):
-    if backend not in ops.available_backends("cuda"):
+    if backend not in ops.available_backends(DEV):
         pytest.fail(f"backend {backend} unavailable on this GPU machine: {_ext.reason()}")
     M, R, W, d, V = shape
     args = _case(M, R, W, d, V, dtype)
     _close(ops.indexed_logits(*args, backend=backend), reference.indexed_logits(*args), d)
     hidden, weight, ids, cnt, slot = args
-    packed = weight[ids.long()]
+    packed = weight[ids.long().clamp(min=0)]
     _close(
         ops.packed_logits(hidden, packed, cnt, slot, backend=backend),
         reference.packed_logits(hidden, packed, cnt, slot),
@@ -63,15 +102,103 @@ def test_logits_ops_equal_reference(backend, dtype, shape):
     )
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", sorted(RUN_CASES))
+def test_logits_equal_the_literal_definition_on_runs(case, dtype):
+    """Runs of 1..40 rows, dead columns and negative ids, odd W and d: CUDA under every launch plan and Triton."""
+    args = _runs_case(1, dtype, *RUN_CASES[case])
+    want = literal_logits(*args).float()
+    hidden, weight, ids, cnt, slot = (t.to(DEV) for t in args)
+    d = hidden.shape[1]
+    for plan in PLANS:
+        with _forced(plan):
+            _close(ops.indexed_logits(hidden, weight, ids, cnt, slot, backend="cuda"), want, d)
+    _close(ops.indexed_logits(hidden, weight, ids, cnt, slot, backend="triton"), want, d)
+    packed = weight[ids.long().clamp(min=0)]
+    want = literal_logits(*(t.cpu() for t in (hidden, weight, ids.clamp(min=0), cnt, slot))).float()
+    for plan in PLANS:
+        with _forced(plan):
+            _close(ops.packed_logits(hidden, packed, cnt, slot, backend="cuda"), want, d)
+
+
+def _tree_batch(bs, rows, W, d, V, dtype, seed):
+    """A draft step's call: bs requests on distinct slots, `rows` consecutive hidden rows each."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    R = bs + 3
+    hidden = torch.randn(bs * rows, d, device=DEV, generator=g).to(dtype)
+    weight = torch.randn(V, d, device=DEV, generator=g).to(dtype)
+    ids = torch.randint(0, V, (R, W), device=DEV, generator=g, dtype=torch.int32)
+    ids[torch.rand(R, W, device=DEV, generator=g) < 0.1] = -1
+    cnt = torch.randint(W // 2, W + 1, (R,), device=DEV, generator=g, dtype=torch.int32)
+    slots = torch.randperm(R, device=DEV, generator=g)[:bs].to(torch.int32)
+    return hidden, weight, ids, cnt, slots.repeat_interleave(rows)
+
+
+def test_every_launch_branch_gives_the_same_logits():
+    """Each tiling the launcher can take (d-split 1/2/4/8 warps, 1 or 2 column tiles per warp, 16- or 32-row
+    pieces of 1..4 tensor-core row tiles, 16-byte or element loads, the FMA path) equals the reference, and the
+    free choices (column tiles, piece size) give bitwise the same logits: they never change the summation order."""
+    covered = set()
+    W = 1000
+    # d 64, 256, 512, 4096: 1, 2, 4, 8 d-warps (bf16/fp16) with 16-byte loads; 60, 252, 4100 the same with element
+    # loads (d * 2 bytes is no multiple of 16). 1..40 rows per request: pieces of 1..4 row tiles.
+    for dtype, d, rows in itertools.product(DTYPES, [60, 64, 252, 256, 512, 4096, 4100], [1, 10, 25, 40]):
+        hidden, weight, ids, cnt, slot = _tree_batch(2, rows, W, d, 20000, dtype, seed=d + rows)
+        want = reference.indexed_logits(hidden, weight, ids, cnt, slot)
+        outs = []
+        for plan in PLANS:
+            with _forced(plan):
+                covered.add(_plan(hidden, W))
+                outs.append(ops.indexed_logits(hidden, weight, ids, cnt, slot, backend="cuda"))
+        _close(outs[0], want, d)
+        for out in outs[1:]:
+            assert torch.equal(out, outs[0]), (dtype, d, rows, W)
+    # element loads for an unaligned base pointer (a view one element into its storage)
+    for dtype in DTYPES:
+        hidden, weight, ids, cnt, slot = _tree_batch(2, 10, 1000, 512, 5000, dtype, seed=3)
+        store = torch.empty(hidden.numel() + 8, dtype=dtype, device=DEV)
+        shifted = store[1 : 1 + hidden.numel()].view_as(hidden).copy_(hidden)
+        assert shifted.is_contiguous() and shifted.data_ptr() % 16 != 0
+        covered.add(_plan(hidden, 1000, aligned=False))
+        _close(
+            ops.indexed_logits(shifted, weight, ids, cnt, slot, backend="cuda"),
+            reference.indexed_logits(hidden, weight, ids, cnt, slot),
+            512,
+        )
+    want = {(wd, mt, nt, 1) for wd in (1, 2, 4, 8) for mt in (1, 2) for nt in (2, 4)}  # bf16/fp16 16-byte loads
+    want |= {(wd, 1, 2, 0) for wd in (1, 2, 4, 8)}  # element loads
+    assert want <= covered, sorted(want - covered)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tree_branches_and_batches_give_identical_logits(dtype):
+    """A row's logits do not depend on what else is in the call: rows=10 equals rows=1 for the shared row,
+    at bs 1, 8 and 64 (different launch plans), bitwise."""
+    W, d, V = 3072, 4096, 128256
+    hidden, weight, ids, cnt, slot = _tree_batch(64, 10, W, d, V, dtype, seed=1)
+    full = ops.indexed_logits(hidden, weight, ids, cnt, slot, backend="cuda")  # bs 64, 10 rows: M = 640
+    part = slice(0, 25)  # the reference holds [M, W, d] in fp32: check a part of the batch
+    _close(full[part], reference.indexed_logits(hidden[part], weight, ids, cnt, slot[part]), d)
+    plans = {_plan(hidden, W)}
+    for bs, rows in [(1, 1), (1, 4), (1, 10), (8, 1), (8, 10), (64, 1)]:
+        pick = torch.arange(bs, device=DEV)[:, None] * 10 + torch.arange(rows, device=DEV)[None, :]
+        pick = pick.reshape(-1)
+        out = ops.indexed_logits(hidden[pick], weight, ids, cnt, slot[pick], backend="cuda")
+        plans.add(_plan(hidden[pick], W))
+        assert torch.equal(out, full[pick]), (bs, rows)
+    if dtype != torch.float32:
+        assert len({p[1:3] for p in plans}) >= 3, plans  # the comparison spans launch plans
+
+
 @pytest.mark.parametrize("V", [262144, 520000])
 def test_window_update_equals_reference(V):
-    g = torch.Generator(device="cuda").manual_seed(V)
+    g = torch.Generator(device=DEV).manual_seed(V)
     R, cap = 9, 3072
     ours, ref = _window_state(R, cap), _window_state(R, cap)
     for i in range(300):
-        rows = torch.randperm(R, device="cuda", generator=g)[: 1 + i % R]
+        rows = torch.randperm(R, device=DEV, generator=g)[: 1 + i % R]
         n = 5000 if i == 0 else 40  # a long prefill first, then verify-sized appends
-        block = torch.randint(-2, V + 2, (rows.shape[0], n), device="cuda", generator=g, dtype=torch.int32)
+        block = torch.randint(-2, V + 2, (rows.shape[0], n), device=DEV, generator=g, dtype=torch.int32)
         ops.window_update(*ours, rows, block, fallback_id=1, vocab_size=V, backend="cuda")
         reference.window_update(*ref, rows, block, 1, V)
         assert torch.equal(ours[0][:, :cap], ref[0][:, :cap])
@@ -79,38 +206,73 @@ def test_window_update_equals_reference(V):
             assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("backend", ["cuda", "triton"])
-def test_logits_in_a_cuda_graph_follow_the_table(backend):
-    """Capture once, change the table in place, replay: the output follows the new contents."""
-    hidden, weight, ids, cnt, slot = _case(8, 4, 1024, 2048, 20000, torch.bfloat16)
-    ops.indexed_logits(hidden, weight, ids, cnt, slot, backend=backend)  # compile / warm up outside capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = ops.indexed_logits(hidden, weight, ids, cnt, slot, backend=backend)
-    for seed in range(3):
-        g = torch.Generator(device="cuda").manual_seed(100 + seed)
-        ids.copy_(torch.randint(0, weight.shape[0], ids.shape, device="cuda", generator=g, dtype=torch.int32))
-        cnt.copy_(torch.randint(1, ids.shape[1] + 1, cnt.shape, device="cuda", generator=g, dtype=torch.int32))
+@pytest.mark.parametrize("backend,plan", [("cuda", p) for p in PLANS] + [("triton", None)])
+def test_logits_in_a_cuda_graph_follow_the_table(backend, plan):
+    """Capture once, change the table, the slots and the hidden rows in place, replay: the output follows."""
+    hidden, weight, ids, cnt, slot = _case(40, 6, 1024, 2048, 20000, torch.bfloat16)
+    with _forced(plan or (0, 0)):
+        ops.indexed_logits(hidden, weight, ids, cnt, slot, backend=backend)  # compile / warm up outside capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = ops.indexed_logits(hidden, weight, ids, cnt, slot, backend=backend)
+    for seed in range(4):
+        g = torch.Generator(device=DEV).manual_seed(100 + seed)
+        new_ids = torch.randint(0, weight.shape[0], ids.shape, device=DEV, generator=g, dtype=torch.int32)
+        new_ids[torch.rand(ids.shape, device=DEV, generator=g) < 0.2] = -1
+        ids.copy_(new_ids)
+        cnt.copy_(torch.randint(1, ids.shape[1] + 1, cnt.shape, device=DEV, generator=g, dtype=torch.int32))
+        # new runs: 1..40 rows long, so the pieces the kernel finds on the device change too
+        lengths = [40] if seed == 3 else torch.randint(1, 12, (40,), generator=torch.Generator().manual_seed(seed))
+        runs = torch.repeat_interleave(torch.arange(len(lengths)) % 6, torch.as_tensor(lengths))[:40]
+        slot.copy_(runs.to(torch.int32))
         hidden.normal_(generator=g)
         graph.replay()
         _close(out, reference.indexed_logits(hidden, weight, ids, cnt, slot), hidden.shape[1])
+
+
+def test_logits_address_rows_past_two_to_the_31():
+    """Candidate rows whose offset (id * d) passes 2**31 elements are read correctly (64-bit addressing)."""
+    V, d = 540000, 4096  # 4.4 GB of bf16
+    weight = torch.empty(V, d, dtype=torch.bfloat16, device=DEV).normal_()
+    g = torch.Generator(device=DEV).manual_seed(5)
+    hidden = torch.randn(6, d, device=DEV, generator=g).to(torch.bfloat16)
+    ids = torch.randint(V - 20000, V, (2, 96), device=DEV, generator=g, dtype=torch.int32)
+    ids[0, 0], ids[1, 1] = V - 1, 0
+    cnt = torch.tensor([96, 50], dtype=torch.int32, device=DEV)
+    slot = torch.tensor([0, 0, 0, 1, 1, 1], dtype=torch.int32, device=DEV)
+    want = reference.indexed_logits(hidden, weight, ids, cnt, slot)
+    for backend in ("cuda", "triton"):
+        _close(ops.indexed_logits(hidden, weight, ids, cnt, slot, backend=backend), want, d)
+
+
+def test_cuda_logits_never_read_out_of_bounds():
+    """Values the CPU op refuses (ids >= V, slots out of range) cannot be checked on a GPU without a sync:
+    the kernel gives -inf there instead of reading outside the tensors; valid rows are unaffected."""
+    hidden, weight, ids, cnt, slot = _case(12, 3, 300, 256, 1000, torch.bfloat16)
+    bad_ids, bad_slot = ids.clone(), slot.clone()
+    bad_ids[0, :5] = 10**6
+    bad_slot[-3:] = torch.tensor([3, -1, 1 << 30], dtype=torch.int32)
+    out = ops.indexed_logits(hidden, weight, bad_ids, cnt, bad_slot, backend="cuda")
+    want = reference.indexed_logits(hidden, weight, bad_ids.masked_fill(bad_ids >= 1000, -1), cnt, slot)
+    assert torch.isneginf(out[-3:]).all()
+    _close(out[:-3], want[:-3], 256)
 
 
 def test_window_update_in_a_cuda_graph():
     R, cap, V = 5, 256, 262144
     state = _window_state(R, cap)
     ref = tuple(t.clone() for t in state)
-    rows = torch.tensor([3, 0, 4], device="cuda")
-    block = torch.zeros((3, 19), dtype=torch.int32, device="cuda")
+    rows = torch.tensor([3, 0, 4], device=DEV)
+    block = torch.zeros((3, 19), dtype=torch.int32, device=DEV)
     ops.window_update(*state, rows, block, fallback_id=1, vocab_size=V, backend="cuda")
     reference.window_update(*ref, rows, block, 1, V)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         ops.window_update(*state, rows, block, fallback_id=1, vocab_size=V, backend="cuda")
-    g = torch.Generator(device="cuda").manual_seed(7)
+    g = torch.Generator(device=DEV).manual_seed(7)
     for _ in range(50):
-        block.copy_(torch.randint(-1, V, block.shape, device="cuda", generator=g, dtype=torch.int32))
+        block.copy_(torch.randint(-1, V, block.shape, device=DEV, generator=g, dtype=torch.int32))
         graph.replay()
         reference.window_update(*ref, rows, block, 1, V)
         assert torch.equal(state[0][:, :cap], ref[0][:, :cap])  # the ring (its last column is scratch)
