@@ -18,7 +18,7 @@ import itertools
 import pytest
 import torch
 from literal import literal_logits
-from test_kernels import RUN_CASES, _runs_case
+from logits_cases import RUN_CASES, runs_case
 
 from sglang_specvocab import ops
 from sglang_specvocab.ops import _ext, reference
@@ -106,7 +106,7 @@ def test_logits_ops_equal_reference(backend, dtype, shape):
 @pytest.mark.parametrize("case", sorted(RUN_CASES))
 def test_logits_equal_the_literal_definition_on_runs(case, dtype):
     """Runs of 1..40 rows, dead columns and negative ids, odd W and d: CUDA under every launch plan and Triton."""
-    args = _runs_case(1, dtype, *RUN_CASES[case])
+    args = runs_case(1, dtype, *RUN_CASES[case])
     want = literal_logits(*args).float()
     hidden, weight, ids, cnt, slot = (t.to(DEV) for t in args)
     d = hidden.shape[1]
