@@ -11,7 +11,8 @@
 // one slot (a request's branches; a whole batch for a union table) is cut into pieces of at most P = 8 * NTMAX
 // rows, and a piece is one pass over its candidate rows that feeds every row of the piece.
 //
-// Work split (plan chosen on the host from shapes and the SM count only, see LogitsPlan in ops.h):
+// Work split (plan chosen on the host from shapes and the SM count only: SpecvocabLogitsPlan in launchers.h,
+// plan_logits in indexed_logits.cpp):
 // * grid (row tiles, column tiles). A row tile is P consecutive rows; the CTA of a row tile processes the pieces
 //   that START in it (a short run that crosses a tile boundary still belongs to one CTA: its rows are read once).
 //   Pieces (pieces.h, shared with the CPU kernel): a run [s, e) is cut at s, s+P and every multiple of P after
@@ -36,8 +37,8 @@
 //
 // Cost model (H100: 132 SMs, 3.35 TB/s; W 3072, d 4096, bf16; WD 8, WC 1; U * MT = 4 k-steps of 512 B each per
 // warp in flight = 4 KB per warp; 2 CTAs = 16 warps per SM at most -> up to 64 KB in flight per SM):
-//   bs  rows  M    NTMAX MT  grid (row x col tiles)  CTAs/SM  HBM bytes (candidate rows)  hidden bytes via L2
-//   1   1     1    2     1   1 x 192                  1.5      25.2 MB (ideal 7.5 us)      0.2 x 8 KB x 192 = 1.6 MB
+//   bs  rows  M    NTMAX MT  grid (row x col tiles)  CTAs/SM  HBM bytes (candidate rows)  hidden rows via L2
+//   1   1     1    2     1   1 x 192                  1.5      25.2 MB (ideal 7.5 us)      8 KB x 192 = 1.6 MB
 //   1   4     4    2     1   1 x 192                  1.5      25.2 MB                      6.3 MB
 //   1   10    10   2     1   1 x 192                  1.5      25.2 MB                      15.7 MB
 //   8   1     8    2     1   1 x 192 (8 pieces each)  1.5      201 MB (ideal 60 us)         12.6 MB
@@ -48,7 +49,9 @@
 //   64  10    640  4     2   20 x 96 (3-4 pieces)     14.5     1.61 GB                      503 MB
 // At bs 1 all 192 CTAs (1536 warps, about 6 MB in flight) are resident at once and stream one 128 KB column tile
 // each: the time is the HBM stream (7.5 us at peak) plus the start (launch, the slot -> ids -> rows load chain,
-// about 2 us), and rows 10 adds only L2 traffic and tensor-core work, not HBM bytes.
+// about 2 us), and rows 10 adds only L2 traffic and tensor-core work, not HBM bytes. Not yet measured: the open
+// choice is MT at small batch (192 CTAs of 16 columns, or 96 of 32 with half the hidden-row traffic at rows 10);
+// scripts/sweep_logits_plans.py times both, and the results never differ.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
