@@ -617,6 +617,31 @@ def _add_bench_kernels(sub) -> None:
     p.set_defaults(run=_run_bench_kernels)
 
 
+def _add_bench_plans(sub) -> None:
+    p = sub.add_parser(
+        "plans",
+        help="time the CUDA logits kernel under every launch plan (tunes the launcher's rule; --tiny on a CPU)",
+        description="Time indexed_logits under the launcher's own plan, every forced plan and Triton; check that "
+        "every plan gives bitwise the same logits (exit 1 if not).",
+    )
+    preset = p.add_mutually_exclusive_group()
+    preset.add_argument("--quick", action="store_true", help="W 3072, bs 1/8/64, rows 1/10")
+    preset.add_argument("--tiny", action="store_true", help="tiny shapes on the C++ CPU kernels (tests)")
+    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available)")
+    p.add_argument("--iters", type=POSITIVE, default=100, help="timed samples per case, at most (default: 100)")
+    p.add_argument("--warmup", type=NON_NEGATIVE, default=5)
+    p.add_argument("--max-ms", type=_positive_float, default=300.0, help="time per case and plan (default: 300)")
+    p.add_argument("--no-triton", action="store_true", help="leave out the Triton backend")
+    p.add_argument("--out", type=Path, default=None, help="JSON path (the Markdown goes beside it)")
+    p.set_defaults(run=_run_bench_plans)
+
+
+def _run_bench_plans(args) -> int:
+    from .bench.plans import run  # heavy: torch
+
+    return run(args)
+
+
 def _run_bench_kernels(args) -> int:
     from .bench.kernels import run  # heavy: torch, triton
 
@@ -861,11 +886,12 @@ def parser() -> argparse.ArgumentParser:
         add(sub)
     bench = sub.add_parser(
         "bench",
-        help="benchmarks: kernels (the head ops), specbench (Spec-Bench on servers)",
+        help="benchmarks: kernels (the head ops), plans (the logits kernel's launch plans), specbench (Spec-Bench on servers)",
         description="Benchmarks; each writes JSON + Markdown with the device, versions and command.",
     )
     bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
     _add_bench_kernels(bench_sub)
+    _add_bench_plans(bench_sub)
     _add_bench_specbench(bench_sub)
     _add_check_lossless(sub)
     _add_tiny_checkpoints(sub)

@@ -72,7 +72,7 @@ BAD = {  # op -> (valid arguments, [(change, a phrase every backend's message ha
         ({"cnt": lambda a: a["cnt"] * 0}, "cnt must be in [1, W=5]"),
         ({"cnt": lambda a: a["cnt"] + W}, "cnt must be in [1, W=5]"),
         ({"row_to_slot": lambda a: a["row_to_slot"] + 1}, "row_to_slot must be in [0, R=3)"),
-        ({"ids": lambda a: a["ids"] + V}, "ids must be in [0, V=20)"),
+        ({"ids": lambda a: a["ids"] + V}, "ids must be below V=20"),
     ]),
     "packed_logits": (packed_args, [
         ({"packed": lambda a: a["packed"][0]}, "packed must be [R, W, d]"),

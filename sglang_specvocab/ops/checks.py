@@ -62,7 +62,8 @@ def check_indexed_logits(hidden, weight, ids, cnt, row_to_slot, *, floats=KERNEL
     _one_device(op, ids, weight)
     _check_logits(op, hidden, weight, "weight", cnt, row_to_slot, ids.shape[0], ids.shape[1], floats)
     if hidden.device.type == "cpu":
-        _need(bool((ids < weight.shape[0]).all()), op, f"ids must be below V={weight.shape[0]} (a negative id is a dead column)")
+        V = weight.shape[0]
+        _need(bool((ids < V).all()), op, f"ids must be below V={V} (a negative id is a dead column)")
 
 
 def check_packed_logits(hidden, packed, cnt, row_to_slot, *, floats=KERNEL_FLOATS) -> None:

@@ -1,15 +1,14 @@
-#!/usr/bin/env python
 """Time the CUDA head kernel (indexed_logits) under every launch plan it can take, to tune the launcher's rule.
 
 The plan's free choices, ``mt`` (16-column tiles per warp) and ``ntmax`` (8-row tiles per piece), never change the
 logits (csrc/indexed_logits_kernel.cu), so they can be chosen by speed alone. For each shape this script times the
-launcher's own choice ("auto"), each forced plan and the Triton backend with bench_kernels.py's method (a CUDA
+launcher's own choice ("auto"), each forced plan and the Triton backend with the kernel benchmark's method (a CUDA
 graph of several calls replayed between events, inputs rotated so a replay reads >= 3x L2), checks that every plan
 gives bitwise the logits of "auto", and writes a Markdown table (printed) and JSON.
 
-    python scripts/sweep_logits_plans.py --out OUT.json            # W 2048/3072, d 4096, bs 1/8/32/64, rows 1/4/10
-    python scripts/sweep_logits_plans.py --quick --out OUT.json    # W 3072, bs 1/8/64, rows 1/10
-    python scripts/sweep_logits_plans.py --tiny --device cpu       # the plumbing, on the C++ CPU kernels
+    sglang-specvocab bench plans --out OUT.json            # W 2048/3072, d 4096, bs 1/8/32/64, rows 1/4/10
+    sglang-specvocab bench plans --quick --out OUT.json    # W 3072, bs 1/8/64, rows 1/10
+    sglang-specvocab bench plans --tiny --device cpu       # the plumbing, on the C++ CPU kernels
 """
 
 from __future__ import annotations
@@ -18,40 +17,35 @@ import argparse
 import json
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "scripts"):
-    if str(p) not in sys.path:  # run from a plain checkout (the device machine has no install)
-        sys.path.insert(0, str(p))
+from .. import ops
+from ..ops import _ext
+from . import kernels as bk
+from .timing import CpuTimer, CudaTimer
 
-import bench_kernels as bk  # noqa: E402  (after the path fix above)
-
-from sglang_specvocab import ops  # noqa: E402
-from sglang_specvocab.ops import _ext  # noqa: E402
-
-PLANS = [(1, 2), (2, 2), (1, 4), (2, 4)]  # (mt, ntmax) forced; "auto" is the launcher's rule
+PLANS = [
+    (1, 2),
+    (2, 2),
+    (1, 4),
+    (2, 4),
+]  # (mt, ntmax) forced; "auto" is the launcher's rule
 GRIDS = {
-    "full": dict(widths=[2048, 3072], dims=[4096], batches=[1, 8, 32, 64], rows=[1, 4, 10], vocab=128256),
+    "full": dict(
+        widths=[2048, 3072],
+        dims=[4096],
+        batches=[1, 8, 32, 64],
+        rows=[1, 4, 10],
+        vocab=128256,
+    ),
     "quick": dict(widths=[3072], dims=[4096], batches=[1, 8, 64], rows=[1, 10], vocab=128256),
     "tiny": dict(widths=[48], dims=[64], batches=[1, 2], rows=[1, 3], vocab=500),
 }
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    preset = p.add_mutually_exclusive_group()
-    preset.add_argument("--quick", action="store_true")
-    preset.add_argument("--tiny", action="store_true")
-    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available)")
-    p.add_argument("--iters", type=int, default=100, help="timed samples per case, at most (default: 100)")
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--max-ms", type=float, default=300.0, help="time budget per case and plan (default: 300)")
-    p.add_argument("--no-triton", action="store_true", help="leave out the Triton backend")
-    p.add_argument("--out", type=Path, default=None, help="JSON path (the Markdown goes beside it)")
-    args = p.parse_args(argv)
+def configure(args: argparse.Namespace) -> argparse.Namespace:
+    """Resolve the CLI's options (``sglang-specvocab bench plans``): the grid and the device."""
     args.grid = GRIDS["quick" if args.quick else "tiny" if args.tiny else "full"]
     args.device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     return args
@@ -77,9 +71,9 @@ def sweep(args: argparse.Namespace) -> dict:
     env = bk.environment(dev)
     cuda = dev.type == "cuda"
     timer = (
-        bk.CudaTimer(dev, args.iters, args.warmup, args.max_ms, True)
+        CudaTimer(dev, args.iters, args.warmup, args.max_ms, True)
         if cuda
-        else bk.CpuTimer(args.iters, args.warmup, args.max_ms)
+        else CpuTimer(args.iters, args.warmup, args.max_ms)
     )
     peak, peak_src = bk.default_peak(env["device"]["name"]) if cuda else (None, "cpu")
     sms = env["device"].get("sm_count", -1) if cuda else -1
@@ -103,7 +97,15 @@ def sweep(args: argparse.Namespace) -> dict:
                         sets.append((hidden, weight, ids, cnt, slot))
                     M = bs * rows
                     auto = torch.ops.specvocab.logits_plan(M, W, d, torch.bfloat16, True, sms)
-                    rec = {"W": W, "d": d, "batch": bs, "rows": rows, "M": M, "sets": n_sets, "auto_plan": auto}
+                    rec = {
+                        "W": W,
+                        "d": d,
+                        "batch": bs,
+                        "rows": rows,
+                        "M": M,
+                        "sets": n_sets,
+                        "auto_plan": auto,
+                    }
                     rec["ideal_us"] = nbytes / peak * 1e6 if peak else None
                     times, same = {}, {}
                     ref = ops.indexed_logits(*sets[0], backend="cuda")
@@ -159,8 +161,9 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """Sweep, print and write the report; 1 when a plan's logits differ from the launcher's own."""
+    args = configure(args)
     result = sweep(args)
     text = markdown(result)
     print(text)
@@ -170,7 +173,3 @@ def main(argv: list[str] | None = None) -> int:
         args.out.with_suffix(".md").write_text(text)
     bad = [r for r in result["records"] if not all(r["bitwise_equal_to_auto"].values())]
     return 1 if bad else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,27 +1,36 @@
-"""scripts/sweep_logits_plans.py on the CPU (the C++ kernels): every plan timed and compared, and the report."""
+"""`sglang-specvocab bench plans` on the CPU (the C++ kernels): every plan timed and compared, and the report."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "sweep_logits_plans.py"
+from sglang_specvocab import cli
+from sglang_specvocab.bench import plans
 
 
 def test_sweep_times_every_plan_and_writes_its_report(tmp_path):
-    spec = importlib.util.spec_from_file_location("sweep_logits_plans", SCRIPT)
-    sweep = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("sweep_logits_plans", sweep)
-    spec.loader.exec_module(sweep)
     out = tmp_path / "sweep.json"
-    assert sweep.main(["--tiny", "--device", "cpu", "--iters", "2", "--out", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "bench",
+                "plans",
+                "--tiny",
+                "--device",
+                "cpu",
+                "--iters",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
-    grid = sweep.GRIDS["tiny"]
+    grid = plans.GRIDS["tiny"]
     shapes = {(r["W"], r["d"], r["batch"], r["rows"]) for r in result["records"]}
     assert shapes == {
         (W, d, b, n) for W in grid["widths"] for d in grid["dims"] for b in grid["batches"] for n in grid["rows"]
     }
-    names = {"auto"} | {f"mt{mt}/nt{nt}" for mt, nt in sweep.PLANS}
+    names = {"auto"} | {f"mt{mt}/nt{nt}" for mt, nt in plans.PLANS}
     for r in result["records"]:
         assert set(r["times_us"]) == names and all(t > 0 for t in r["times_us"].values())
         assert all(r["bitwise_equal_to_auto"].values()) and r["best"] in names
