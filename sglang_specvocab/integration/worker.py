@@ -52,6 +52,13 @@ from .telemetry import Gauges, Telemetry, install_request_level_keys, report_to_
 
 logger = logging.getLogger(__name__)
 
+# The copied SGLang methods (patches/sglang-<version>/), bound once when this module is imported (in the
+# scheduler, by the worker factory after the version and signature checks): load_patch_module reads
+# package metadata (ms), which must never run per decode round.
+_DRAFT = load_patch_module("dynvocab_draft")
+_PREFILL = load_patch_module("dynvocab_worker")
+_INIT = load_patch_module("eagle_worker_v2")
+
 
 # --- stepwise policies: select inside the LM head ----------------------------------------------------
 
@@ -246,7 +253,7 @@ class DynVocabDraftWorker(EagleDraftWorker):
     def draft_forward(self, forward_batch):
         if self.dynvocab_proc is None:
             return super().draft_forward(forward_batch)
-        return load_patch_module("dynvocab_draft").draft_forward(self, forward_batch)
+        return _DRAFT.draft_forward(self, forward_batch)
 
     def _draft_extend_for_prefill(
         self, batch, target_hidden_states, next_token_ids, mm_input_embeds=None, kv_loc_plan=None
@@ -255,16 +262,14 @@ class DynVocabDraftWorker(EagleDraftWorker):
             return super()._draft_extend_for_prefill(
                 batch, target_hidden_states, next_token_ids, mm_input_embeds, kv_loc_plan=kv_loc_plan
             )
-        return load_patch_module("dynvocab_draft").draft_extend_for_prefill(
+        return _DRAFT.draft_extend_for_prefill(
             self, batch, target_hidden_states, next_token_ids, mm_input_embeds, kv_loc_plan
         )
 
     def _draft_extend_for_decode(self, batch, batch_result, *, kv_loc_plan=None):
         if self.dynvocab_proc is None:
             return super()._draft_extend_for_decode(batch, batch_result, kv_loc_plan=kv_loc_plan)
-        return load_patch_module("dynvocab_draft").draft_extend_for_decode(
-            self, batch, batch_result, kv_loc_plan=kv_loc_plan
-        )
+        return _DRAFT.draft_extend_for_decode(self, batch, batch_result, kv_loc_plan=kv_loc_plan)
 
 
 class DynVocabWorkerV2(EAGLEWorkerV2):
@@ -273,9 +278,7 @@ class DynVocabWorkerV2(EAGLEWorkerV2):
     draft_worker_cls = DynVocabDraftWorker
 
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
-        load_patch_module("eagle_worker_v2").worker_init(
-            self, server_args, gpu_id, nccl_port, target_worker, self.draft_worker_cls
-        )
+        _INIT.worker_init(self, server_args, gpu_id, nccl_port, target_worker, self.draft_worker_cls)
         self._init_dynvocab_state(server_args)
 
     def _init_dynvocab_state(self, server_args) -> None:
@@ -345,9 +348,7 @@ class DynVocabWorkerV2(EAGLEWorkerV2):
     # --- prefill --------------------------------------------------------------------------------
 
     def _forward_prefill_batch(self, batch, on_publish=None, pp_proxy_tensors=None, coordination_plan=None):
-        return load_patch_module("dynvocab_worker").forward_prefill_batch(
-            self, batch, on_publish, pp_proxy_tensors, coordination_plan
-        )
+        return _PREFILL.forward_prefill_batch(self, batch, on_publish, pp_proxy_tensors, coordination_plan)
 
     def _dynvocab_target_head(self):
         """The target LM head for the prefill top-K: its weight, or a callable that all-gathers TP shards."""
