@@ -199,6 +199,30 @@ class DynVocabLogitsProcessor(LogitsProcessor):
         probs = torch.exp(values - lse[:, None])
         return probs, d.ids.index_select(0, slots).gather(1, cols).long()
 
+    def draft_topk1(
+        self,
+        next_token_logits: torch.Tensor | None,
+        req_pool_indices: torch.Tensor,
+        chain: torch.Tensor | None = None,
+        column: int = 0,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``draft_topk`` for topk = 1 (draft chains), with fewer ops: the argmax column of each row
+        through the table, probability 1 as in upstream's topk=1 paths (a chain never reads it).
+        Written into ``chain[:, column]`` too when given (``draft_forward``'s chain buffer, as
+        upstream's fused topk-1 kernel does). Same ids as ``draft_topk(logits, 1, ...)``."""
+        if next_token_logits is None:
+            return None, None
+        d = self.dv
+        N = next_token_logits.shape[0]
+        if d.tp_size > 1 or N != req_pool_indices.shape[0]:  # shards to merge, or several rows per request
+            _, index = self.draft_topk(next_token_logits, 1, req_pool_indices)
+        else:
+            cols = next_token_logits.argmax(dim=1)  # the first maximum: the lowest column, as local_topk
+            index = d.ids.view(-1)[req_pool_indices * d.ids.shape[1] + cols].long().view(N, 1)
+        if chain is not None:
+            chain[:, column].copy_(index.view(-1))
+        return torch.ones_like(index, dtype=torch.float32), index
+
     def in_draft_vocab(self, tokens: torch.Tensor) -> torch.Tensor:
         """Whether each target id has a draft head row (all True for a full-vocabulary head)."""
         if self.draft_vocab_mask is None:

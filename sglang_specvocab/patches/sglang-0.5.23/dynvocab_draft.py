@@ -16,13 +16,15 @@ Common to the three methods:
 - ``maybe_detect_inf`` / ``maybe_detect_oob`` on the draft logits are dropped: ``-inf`` columns
   past a set's count are normal in compact logits, and columns are not vocabulary ids.
 
-``draft_forward``: the topk==1 Triton chain fast path
-(``draft_tokens_topk1``) is gone, so every step goes through ``select_top_k_tokens``; before each
-step's forward it sets ``proc.dv_step = i + 1`` (the draft step whose set a stepwise policy picks
+``draft_forward``: the topk==1 chain fast path keeps upstream's shape (``draft_tokens_topk1``, the
+preallocated ``_topk1_*`` buffers, no ``select_top_k_tokens`` per step) on every device, with
+``proc.draft_topk1`` (argmax over the set, ids through the table, written into the chain) in place of
+the Triton ``draft_topk1_postprocess``; before each step's forward it sets ``proc.dv_step = i + 1`` (the draft step whose set a stepwise policy picks
 inside the LM head, see ``integration/worker.py``); ``positions`` advance by one per step as in
 every upstream branch. Returns ``draft_probs = None``.
 
-``draft_extend_for_prefill`` and ``draft_extend_for_decode``: only the top-k block at the end changes (plus the drops above); the input
+``draft_extend_for_prefill`` and ``draft_extend_for_decode``: only the top-k block at the end changes (plus the drops
+above; topk == 1 in the decode extend: ``proc.draft_topk1``, upstream's argmax with p = 1); the input
 rotation, the forward, the graph/eager split and the ``select_index`` row selection are
 upstream's.
 """
@@ -54,17 +56,28 @@ def draft_forward(self, forward_batch):
     token_list = []
     parents_list = []
     topk1_chain_fits = self.topk == 1 and topk_index.shape[0] <= self._topk1_parents_prealloc.shape[0]
+    # The chain (topk=1) goes straight into its buffer, as upstream's fused topk-1 path does, on every
+    # device: each step's token is the argmax over the request's set (proc.draft_topk1).
+    draft_tokens_topk1 = None
+    if topk1_chain_fits:
+        draft_tokens_topk1 = torch.empty(
+            (topk_index.shape[0], self.speculative_num_steps), dtype=topk_index.dtype, device=topk_index.device
+        )
+        draft_tokens_topk1[:, :1].copy_(topk_index)
     rows = forward_batch.req_pool_indices
     is_mtp_moe = self.draft_runner.model_config.hf_config.architectures[0] == "Qwen3MoeForCausalLMMTP"
 
     scores = None
     for i in range(self.speculative_num_steps):
-        input_ids, hidden_states, scores, tree_info = ew.select_top_k_tokens(
-            i, topk_p, topk_index, hidden_states, scores, self.topk
-        )
-        score_list.append(tree_info[0])
-        token_list.append(tree_info[1])
-        parents_list.append(tree_info[2])
+        if draft_tokens_topk1 is not None:
+            input_ids = topk_index.flatten()
+        else:
+            input_ids, hidden_states, scores, tree_info = ew.select_top_k_tokens(
+                i, topk_p, topk_index, hidden_states, scores, self.topk
+            )
+            score_list.append(tree_info[0])
+            token_list.append(tree_info[1])
+            parents_list.append(tree_info[2])
 
         if i == self.speculative_num_steps - 1:
             break
@@ -90,18 +103,20 @@ def draft_forward(self, forward_batch):
         ):
             logits_output = self.draft_runner.forward(forward_batch).logits_output
         ew.maybe_detect_nan(logits_output.next_token_logits, f"draft_forward step {i}")
-        topk_p, topk_index = proc.draft_topk(logits_output.next_token_logits, self.topk, rows)
+        if self.topk == 1:
+            topk_p, topk_index = proc.draft_topk1(logits_output.next_token_logits, rows, draft_tokens_topk1, i + 1)
+        else:
+            topk_p, topk_index = proc.draft_topk(logits_output.next_token_logits, self.topk, rows)
         forward_batch.positions.add_(1)
         if self.draft_runner.model_config.model_is_mrope:
             forward_batch.mrope_positions.add_(1)
         hidden_states = logits_output.hidden_states
 
-    if topk1_chain_fits:
-        bs = token_list[0].shape[0]
-        draft_tokens = torch.cat(token_list, dim=1)
+    if draft_tokens_topk1 is not None:
+        bs = draft_tokens_topk1.shape[0]
         top_scores_index = self._topk1_score_indices_prealloc[:bs]
         parent_list = self._topk1_parents_prealloc[:bs]
-        return parent_list, top_scores_index, draft_tokens, None
+        return parent_list, top_scores_index, draft_tokens_topk1, None
 
     parent_list, top_scores_index, draft_tokens = ew.organize_draft_results(
         score_list, token_list, parents_list, self.speculative_num_draft_tokens
@@ -245,10 +260,16 @@ def draft_extend_for_decode(self, batch, batch_result, *, kv_loc_plan=None):
         draft_logits_output.next_token_logits = draft_logits_output.next_token_logits[select_index]
         if draft_logits_output.hidden_states is not None:
             draft_logits_output.hidden_states = draft_logits_output.hidden_states[select_index]
-    # One row per request (its last accepted position): the next round's first top-k.
-    ret_topk_p, ret_topk_index = proc.draft_topk(
-        draft_logits_output.next_token_logits, self.topk, forward_batch.req_pool_indices
-    )
+    # One row per request (its last accepted position): the next round's first top-k (topk=1: argmax, p = 1,
+    # as upstream's decode extend).
+    if self.topk == 1:
+        ret_topk_p, ret_topk_index = proc.draft_topk1(
+            draft_logits_output.next_token_logits, forward_batch.req_pool_indices
+        )
+    else:
+        ret_topk_p, ret_topk_index = proc.draft_topk(
+            draft_logits_output.next_token_logits, self.topk, forward_batch.req_pool_indices
+        )
 
     next_draft_input = batch_result.next_draft_input
     next_draft_input.topk_p, next_draft_input.topk_index, next_draft_input.hidden_states = (
