@@ -80,6 +80,7 @@ class CandidateTable:
         self.fallback_id = fallback_id
         self.ids = torch.full((num_rows, capacity), fallback_id, dtype=torch.int32, device=device)
         self.cnt = torch.ones(num_rows, dtype=torch.int32, device=device)
+        self._columns = torch.arange(capacity, device=device)  # made once: contains runs every verify round
 
     @property
     def num_rows(self) -> int:
@@ -110,7 +111,7 @@ class CandidateTable:
     def contains(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """``out[b, j]``: whether ``tokens[b, j]`` is in the set of ``rows[b]``."""
         ids = self.ids.index_select(0, rows)
-        live = torch.arange(self.capacity, device=ids.device)[None, :] < self.cnt.index_select(0, rows)[:, None]
+        live = self._columns < self.cnt.index_select(0, rows)[:, None]
         ids = torch.where(live, ids, torch.iinfo(torch.int32).max)  # sorted rows for searchsorted
         tok = tokens.to(torch.int32).contiguous()
         pos = torch.searchsorted(ids, tok).clamp(max=self.capacity - 1)

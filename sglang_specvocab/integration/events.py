@@ -36,6 +36,7 @@ distinct ids differently inside the ring; and ``accepted`` holds all ``accept_le
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Sequence
 
 import torch
@@ -82,24 +83,19 @@ def verify_event(
       accepted node, i.e. at the accepted positions and at the bonus position; None if k == 0;
     - ``accepted`` ``[bs, S]`` int64: the committed tokens in order (accepted drafts, bonus).
 
-    Cost: the top-k runs over the ``bs * S`` accepted rows, gathered first, unless the
-    logits have no more rows than that (chains: ``num_draft_tokens <= S``), where it runs in
-    place and only the ``[rows, k]`` result is gathered. Nothing is computed for k == 0.
+    Cost: the top-k runs in place over all ``bs * num_draft_tokens`` rows and only its
+    ``[rows, k]`` result is gathered (no vocabulary-wide row is copied). Nothing is computed
+    for k == 0.
     """
     bs, width = accept_index.shape
-    device = accept_index.device
     nd = num_draft_tokens
+    steps, front = _layout(bs, width, nd, accept_index.device)
     index = accept_index.long()
-    steps = torch.arange(width, device=device)
-    valid = (index >= 0) & (steps[None, :] < accept_lens.long()[:, None])
+    valid = (index >= 0) & (steps < accept_lens[:, None])
     safe = index.clamp(min=0)
 
     draft_tokens = draft_token.long().view(bs, nd)
-    if compacted:
-        where = torch.arange(bs, device=device)[:, None] * nd + steps.clamp(max=nd - 1)[None, :]
-    else:
-        where = safe
-    accepted = predict.long().view(-1)[where].masked_fill(~valid, -1)
+    accepted = torch.where(valid, predict.view(-1)[front if compacted else safe].long(), -1)
 
     if k <= 0:
         return draft_tokens, None, accepted
@@ -107,19 +103,26 @@ def verify_event(
         raise ValueError("verify_event: next_token_logits is required when k > 0")
     logits = next_token_logits
     vocab = logits.shape[-1] if vocab_size is None else min(vocab_size, logits.shape[-1])
-    logits = logits[:, :vocab]
+    if vocab < logits.shape[-1]:
+        logits = logits[:, :vocab]
     kk = min(k, vocab)
-    if logits.shape[0] <= bs * width:  # fewer rows than gathered ones: top-k in place, gather the ids
-        values, ids = logits.topk(kk, dim=-1)
-        values, ids = values[safe], ids[safe]
-    else:
-        values, ids = logits.index_select(0, safe.reshape(-1)).topk(kk, dim=-1)
-        values, ids = values.view(bs, width, kk), ids.view(bs, width, kk)
-    drop = ~valid[:, :, None] | (values == float("-inf"))
-    verify_topk = ids.masked_fill(drop, -1)
+    # Top-k of every row in place, then gather the [bs, S, k] accepted ones: no copy of vocabulary-wide rows
+    # (a tree's bs * num_draft_tokens rows are read once, where gathering first would read S of them twice).
+    values, ids = logits.topk(kk, dim=-1)
+    keep = valid[:, :, None] & (values[safe] > float("-inf"))  # ids the grammar mask forbids are dropped
+    verify_topk = torch.where(keep, ids[safe], -1)
     if kk < k:
         verify_topk = torch.nn.functional.pad(verify_topk, (0, k - kk), value=-1)
     return draft_tokens, verify_topk, accepted
+
+
+@functools.lru_cache(maxsize=64)
+def _layout(bs: int, width: int, nd: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per batch shape, made once (no per-round ops): ``steps`` ``[S]`` and, for a compacted tree, where
+    request i's j-th committed token is (``i * nd + min(j, nd - 1)``, ``[bs, S]``)."""
+    steps = torch.arange(width, device=device)
+    front = torch.arange(bs, device=device)[:, None] * nd + steps.clamp(max=nd - 1)[None, :]
+    return steps, front
 
 
 def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:

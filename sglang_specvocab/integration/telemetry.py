@@ -87,23 +87,22 @@ class Telemetry:
 
     def record(self, rows: torch.Tensor, set_size: torch.Tensor, in_set: torch.Tensor, committed: torch.Tensor) -> None:
         """Add one round per row: ``set_size``/``in_set``/``committed`` are ``[B]`` device tensors."""
-        self.set_sum.index_add_(0, rows, set_size.to(self.set_sum.dtype))
-        self.rounds.index_add_(0, rows, torch.ones_like(rows, dtype=self.rounds.dtype))
-        self.in_set.index_add_(0, rows, in_set.to(self.in_set.dtype))
-        self.committed.index_add_(0, rows, committed.to(self.committed.dtype))
+        one = torch.ones_like(committed)
+        # one add of the [4, B] rows (few ops per round: this runs eagerly after every verify)
+        self.acc.index_add_(1, rows, torch.stack((set_size, one, in_set, committed)).to(self.acc.dtype))
 
     def record_verify(self, table, rows: torch.Tensor, accepted: torch.Tensor, vocab_size: int | None = None) -> None:
         """One verify round: ``accepted[B, S]`` (-1 padded) against the sets of ``rows`` as they are
         now. Call BEFORE ``policy.on_verify``. ``table`` None (a dense policy): the set is the
         whole vocabulary ``vocab_size``, every token is in it."""
         valid = accepted >= 0
-        committed = valid.sum(1)
         if table is None:
+            committed = valid.sum(1)
             size = torch.full(rows.shape, float(vocab_size or 0), dtype=torch.float64, device=rows.device)
             self.record(rows, size, committed, committed)
             return
-        hit = table.contains(rows, accepted) & valid
-        self.record(rows, table.cnt.index_select(0, rows), hit.sum(1), committed)
+        hit, committed = torch.stack((table.contains(rows, accepted), valid)).sum(2)  # contains is False on -1
+        self.record(rows, table.cnt.index_select(0, rows), hit, committed)
 
     def publish(self) -> None:
         """After a round's ``record``, on the same stream: a non-blocking copy to the next host buffer."""

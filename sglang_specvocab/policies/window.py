@@ -20,6 +20,7 @@ memory O(R x capacity), independent of the vocabulary size.
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import torch
@@ -61,6 +62,24 @@ class WindowConfig(PolicyConfig):
     policy: Literal["window"]
     capacity: int = Field(ge=1, description="W_max, the most ids in a request's set; an integer >= 1")
     window: WindowSection = Field(default_factory=WindowSection)
+
+
+@functools.lru_cache(maxsize=64)
+def _earlier_in_segment(lengths: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """bool ``[n, n]``: ``[i, j]`` when entry j comes before entry i in the same segment (made once per shape)."""
+    seg = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    pos = torch.arange(seg.numel())
+    return ((seg[:, None] == seg[None, :]) & (pos[None, :] < pos[:, None])).to(device)
+
+
+def distinct_segments(segments: list[torch.Tensor]) -> torch.Tensor:
+    """``[B, sum n_i]``: the segments side by side, each id that repeats an earlier one of its own segment
+    replaced by -1 (a hole). The window stream is the same as ``unique_first`` of each segment's (holes are
+    skipped), in O(n^2) elementwise work and a fixed handful of ops: for a verify round's few entries."""
+    block = torch.cat(segments, dim=1) if len(segments) > 1 else segments[0]
+    earlier = _earlier_in_segment(tuple(s.shape[1] for s in segments), block.device)
+    repeat = ((block[:, :, None] == block[:, None, :]) & earlier).any(dim=2)
+    return torch.where(repeat, -1, block)
 
 
 class WindowPolicy(Policy):
@@ -113,22 +132,25 @@ class WindowPolicy(Policy):
         verify_topk: torch.Tensor | None,
         accepted: torch.Tensor,
     ) -> None:
-        blocks = []
+        segments = []
         if self.use_context:
-            blocks.append(unique_first(draft_tokens))
+            segments.append(draft_tokens)
         if self.verify_topk:
-            blocks.append(self._topk_block(verify_topk, self.verify_topk, "verify_topk"))
-        self._update(rows, blocks)
+            segments.append(self._topk_block(verify_topk, self.verify_topk, "verify_topk", distinct=False))
+        if not segments:
+            return self._update(rows, [])
+        # A round's entries are few: repeats become holes in one pass (no sort), which the update skips.
+        self._update(rows, [distinct_segments(segments)])
 
     # -- internals ---------------------------------------------------------------------------
 
     @staticmethod
-    def _topk_block(topk: torch.Tensor | None, k: int, what: str) -> torch.Tensor:
+    def _topk_block(topk: torch.Tensor | None, k: int, what: str, distinct: bool = True) -> torch.Tensor:
         if topk is None or topk.dim() != 3 or topk.shape[2] < k:
             got = None if topk is None else tuple(topk.shape)
             raise ValueError(f"window policy: {what} must have shape [B, positions, >= {k}], got {got}")
         block = topk[:, :, :k].reshape(topk.shape[0], -1)  # position-major, rank-minor
-        return unique_first(block)
+        return unique_first(block) if distinct else block
 
     def _update(self, rows: torch.Tensor, blocks: list[torch.Tensor]) -> None:
         """Append the blocks' entries (holes skipped) to the rows' streams, in order, and publish the sets."""
