@@ -45,6 +45,13 @@ class PolicyConfig(Section):
 
     policy: str
     head: HeadSection = Field(default_factory=HeadSection)
+    prefill_chunk: int = Field(
+        1024,
+        ge=1,
+        le=65536,
+        description="prompt positions per step of the target's prefill top-K (at most a [chunk, V] logits "
+        "tensor at a time); an integer in [1, 65536]",
+    )
     _source: str = PrivateAttr(default="<config>")
     _base: str | None = PrivateAttr(default=None)  # the file relative paths start from (members of a union)
 

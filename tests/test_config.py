@@ -53,7 +53,7 @@ BAD = [
     # (yaml, the pieces the one message must contain)
     ("policy: window\ncapacity: 64\nwindow:\n  prefil_topk: 3\n",
      ["unknown key 'window.prefil_topk'", "value 3", "prefill_topk, verify_topk, sources"]),
-    ("policy: window\ncapacity: 64\ncolour: red\n", ["unknown key 'colour'", "'red'", "policy, head, capacity, window"]),
+    ("policy: window\ncapacity: 64\ncolour: red\n", ["unknown key 'colour'", "'red'", "policy, head, prefill_chunk, capacity, window"]),
     ("policy: window\ncapacity: '3k'\n", ["capacity = '3k'", "must be a valid integer"]),
     ("policy: window\ncapacity: 3.5\n", ["capacity = 3.5", "must be a valid integer"]),
     ("policy: window\ncapacity: true\n", ["capacity = True", "must be a valid integer"]),

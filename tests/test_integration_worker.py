@@ -171,10 +171,11 @@ def test_prefill_slot_reuse_and_report(W, monkeypatch):
 
     def run(batch):
         n = batch.input_ids.numel()
-        out = SimpleNamespace(logits_output=SimpleNamespace(last_hidden_states=torch.randn(n, H, generator=gen,
-                                                                                             dtype=torch.float64)))
+        hidden = torch.randn(n, H, generator=gen, dtype=torch.float64)
+        out = SimpleNamespace(logits_output=SimpleNamespace(last_hidden_states=hidden))
         w.dynvocab_prefill(batch, out)
-        return out.logits_output.last_hidden_states
+        assert out.logits_output.last_hidden_states is None  # released once the top-K is taken
+        return hidden
 
     p1 = torch.randint(0, V, (7,), generator=gen).tolist()
     w.req_to_token_pool.alloc(4)

@@ -243,6 +243,7 @@ def _chunked_topk(hidden: torch.Tensor, lm_head: LMHead, k: int, chunk: int, voc
         vocab = logits.shape[-1] if vocab_size is None else min(vocab_size, logits.shape[-1])
         kk = min(k, vocab)
         out[lo : lo + h.shape[0], :kk] = logits[:, :vocab].topk(kk, dim=-1).indices
+        del logits  # before the next chunk's: one [chunk, V'] tensor at a time
     return out
 
 

@@ -419,8 +419,12 @@ class DynVocabWorkerV2(EAGLEWorkerV2):
             full_ids,
             fed,
             k=k,
+            chunk=policy.config.prefill_chunk,
             vocab_size=self._dynvocab_vocab_size(),
         )
+        if hidden is not None:  # nothing downstream reads them: let [n_tokens, H] go now
+            batch_output.logits_output.last_hidden_states = None
+            del hidden
         rows = batch.req_pool_indices.long()
         policy.on_prefill(rows, prompt_ids, prompt_topk)
         self._dv_fed[rows_host] = torch.tensor([p + e for p, e in zip(prefix_lens, extend_lens, strict=True)])
