@@ -176,7 +176,6 @@ def test_register_is_idempotent_and_flag_sources(sg, monkeypatch, tmp_path):
         (["--pp-size", "2", "--disable-overlap-schedule"], "--pp-size"),
         (["--tp-size", "2", "--attn-dp-size", "2"], "--attn-dp-size"),
         (["--enable-multi-layer-eagle"], "--enable-multi-layer-eagle"),
-        (["--speculative-adaptive"], "--speculative-adaptive"),
         (["--disaggregation-mode", "decode"], "--disaggregation-mode"),
         (["--enable-mixed-chunk"], "--enable-mixed-chunk"),
         (["--speculative-token-map", "x.pt"], "--speculative-token-map"),
@@ -198,7 +197,6 @@ def test_unsupported_table_rows(sg):
         pp_size=2,
         attn_dp_size=2,
         enable_multi_layer_eagle=True,
-        speculative_adaptive=True,
         disaggregation_mode="prefill",
         enable_mixed_chunk=True,
         speculative_token_map="m.pt",
@@ -225,6 +223,64 @@ def test_unsupported_table_rows(sg):
             check_combinations(SimpleNamespace(**{**off, key: value}))
         hit.add(next(r.flag for r in UNSUPPORTED if f"support {r.flag}:" in str(info.value)))
     assert hit == {r.flag for r in UNSUPPORTED}
+
+
+# --- --speculative-adaptive: supported, SGLang's own resolution -------------------------------------
+
+
+def test_adaptive_resolves_as_for_eagle3(sg):
+    """SGLang keeps --speculative-adaptive on for DYNVOCAB (its check knows EAGLE/EAGLE3 only: hooked) and
+    resolves the same chain parameters as for EAGLE3; other algorithms still get SGLang's own answer."""
+    from sglang.srt.speculative import adaptive_spec_params as asp
+
+    from sglang_specvocab.integration.plugin import adaptive_reason_hook
+
+    views = {}
+    for algo in ("DYNVOCAB", "EAGLE3"):
+        args = argv(sg, "--speculative-adaptive")
+        args[args.index("DYNVOCAB")] = algo
+        _, v = resolved(args)
+        views[algo] = (v.speculative_adaptive, v.speculative_eagle_topk, v.speculative_num_steps,
+                       v.speculative_num_draft_tokens)
+    assert views["DYNVOCAB"] == views["EAGLE3"] and views["DYNVOCAB"][:2] == (True, 1)
+    steps = views["DYNVOCAB"][2]
+    assert steps in asp.resolve_candidate_steps_from_config(None) and views["DYNVOCAB"][3] == steps + 1
+
+    sa, _ = resolved(argv(sg, "--speculative-adaptive"))
+    calls = []
+    assert adaptive_reason_hook(lambda a: calls.append(a) or "no", sa) is None and calls == []  # DYNVOCAB
+    eagle = argv(sg, "--speculative-adaptive")
+    eagle[eagle.index("DYNVOCAB")] = "EAGLE3"
+    sa, _ = resolved(eagle)
+    assert adaptive_reason_hook(lambda a: calls.append(a) or "sglang's reason", sa) == "sglang's reason"
+    assert calls == [sa]
+
+
+@pytest.mark.parametrize(
+    "extra, flag",
+    [
+        (["--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8"], "--speculative-eagle-topk"),
+        (["--enable-two-batch-overlap"], "--enable-two-batch-overlap"),
+    ],
+)
+def test_adaptive_conflicts_are_refused_not_silently_dropped(sg, extra, flag):
+    msg = refusal(argv(sg, "--speculative-adaptive", *extra))
+    assert f"--speculative-adaptive does not support {flag}" in msg and "Remove --speculative-adaptive" in msg
+
+
+def test_adaptive_conflict_rows():
+    from sglang_specvocab.integration.algorithm import ADAPTIVE_CONFLICTS, UnsupportedCombinationError, check_adaptive
+
+    ok = dict(speculative_adaptive=True, speculative_eagle_topk=1, enable_two_batch_overlap=False, enable_pdmux=False)
+    check_adaptive(SimpleNamespace(**ok))
+    check_adaptive(SimpleNamespace(**{**ok, "speculative_eagle_topk": None}))  # SGLang picks 1 for adaptive
+    check_adaptive(SimpleNamespace(**{**ok, "speculative_adaptive": False, "speculative_eagle_topk": 4}))
+    hit = set()
+    for key, value in (("speculative_eagle_topk", 2), ("enable_two_batch_overlap", True), ("enable_pdmux", True)):
+        with pytest.raises(UnsupportedCombinationError) as info:
+            check_adaptive(SimpleNamespace(**{**ok, key: value}))
+        hit.add(next(flag for flag, _, _ in ADAPTIVE_CONFLICTS if f"support {flag} " in str(info.value)))
+    assert hit == {flag for flag, _, _ in ADAPTIVE_CONFLICTS}
 
 
 def _write(path: Path, text: str) -> Path:
@@ -334,6 +390,8 @@ def test_worker_init_and_alloc_memory_pool(sg, monkeypatch):
         speculative_num_steps=3,
         speculative_num_draft_tokens=4,
         speculative_algorithm="DYNVOCAB",
+        speculative_adaptive=False,
+        speculative_adaptive_config=None,
     )
     monkeypatch.setattr(ew, "get_spec", lambda: spec)
     monkeypatch.setattr(ew, "get_device", lambda: SimpleNamespace(device="cpu"))
@@ -350,6 +408,13 @@ def test_worker_init_and_alloc_memory_pool(sg, monkeypatch):
     assert (w.topk, w.speculative_num_steps, w.speculative_num_draft_tokens, w.page_size) == (1, 3, 4, 1)
     assert w.adaptive_controller is None and w._target_worker == "target" and w._hosts_draft
     assert w._dv_live == {} and w._dv_seen is None  # DYNVOCAB state (tests/test_integration_worker.py)
+    # with --speculative-adaptive: SGLang's controller over this worker, starting at the configured steps
+    from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
+
+    spec.speculative_adaptive = True
+    w = Recorder("sa", 0, 1234, "target")
+    assert isinstance(w.adaptive_controller, AdaptiveController) and w.adaptive_controller.worker is w
+    assert w.adaptive_controller.params.get_steps_for_batch(1) == 3 and 0 in w.adaptive_controller.candidate_steps
 
     # alloc_memory_pool: EAGLE's (faked) then the policy table sized by the request pool, then the GPU head
     monkeypatch.setattr(ew.EagleDraftWorker, "alloc_memory_pool", lambda self, **kw: None)

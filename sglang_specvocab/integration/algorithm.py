@@ -7,7 +7,10 @@ for any method a later SGLang adds); only the worker differs (``integration/work
 
 Refusals (all raised during server-argument resolution, i.e. before any process or model starts):
 
-1. ``UNSUPPORTED``: option combinations DYNVOCAB does not support, each with the flag to remove.
+1. ``UNSUPPORTED``: option combinations DYNVOCAB does not support, each with the flag to remove; and
+   with ``--speculative-adaptive`` (supported: SGLang's batch-size-dependent draft steps) what SGLang's
+   adaptive steps cannot run with (``ADAPTIVE_CONFLICTS``: a top-k above 1, two-batch overlap, PD
+   multiplexing), refused where SGLang would silently turn adaptive off.
 2. The policy config (``--speculative-dynvocab-config``, see ``config_location``): any ``ConfigError``
    of ``load_config``, then what the models cannot serve (``check_config_for_models``):
 
@@ -108,11 +111,6 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         "multi-layer EAGLE runs its own draft worker (MultiLayerEagleWorkerV2), which has no candidate-set head",
     ),
     Unsupported(
-        "--speculative-adaptive",
-        lambda c: bool(_get(c, "speculative_adaptive")),
-        "adaptive steps switch between draft states and CUDA graphs built for EAGLE3's own worker",
-    ),
-    Unsupported(
         "--disaggregation-mode",
         lambda c: _get(c, "disaggregation_mode", "null") not in (None, "null"),
         "PD disaggregation would need the candidate sets seeded on the prefill server to be transferred to "
@@ -139,12 +137,44 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
 
 
 def check_combinations(cfg: Any) -> None:
-    """Raise ``UnsupportedCombinationError`` for the first active row of ``UNSUPPORTED``."""
+    """Raise ``UnsupportedCombinationError`` for the first active row of ``UNSUPPORTED``, then ``check_adaptive``."""
     for row in UNSUPPORTED:
         if row.active(cfg):
             raise UnsupportedCombinationError(
                 f"--speculative-algorithm {NAME} does not support {row.flag}: {row.reason}. "
                 f"Remove {row.flag}, or use --speculative-algorithm EAGLE3."
+            )
+    check_adaptive(cfg)
+
+
+#: What SGLang 0.5.23's adaptive steps cannot run with (``adaptive_spec_params.adaptive_unsupported_reason``,
+#: which for EAGLE3 turns adaptive off with a warning): refused for DYNVOCAB, with the flag to drop.
+#: (DP attention and multi-layer EAGLE, also on SGLang's list, are refused for DYNVOCAB by ``UNSUPPORTED``.)
+ADAPTIVE_CONFLICTS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    (
+        "--speculative-eagle-topk",
+        lambda c: _get(c, "speculative_eagle_topk") not in (None, 1),
+        "adaptive steps switch between draft chains (top-k 1)",
+    ),
+    (
+        "--enable-two-batch-overlap",
+        lambda c: bool(_get(c, "enable_two_batch_overlap")),
+        "a step switch would discard the two-batch-overlap attention wrapper",
+    ),
+    ("--enable-pdmux", lambda c: bool(_get(c, "enable_pdmux")), "a step switch does not update PD multiplexing"),
+)
+
+
+def check_adaptive(cfg: Any) -> None:
+    """With ``--speculative-adaptive``: refuse what SGLang's adaptive steps cannot run with (before start)."""
+    if not _get(cfg, "speculative_adaptive"):
+        return
+    for flag, active, reason in ADAPTIVE_CONFLICTS:
+        if active(cfg):
+            value = _get(cfg, flag.removeprefix("--").replace("-", "_"))
+            raise UnsupportedCombinationError(
+                f"--speculative-algorithm {NAME} with --speculative-adaptive does not support {flag} {value}: "
+                f"{reason}. Remove --speculative-adaptive, or {flag}."
             )
 
 
@@ -340,6 +370,7 @@ class DynVocabAlgo(CustomSpecAlgo):
 
 
 __all__ = [
+    "ADAPTIVE_CONFLICTS",
     "ATTR",
     "DEFAULT_CONFIG",
     "ENV",
@@ -350,6 +381,7 @@ __all__ = [
     "DynVocabAlgo",
     "Unsupported",
     "UnsupportedCombinationError",
+    "check_adaptive",
     "check_combinations",
     "check_config_for_models",
     "config_location",

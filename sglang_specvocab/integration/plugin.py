@@ -8,7 +8,12 @@ detokenizer, each spawned scheduler), possibly more than once; ``register()`` is
 2. registers ``DYNVOCAB`` with ``SpeculativeAlgorithm.register`` (spec class ``DynVocabAlgo``,
    overlap scheduling supported, ``validate_server_args`` = the refusals of ``algorithm.py``); the
    worker factory imports the worker module only when the scheduler asks for the worker class;
-3. adds the server flag ``--speculative-dynvocab-config PATH``.
+3. adds the server flag ``--speculative-dynvocab-config PATH``;
+4. lets SGLang's ``--speculative-adaptive`` run with DYNVOCAB: SGLang's own check
+   (``adaptive_spec_params.adaptive_unsupported_reason``) accepts the names EAGLE and EAGLE3 only and
+   otherwise turns adaptive off with a warning; an ``AROUND`` hook answers "supported" for DYNVOCAB,
+   whose ``validate_server_args`` (run before it) already refused every option adaptive cannot run with
+   (``algorithm.check_adaptive``). Every other algorithm gets SGLang's answer unchanged.
 
 How the flag is added (the least fragile way in 0.5.23): ``ServerArgs`` is a ``msgspec`` Struct whose
 fields are collected from the ``arg_groups/fields`` namespaces when ``sglang.srt.server_args`` is
@@ -44,6 +49,7 @@ DEST = "speculative_dynvocab_config"
 HOOK_TARGETS = (
     "sglang.srt.server_args.ServerArgs.add_cli_args",
     "sglang.srt.server_args.ServerArgs.from_cli_args",
+    "sglang.srt.speculative.adaptive_spec_params.adaptive_unsupported_reason",
 )
 
 _registered = False
@@ -125,17 +131,41 @@ def from_cli_args_hook(result, cls, args):
     return result
 
 
+# --- --speculative-adaptive ------------------------------------------------------------------------
+
+
+def adaptive_reason_hook(original, server_args):
+    """AROUND ``adaptive_unsupported_reason(server_args)``: None (supported) for DYNVOCAB, SGLang's answer otherwise."""
+    from sglang.srt.arg_groups.overrides import resolving_view  # late: resolution-time only
+
+    if (resolving_view(server_args).speculative_algorithm or "").upper() == NAME:
+        return None  # validate_server_args refused what adaptive cannot run with (algorithm.check_adaptive)
+    return original(server_args)
+
+
 def _register_cli_hooks() -> None:
     from sglang.srt.plugins import hook_registry as hr  # late: keeps the plug-in's import (every server process) light
 
-    hooks = dict(zip(HOOK_TARGETS, (add_cli_args_hook, from_cli_args_hook), strict=True))
-    for target, hook in hooks.items():
+    hooks = (
+        (add_cli_args_hook, hr.HookType.AFTER),
+        (from_cli_args_hook, hr.HookType.AFTER),
+        (adaptive_reason_hook, hr.HookType.AROUND),
+    )
+    for target, (hook, kind) in zip(HOOK_TARGETS, hooks, strict=True):
         if not any(h is hook for _, h, _ in hr.HookRegistry._hooks.get(target, ())):
-            hr.HookRegistry.register(target, hook, hr.HookType.AFTER)
+            hr.HookRegistry.register(target, hook, kind)
     # Inside load_plugins() the hooks are applied after every plug-in ran; called directly (tests,
     # embedders), apply them now.
     if hr._current_plugin_source.get() is None:
         hr.HookRegistry.apply_hooks()
 
 
-__all__ = ["DEST", "HOOK_TARGETS", "add_cli_args_hook", "from_cli_args_hook", "register", "worker_factory"]
+__all__ = [
+    "DEST",
+    "HOOK_TARGETS",
+    "adaptive_reason_hook",
+    "add_cli_args_hook",
+    "from_cli_args_hook",
+    "register",
+    "worker_factory",
+]

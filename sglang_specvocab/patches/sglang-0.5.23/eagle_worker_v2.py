@@ -2,12 +2,10 @@
 (Apache-2.0, Copyright the SGLang Team). Loaded by path through
 ``sglang_specvocab.patches.load_patch_module("eagle_worker_v2")``.
 
-``worker_init`` is ``EAGLEWorkerV2.__init__`` with two changes:
-- the draft worker class is a parameter (``EagleDraftWorker`` is hard-coded upstream), as
-  ``StandaloneWorkerV2.__init__`` does it;
-- the adaptive-steps controller is dropped: DYNVOCAB refuses ``--speculative-adaptive`` before start
-  (``integration/algorithm.py``), so ``adaptive_controller`` is always None.
-Everything else (names of attributes, order, the pipeline-parallel proxy rule) is upstream's.
+``worker_init`` is ``EAGLEWorkerV2.__init__`` with one change: the draft worker class is a parameter
+(``EagleDraftWorker`` is hard-coded upstream), as ``StandaloneWorkerV2.__init__`` does it. Everything
+else (names of attributes, order, the pipeline-parallel proxy rule, the adaptive-steps controller
+that ``init_cuda_graphs`` fills with one runtime state per candidate step count) is upstream's.
 """
 
 from __future__ import annotations
@@ -36,8 +34,16 @@ def worker_init(self, server_args, gpu_id, nccl_port, target_worker, draft_worke
     self._hosts_draft = ew.get_parallel().pp_group.is_last_rank
     self._draft_worker = draft_worker_cls(server_args, gpu_id, nccl_port, target_worker) if self._hosts_draft else None
 
-    # Adaptive speculative: refused for DYNVOCAB.
+    # Adaptive speculative
     self.adaptive_controller = None
+    if ew.get_spec().speculative_adaptive and self._hosts_draft:
+        self.adaptive_controller = ew.AdaptiveController(
+            self,
+            ew.AdaptiveSpeculativeParams(
+                initial_steps=self.speculative_num_steps,
+                cfg_path=ew.get_spec().speculative_adaptive_config,
+            ),
+        )
 
     # Some dummy tensors
     self.num_new_pages_per_topk = torch.empty((), dtype=torch.int64, device=self.device)

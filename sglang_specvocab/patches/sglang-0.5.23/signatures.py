@@ -36,6 +36,8 @@ PLUGIN = {
     # the --speculative-dynvocab-config flag (HookRegistry AFTER hooks)
     "sglang.srt.server_args.ServerArgs.add_cli_args": "(parser)",
     "sglang.srt.server_args.ServerArgs.from_cli_args": "(args)",
+    # --speculative-adaptive for DYNVOCAB (an AROUND hook, integration/plugin.py)
+    "sglang.srt.speculative.adaptive_spec_params.adaptive_unsupported_reason": "(server_args)",
 }
 
 WORKER = {
@@ -111,6 +113,16 @@ WORKER = {
     "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2._forward_prefill_batch": (
         "(self, batch, on_publish=None, pp_proxy_tensors=None, coordination_plan=None)"
     ),
+    # adaptive steps: built by the __init__ copy; state switches are EAGLEWorkerV2's own, on DYNVOCAB's draft worker
+    "sglang.srt.speculative.adaptive_runtime_state.AdaptiveController.__init__": "(self, worker, policy)",
+    "sglang.srt.speculative.adaptive_spec_params.AdaptiveSpeculativeParams.__init__": (
+        "(self, initial_steps, cfg_path=None)"
+    ),
+    "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.apply_runtime_state": "(self, state)",
+    "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.build_adaptive_runtime_state": (
+        "(self, speculative_num_steps, speculative_num_draft_tokens, cuda_graph_bs=None)"
+    ),
+    "sglang.srt.speculative.base_spec_worker.EagleDraftWorkerBase._rebuild_topk1_chain_buffers": "(self)",
     # built by DynVocabAlgo.create_future_map
     "sglang.srt.managers.overlap_utils.FutureMap.__init__": (
         "(self, device, spec_algo, req_to_token_pool, needs_cpu_seq_lens=True, needs_confidence_relay=False)"
