@@ -648,6 +648,63 @@ def _run_bench_kernels(args) -> int:
     return run(args)
 
 
+HOST = """\
+Time the host work DYNVOCAB adds to SGLang's decode round and prefill, against EAGLE3, on a CPU:
+the real worker methods of both algorithms (the draft loop, SGLang's verify plus DYNVOCAB's
+event hook, the decode draft extend; the prefill with its policy event) over a toy draft model
+and recorded target outputs (sglang_specvocab/integration/harness.py), one torch thread, tiny
+shapes (host work, not arithmetic). Writes JSON + Markdown with the device, versions and command.
+
+Noise: the two stacks run interleaved --reps times; each rep's median over --rounds calls; the
+reported time is the minimum of the rep medians, with their spread. Ops per call (aten ops
+dispatched, views excluded) are counted exactly. Also the prefill top-K alone (the target's LM
+head over prompt positions, --topk-chunks rows at a time): ms per 1k tokens per chunk size.
+
+Target: DYNVOCAB adds at most --target-us per decode round; --check exits 1 when a case misses it.
+"""
+
+
+def _add_bench_host(sub) -> None:
+    p = sub.add_parser(
+        "host",
+        help="host time per decode round and prefill, DYNVOCAB against EAGLE3 (CPU)",
+        description=HOST,
+        formatter_class=RAW,
+    )
+    p.add_argument("--quick", action="store_true", help="bs 1,8; 5 reps of 20 rounds; small top-K (CI)")
+    p.add_argument("--batches", type=_int_csv, default=None, help="batch sizes (default 1,8,32)")
+    p.add_argument("--topks", type=_int_csv, default=None, help="draft top-k values (default 1,4)")
+    p.add_argument("--steps", type=POSITIVE, default=3, help="draft steps (default: %(default)s)")
+    p.add_argument(
+        "--draft-tokens", type=POSITIVE, default=8, help="draft tokens of a tree, topk > 1 (default: %(default)s)"
+    )
+    p.add_argument(
+        "--prompt-len", type=POSITIVE, default=64, help="tokens per prompt of a prefill (default: %(default)s)"
+    )
+    p.add_argument("--reps", type=POSITIVE, default=None, help="interleaved repetitions (default 9)")
+    p.add_argument("--rounds", type=POSITIVE, default=None, help="calls per rep (default 40)")
+    p.add_argument("--prefill-reps", type=POSITIVE, default=None, help="repetitions of the prefills (default 5)")
+    p.add_argument(
+        "--topk-chunks", type=_int_csv, default=None, help="prefill top-K chunk sizes (default 256,1024,4096)"
+    )
+    p.add_argument(
+        "--topk-tokens", type=POSITIVE, default=None, help="prompt tokens of the top-K timing (default 2048)"
+    )
+    p.add_argument("--topk-d", type=POSITIVE, default=512, help="the target's hidden size there (default: %(default)s)")
+    p.add_argument("--topk-vocab", type=POSITIVE, default=16384, help="its vocabulary (default: %(default)s)")
+    p.add_argument("--target-us", type=NON_NEGATIVE_FLOAT, default=50.0, help="us added per round (default: 50)")
+    p.add_argument("--check", action="store_true", help="exit status 1 when a case misses --target-us")
+    p.add_argument("--port", type=POSITIVE, default=29631, help="local port of the one-process gloo group")
+    p.add_argument("--out", type=Path, default=None, help="JSON path (default: benchmarks/host-cpu.json); .md beside")
+    p.set_defaults(run=_run_bench_host)
+
+
+def _run_bench_host(args) -> int:
+    from .bench.host import run  # heavy: SGLang's worker modules
+
+    return run(args)
+
+
 SPECBENCH = """\
 Run Spec-Bench (480 questions: MT-Bench's two-turn conversations, translation, summarization,
 QA, GSM8K math, RAG) against one SGLang server per configuration, one configuration after the
@@ -886,12 +943,16 @@ def parser() -> argparse.ArgumentParser:
         add(sub)
     bench = sub.add_parser(
         "bench",
-        help="benchmarks: kernels (the head ops), plans (the logits kernel's launch plans), specbench (Spec-Bench on servers)",
+        help=(
+            "benchmarks: kernels (the head ops), plans (the logits kernel's launch plans), host (the loop's host "
+            "cost), specbench (Spec-Bench on servers)"
+        ),
         description="Benchmarks; each writes JSON + Markdown with the device, versions and command.",
     )
     bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
     _add_bench_kernels(bench_sub)
     _add_bench_plans(bench_sub)
+    _add_bench_host(bench_sub)
     _add_bench_specbench(bench_sub)
     _add_check_lossless(sub)
     _add_tiny_checkpoints(sub)
