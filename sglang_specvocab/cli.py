@@ -840,36 +840,62 @@ def _run_bench_specbench(args) -> int:
 
 
 CHECK_LOSSLESS = """\
-Check that DYNVOCAB's greedy outputs equal the target alone's on SGLang servers.
+Check that DYNVOCAB is lossless on SGLang servers: each configuration is launched once and runs
+the checks (--checks); every DYNVOCAB result is compared with the target alone (the first
+configuration, the reference) and with its EAGLE3 control (the EAGLE3 configuration with the same
+server arguments but the algorithm and --speculative-dynvocab-config; or the one named by
+control=NAME).
 
-Sends the same Spec-Bench prompts (first turns, round-robin over categories) through
-/v1/chat/completions, /v1/completions and /generate at concurrency 1 and 8 to every
-configuration and compares each output with the first configuration's (the reference). Writes
-OUT/NAME.json and OUT/NAME.md; server logs go to OUT/logs; finished requests are cached in
-OUT/NAME-cache.jsonl (rerun the same command to resume). Exit status 0: every DYNVOCAB output
-equals the reference; 1: some differ; 2: the check could not run.
+  greedy    the same Spec-Bench prompts (first turns, round-robin over categories) through
+            /v1/chat/completions, /v1/completions and /generate at concurrency 1 and 8;
+  sampling  temperature > 0: --samples continuations of --sample-tokens tokens per prompt; per
+            prompt and position a chi-square test of homogeneity of the token counts, rejecting at
+            p < --alpha / m (Bonferroni over the m tests that can fail the run: an exact server set
+            fails with probability at most --alpha);
+  load      --load-requests concurrent mixed requests (prompts of 1 to --load-max-prompt
+            characters, greedy and sampled, chat, completions and generate, streamed or not, some
+            aborted mid-stream or by /abort_request) against each DYNVOCAB server and its control: the
+            server survives, every finished greedy output equals the control's, every finished
+            non-streamed /generate request carries DYNVOCAB's telemetry.
+
+A DYNVOCAB result that differs from the target but equals its control is the engine's numerics
+(reported); one that differs from its control is ours (exit 1). A prompt longer than the served
+context is skipped and counted. Writes OUT/NAME.json and OUT/NAME.md; server logs go to OUT/logs;
+finished requests are cached in OUT/NAME-cache.jsonl (rerun the same command to resume). Exit
+status 0: no DYNVOCAB result differs from its control; 1: some do (or a load run failed); 2: the
+check could not run.
 
 Examples:
 
-    # on tiny random checkpoints (made if missing): no speculation, EAGLE3 and DYNVOCAB with the
-    # d2t and full-vocabulary drafts, chains and trees, CUDA graphs on
-    sglang-specvocab check-lossless --tiny /tmp/tiny --out benchmarks/lossless-tiny-h100
+    # on tiny random checkpoints (made if missing; fp32, where the target is batch-invariant): no
+    # speculation, EAGLE3 and DYNVOCAB with the d2t and full-vocabulary drafts, chains and trees
+    sglang-specvocab check-lossless --tiny /tmp/tiny --dtype float32 --checks greedy,sampling \\
+        --out benchmarks/lossless-tiny-h100
 
     # any servers: the first --config is the reference
     sglang-specvocab check-lossless --out out/ \\
         --config name=target,args="--model-path M" \\
+        --config name=eagle3,args="--model-path M --speculative-algorithm EAGLE3 --speculative-draft-model-path D" \\
         --config name=dynvocab,args="--model-path M --speculative-algorithm DYNVOCAB --speculative-draft-model-path D"
 """
+LOSSLESS_CHECKS = ("greedy", "sampling", "load")  # bench.lossless.CHECKS, repeated so --help imports no bench code
 
 
 def _add_check_lossless(sub) -> None:
     p = sub.add_parser(
         "check-lossless",
-        help="greedy outputs of every configuration against the target alone's",
+        help="DYNVOCAB's outputs (greedy, sampled, under load) against the target alone's and EAGLE3's",
         description=CHECK_LOSSLESS,
         formatter_class=RAW,
     )
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="results, cache and server logs go here")
+    p.add_argument(
+        "--checks",
+        type=_choices_csv(LOSSLESS_CHECKS),
+        default=["greedy"],
+        metavar="C,C",
+        help="greedy, sampling, load (default: greedy)",
+    )
     p.add_argument(
         "--tiny",
         type=Path,
@@ -877,7 +903,15 @@ def _add_check_lossless(sub) -> None:
         help="the tiny-checkpoint server set (sglang-specvocab tiny-checkpoints; made here if missing)",
     )
     p.add_argument(
-        "--only", type=_csv, metavar="NAME,NAME", help="with --tiny: only these configs (the reference always runs)"
+        "--only",
+        type=_csv,
+        metavar="NAME,NAME",
+        help="with --tiny: only these configs (the reference and the DYNVOCAB ones' controls always run)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        help="with --tiny: the checkpoints' and servers' dtype (default: float32, where the target is batch-invariant)",
     )
     p.add_argument("--server-args", default="", metavar="ARGS", help="with --tiny: extra server arguments for all")
     p.add_argument("--dynvocab-config", metavar="YAML", help="with --tiny: --speculative-dynvocab-config of DYNVOCAB")
@@ -886,7 +920,7 @@ def _add_check_lossless(sub) -> None:
         action="append",
         default=[],
         metavar="SPEC",
-        help='name=NAME,args="SERVER ARGS" or name=NAME,algorithm=ALG,url=URL (repeatable)',
+        help='name=NAME,args="SERVER ARGS" or name=NAME,algorithm=ALG,url=URL[,control=NAME] (repeatable)',
     )
     p.add_argument("--configs", type=Path, metavar="YAML", help="a file of configurations (bench specbench's format)")
     p.add_argument(
@@ -895,20 +929,45 @@ def _add_check_lossless(sub) -> None:
         metavar="JSONL",
         help="Spec-Bench questions (default: the file beside a source checkout)",
     )
-    p.add_argument(
+    g = p.add_argument_group("greedy")
+    g.add_argument(
         "--prompts", type=POSITIVE, default=50, metavar="N", help="prompts, round-robin over categories (50)"
     )
-    p.add_argument("--max-new-tokens", type=POSITIVE, default=64, metavar="N", help="per request (default: 64)")
-    p.add_argument(
+    g.add_argument("--max-new-tokens", type=POSITIVE, default=64, metavar="N", help="per request (default: 64)")
+    g.add_argument(
         "--concurrency", type=_int_csv, default=[1, 8], metavar="N,N", help="requests in flight (default: 1,8)"
     )
-    p.add_argument(
+    g.add_argument(
         "--routes",
         type=_csv,
         default=["chat", "completions", "generate"],
         metavar="R,R",
         help="chat, completions, generate (default: all three)",
     )
+    g = p.add_argument_group("sampling")
+    g.add_argument("--sampling-prompts", type=POSITIVE, default=8, metavar="N", help="prompts (default: 8)")
+    g.add_argument("--samples", type=POSITIVE, default=480, metavar="N", help="samples per prompt (default: 480)")
+    g.add_argument("--sample-tokens", type=POSITIVE, default=4, metavar="N", help="tokens per sample (default: 4)")
+    g.add_argument(
+        "--sampling-temperature", type=_positive_float, default=1.0, metavar="T", help="temperature (default: 1)"
+    )
+    g.add_argument("--sampling-top-k", type=POSITIVE, default=None, metavar="K", help="top_k (default: none)")
+    g.add_argument(
+        "--alpha",
+        type=_positive_float,
+        default=0.01,
+        metavar="A",
+        help="bound on the chance that an exact server set fails the sampling check (default: 0.01)",
+    )
+    g = p.add_argument_group("load")
+    g.add_argument("--load-requests", type=POSITIVE, default=1000, metavar="N", help="requests (default: 1000)")
+    g.add_argument(
+        "--load-concurrency", type=POSITIVE, default=None, metavar="N", help="in flight (default: all of them)"
+    )
+    g.add_argument(
+        "--load-max-prompt", type=POSITIVE, default=4096, metavar="N", help="longest prompt, characters (4096)"
+    )
+    g.add_argument("--load-seed", type=int, default=0, metavar="S", help="seed of the request mix (default: 0)")
     p.add_argument("--cache", type=Path, metavar="JSONL", help="result cache (default: OUT/NAME-cache.jsonl)")
     p.add_argument("--name", default="lossless", help="file name stem of the results (default: %(default)s)")
     _add_server_args(p, warmup=1, request_timeout=600.0)

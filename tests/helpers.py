@@ -83,11 +83,16 @@ class JsonHandler(BaseHTTPRequestHandler):
         return json.loads(self.rfile.read(int(self.headers["Content-Length"])))
 
 
+class _HTTPServer(ThreadingHTTPServer):
+    request_queue_size = 2048  # a client with 1,000 requests in flight (socketserver's default is 5)
+    daemon_threads = True
+
+
 class FakeServer:
     """Serves a handler class on a free local port, in a thread, as a context manager."""
 
     def _listen(self, handler):
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd = _HTTPServer(("127.0.0.1", 0), handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
@@ -95,7 +100,7 @@ class FakeServer:
         """Launched mode (a server process): serve on ``host:port`` in this thread until killed."""
         handler = self.httpd.RequestHandlerClass
         self.httpd.server_close()
-        self.httpd = ThreadingHTTPServer((host, int(port)), handler)
+        self.httpd = _HTTPServer((host, int(port)), handler)
         self.httpd.serve_forever()
 
     def __enter__(self):

@@ -1,25 +1,28 @@
-"""Greedy losslessness against SGLang servers: the same prompts through every configuration, every
-route and every concurrency, each output compared with the first configuration's (the reference,
-normally the target alone).
+"""Losslessness of DYNVOCAB on SGLang servers: each configuration is launched once and runs the chosen
+checks, every DYNVOCAB result is compared with the target alone (the first configuration, the
+reference) and with its EAGLE3 control (the same server arguments with ``EAGLE3`` instead of
+``DYNVOCAB``: same target, draft, topk, steps and draft tokens).
 
-A request is greedy (``temperature 0``) with a fixed token budget. Routes:
+Checks (``--checks``):
 
-- ``chat``: ``/v1/chat/completions`` with the prompt as one user message;
-- ``completions``: ``/v1/completions`` with the prompt as text;
-- ``generate``: SGLang's ``/generate`` with the prompt as text; its ``meta_info`` gives the verify
-  steps (accepted length) and DYNVOCAB's telemetry, and its ``output_ids`` the tokens.
+- ``greedy`` (here): the same prompts, greedy, through every route (``routes``) and concurrency (``1``
+  and ``8`` keep 1 or 8 requests in flight, so the server decodes batches of 1 and 8); outputs compared
+  as text (and as token ids where the route returns them);
+- ``sampling`` (``sampling.py``): temperature > 0, many samples per prompt, per-position token
+  histograms compared with a chi-square test at a stated false-alarm bound;
+- ``load`` (``load.py``): 1,000 mixed concurrent requests (aborts included) against each DYNVOCAB
+  server and its control: no crash, greedy outputs equal, telemetry on every finished request.
 
-``concurrency`` N keeps N requests in flight, so the server batches them (SGLang decodes the running
-requests together): ``1`` and ``8`` are batch 1 and batch 8 (the defaults). Outputs are compared as
-text (and as token ids where the route returns them); a mismatch records where the two first differ.
-Results are cached per (configuration, settings, route, concurrency, prompt) in a JSON-lines file,
-so a run cut short resumes where it stopped.
+Why the control: where the engine itself is not batch-invariant (bf16 kernels choose other paths at
+other batch sizes), stock EAGLE3 differs from the target alone at the same places, and so does
+DYNVOCAB. A DYNVOCAB output equal to the target is lossless; one that differs from the target but
+equals its control is the engine's numerics; one that differs from both is ours, and only ours fails
+the check (exit 1). A DYNVOCAB configuration without a control is compared with the target alone,
+and every difference counts as ours.
 
-The verdict: every DYNVOCAB configuration equals the reference on every prompt, route and
-concurrency. Other configurations (e.g. stock EAGLE3) are reported as controls: where a control
-also differs from the reference, the difference is the engine's numerics (a batch-dependent kernel
-path), not the dynamic vocabulary, and the reference's own batch-1 vs batch-8 agreement says how
-batch-invariant the target alone is.
+A prompt longer than the served context is skipped and counted (SGLang refuses it with HTTP 400),
+never fatal. Results are cached per check, configuration, settings and request in a JSON-lines
+file, so a run cut short resumes where it stopped and starts no server whose work is cached.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..prompts import Prompt, round_robin_prompts, spec_bench_file
+from .load import LoadCheck, LoadSettings
+from .routes import ROUTES, PromptTooLong, ask, same_output, served_model, where_differs
+from .sampling import SamplingCheck, SamplingSettings
 from .server import (
     TELEMETRY,
     ResultCache,
@@ -45,143 +51,331 @@ from .server import (
     configs_from_args,
     device_name,
     fmt,
-    http_json,
     run_concurrently,
     server_settings,
     sigterm_as_interrupt,
-    telemetry,
     versions,
 )
 
 __all__ = [
+    "CHECKS",
     "ROUTES",
+    "GreedyCheck",
     "LosslessSettings",
     "check_tiny_names",
-    "compare",
+    "controls",
     "markdown",
-    "request",
     "run_lossless",
     "tiny_configs",
     "write_report",
 ]
 
-ROUTES = ("chat", "completions", "generate")
+CHECKS = ("greedy", "sampling", "load")
 
 
 @dataclass
 class LosslessSettings:
+    prompts: int | None = None  # greedy: the first N prompts (None: all)
     max_new_tokens: int = 64
     concurrencies: tuple[int, ...] = (1, 8)
     routes: tuple[str, ...] = ROUTES
+    checks: tuple[str, ...] = ("greedy",)
     server: ServerSettings = field(default_factory=ServerSettings)
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    load: LoadSettings = field(default_factory=LoadSettings)
 
 
-# --- requests -----------------------------------------------------------------------------------
+# --- which configuration controls which --------------------------------------------------------
+
+#: Flags that may differ between a DYNVOCAB configuration and its EAGLE3 control.
+_OURS = ("--speculative-algorithm", "--speculative-dynvocab-config")
 
 
-def _served_model(url: str) -> str:
-    """The model name the OpenAI routes answer to (``/v1/models``), ``default`` if the server names none."""
-    try:
-        models = http_json(f"{url}/v1/models")
-        data = models.get("data") if isinstance(models, dict) else None
-        if data and isinstance(data[0], dict) and data[0].get("id"):
-            return str(data[0]["id"])
-    except SpecBenchError:
-        pass
-    return "default"
+def _control_key(args: list[str]) -> tuple[str, ...]:
+    """The server arguments without the algorithm and DYNVOCAB's config (both ``--flag v`` and ``--flag=v``)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in _OURS:
+            skip = True
+        elif not a.startswith(tuple(f + "=" for f in _OURS)):
+            out.append(a)
+    return tuple(out)
 
 
-def request(url: str, route: str, prompt: str, max_new_tokens: int, model: str, timeout: float) -> dict:
-    """One greedy request: ``{"text", "ids" (or None), "completion_tokens", "spec_verify_ct", telemetry...}``."""
-    if route == "chat":
-        reply = http_json(
-            f"{url}/v1/chat/completions",
-            {
-                "model": model,
-                "messages": [{"role": "user", "content": prompt}],
-                "temperature": 0,
-                "max_tokens": max_new_tokens,
-            },
-            timeout=timeout,
-        )
-        choice = _first_choice(reply, route)
-        text = (choice.get("message") or {}).get("content")
-    elif route == "completions":
-        reply = http_json(
-            f"{url}/v1/completions",
-            {"model": model, "prompt": prompt, "temperature": 0, "max_tokens": max_new_tokens},
-            timeout=timeout,
-        )
-        choice = _first_choice(reply, route)
-        text = choice.get("text")
-    elif route == "generate":
-        reply = http_json(
-            f"{url}/generate",
-            {"text": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens}},
-            timeout=timeout,
-        )
-        if isinstance(reply, list) and len(reply) == 1:
-            reply = reply[0]
-        if not isinstance(reply, dict) or not isinstance(reply.get("meta_info"), dict):
-            raise SpecBenchError(f"/generate reply has no meta_info: {json.dumps(reply)[:300]}")
-        meta = reply["meta_info"]
-        ids = reply.get("output_ids")
-        out = {
-            "text": reply.get("text"),
-            "ids": ids if isinstance(ids, list) else None,
-            "completion_tokens": meta.get("completion_tokens"),
-            "spec_verify_ct": meta.get("spec_verify_ct"),
-            "finish_reason": _finish(meta.get("finish_reason")),
-        }
-        out.update(telemetry(meta))  # as Spec-Bench's records: a per-step list becomes its mean
-        if not isinstance(out["text"], str):
+def controls(configs: list[ServerConfig]) -> dict[str, str | None]:
+    """Each DYNVOCAB configuration -> its EAGLE3 control's name (or None): the one it names
+    (``control``), else the EAGLE3 configuration whose arguments equal its own but for the algorithm
+    and the DYNVOCAB config. Two candidates, or a named control that is not an EAGLE3 configuration
+    here, are refused."""
+    by_name = {c.name: c for c in configs}
+    eagle3 = [c for c in configs if c.algorithm == "EAGLE3"]
+    out: dict[str, str | None] = {}
+    for c in configs:
+        if c.algorithm != "DYNVOCAB":
+            continue
+        if c.control is not None:
+            ctl = by_name.get(c.control)
+            if ctl is None or ctl.algorithm != "EAGLE3":
+                names = ", ".join(e.name for e in eagle3) or "none"
+                raise SpecBenchError(
+                    f"config {c.name!r}: control {c.control!r} is not an EAGLE3 configuration of this run "
+                    f"(EAGLE3 configurations: {names})"
+                )
+            out[c.name] = ctl.name
+            continue
+        same = [e.name for e in eagle3 if c.args and _control_key(e.args) == _control_key(c.args)]
+        if len(same) > 1:
             raise SpecBenchError(
-                "/generate reply has no 'text' (a server started with --skip-tokenizer-init cannot be used)"
+                f"config {c.name!r}: several EAGLE3 configurations have its arguments ({', '.join(same)}); "
+                "name one with control=NAME"
             )
-        return out
-    else:
-        raise SpecBenchError(f"unknown route {route!r}; routes: {', '.join(ROUTES)}")
-    if not isinstance(text, str):
-        raise SpecBenchError(f"{route}: the reply has no text: {json.dumps(reply)[:300]}")
-    usage = reply.get("usage") if isinstance(reply, dict) else None
-    return {
-        "text": text,
-        "ids": None,
-        "completion_tokens": usage.get("completion_tokens") if isinstance(usage, dict) else None,
-        "spec_verify_ct": None,
-        "finish_reason": _finish(choice.get("finish_reason")),
-    }
+        out[c.name] = same[0] if same else None
+    return out
 
 
-def _first_choice(reply, route: str) -> dict:
-    choices = reply.get("choices") if isinstance(reply, dict) else None
-    if not choices or not isinstance(choices[0], dict):
-        raise SpecBenchError(f"{route}: the reply has no choices: {json.dumps(reply)[:300]}")
-    return choices[0]
+# --- the greedy check ---------------------------------------------------------------------------
 
 
-def _finish(value):
-    return value.get("type") if isinstance(value, dict) else value
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-# --- running ------------------------------------------------------------------------------------
-
-
-def _fingerprint(config: ServerConfig, settings: LosslessSettings) -> str:
+def _fingerprint(config: ServerConfig, facts: dict) -> str:
+    """What a cached result depends on: the server (arguments, url, environment) and the check's settings."""
     facts = {
         "algorithm": config.algorithm,
         "args": config.args,
         "url": config.url,
         "env": config.env,
         "launcher": config.launcher,
-        "max_new_tokens": settings.max_new_tokens,
+        **facts,
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _key(config: str, fp: str, route: str, concurrency: int, p: Prompt) -> str:
-    digest = hashlib.sha256(p.text.encode()).hexdigest()[:12]
-    return f"{config}|{fp}|{route}|{concurrency}|{p.pid}|{digest}"
+class GreedyCheck:
+    """Every prompt through every route and concurrency, greedy; compared with the reference and the control."""
+
+    name = "greedy"
+
+    def __init__(self, settings: LosslessSettings, prompts: list[Prompt]):
+        self.settings, self.prompts = settings, prompts[: settings.prompts]
+        self.cases = [(route, c) for route in settings.routes for c in settings.concurrencies]
+
+    def applies(self, config: ServerConfig, pairs: dict[str, str | None]) -> bool:
+        return True
+
+    def _fp(self, config: ServerConfig) -> str:
+        return _fingerprint(config, {"check": "greedy", "max_new_tokens": self.settings.max_new_tokens})
+
+    def _key(self, config: ServerConfig, route: str, concurrency: int, p: Prompt) -> str:
+        return f"greedy|{config.name}|{self._fp(config)}|{route}|{concurrency}|{p.pid}|{_digest(p.text)}"
+
+    def todo(self, config: ServerConfig, cache: ResultCache) -> int:
+        return sum(cache.get(self._key(config, r, c, p)) is None for r, c in self.cases for p in self.prompts)
+
+    def run(self, server: Server, config: ServerConfig, cache: ResultCache, model: str, progress: bool) -> None:
+        from tqdm import tqdm  # the lab extra (progress bars)
+
+        todo = [(r, c, p) for r, c in self.cases for p in self.prompts if cache.get(self._key(config, r, c, p)) is None]
+        print(f"[{config.name}] greedy: {len(todo)} of {len(self.cases) * len(self.prompts)} requests", flush=True)
+        bar = tqdm(total=len(todo), desc=f"{config.name} greedy", unit="req", disable=not progress, dynamic_ncols=True)
+        timeout = self.settings.server.request_timeout
+        try:
+            for route, c in self.cases:
+                batch = [p for r, cc, p in todo if (r, cc) == (route, c)]
+
+                def one(p: Prompt, route=route, c=c) -> None:
+                    t0 = time.perf_counter()
+                    try:
+                        out = ask(
+                            server.url,
+                            route,
+                            p.text,
+                            max_new_tokens=self.settings.max_new_tokens,
+                            model=model,
+                            timeout=timeout,
+                        )
+                    except PromptTooLong as exc:
+                        out = {"skipped": str(exc)}
+                    except SpecBenchError as exc:
+                        server.check_alive()
+                        raise SpecBenchError(
+                            f"config {config.name!r}, {route}, concurrency {c}, prompt {p.pid}: {exc}"
+                        ) from None
+                    record = {"config": config.name, "route": route, "concurrency": c, "prompt": p.pid, **out}
+                    cache.append({"key": self._key(config, route, c, p), "wall_s": time.perf_counter() - t0, **record})
+                    bar.update(1)
+
+                run_concurrently(one, batch, c, f"greedy-{config.name}")
+        finally:
+            bar.close()
+
+    def report(self, configs: list[ServerConfig], pairs: dict[str, str | None], cache: ResultCache) -> dict:
+        ref = configs[0]
+        by_name = {c.name: c for c in configs}
+
+        def rec(name: str, route: str, c: int, p: Prompt) -> dict | None:
+            return cache.get(self._key(by_name[name], route, c, p))
+
+        rows = []
+        for c in configs[1:]:
+            ctl = pairs.get(c.name) if c.algorithm == "DYNVOCAB" else None
+            for route, cc in self.cases:
+                row = {
+                    "config": c.name,
+                    "algorithm": c.algorithm,
+                    "control": ctl,
+                    "route": route,
+                    "concurrency": cc,
+                    "compared": 0,
+                    "equal": 0,  # equal to the target (lossless, whatever the control did)
+                    "engine": 0,  # differs from the target, equals the control (DYNVOCAB) / the control itself
+                    "ours": 0,  # DYNVOCAB only: differs from the target and from its control (or has none)
+                    "skipped": 0,
+                    "missing": 0,
+                    "mismatches": [],
+                }
+                tokens = verify = 0
+                tel: dict[str, list[float]] = {name: [] for name in TELEMETRY}
+                for p in self.prompts:
+                    got, want = rec(c.name, route, cc, p), rec(ref.name, route, cc, p)
+                    base = rec(ctl, route, cc, p) if ctl else None
+                    if got is not None and "skipped" in got:
+                        row["skipped"] += 1
+                        continue
+                    if (
+                        got is None
+                        or want is None
+                        or "skipped" in want
+                        or (ctl and (base is None or "skipped" in base))
+                    ):
+                        row["missing"] += 1
+                        continue
+                    row["compared"] += 1
+                    vs_target = same_output(got, want)
+                    vs_control = bool(ctl) and same_output(got, base)
+                    if c.algorithm == "DYNVOCAB" and not vs_target and not vs_control:
+                        row["ours"] += 1
+                        row["mismatches"].append(
+                            {"prompt": p.pid, "category": p.category, "kind": "ours", "against": "target"}
+                            | where_differs(got, want)
+                        )
+                    elif not vs_target:
+                        row["engine"] += 1
+                        row["mismatches"].append(
+                            {"prompt": p.pid, "category": p.category, "kind": "engine", "against": "target"}
+                            | where_differs(got, want)
+                        )
+                    else:
+                        row["equal"] += 1
+                    if isinstance(got.get("completion_tokens"), int) and isinstance(got.get("spec_verify_ct"), int):
+                        tokens += got["completion_tokens"]
+                        verify += got["spec_verify_ct"]
+                    for name in TELEMETRY:
+                        if isinstance(got.get(name), float) and math.isfinite(got[name]):
+                            tel[name].append(got[name])
+                row["accept_length"] = tokens / verify if verify > 0 else None
+                for name, values in tel.items():
+                    row[name] = sum(values) / len(values) if values else None
+                rows.append(row)
+        # the reference against itself across concurrencies: how batch-invariant the target alone is
+        invariance = []
+        base_c = min(cc for _, cc in self.cases)
+        for route, cc in self.cases:
+            if cc == base_c:
+                continue
+            pairs_ = [(rec(ref.name, route, base_c, p), rec(ref.name, route, cc, p)) for p in self.prompts]
+            pairs_ = [(a, b) for a, b in pairs_ if a is not None and b is not None and "skipped" not in a | b]
+            invariance.append(
+                {
+                    "route": route,
+                    "concurrency": cc,
+                    "against": base_c,
+                    "compared": len(pairs_),
+                    "equal": sum(same_output(a, b) for a, b in pairs_),
+                }
+            )
+        dyn = [r for r in rows if r["algorithm"] == "DYNVOCAB"]
+        passed = bool(dyn) and all(r["ours"] == 0 and r["missing"] == 0 and r["compared"] > 0 for r in dyn)
+        return {
+            "max_new_tokens": self.settings.max_new_tokens,
+            "routes": list(self.settings.routes),
+            "concurrencies": list(self.settings.concurrencies),
+            "prompts": len(self.prompts),
+            "rows": rows,
+            "reference_batch_invariance": invariance,
+            "passed": passed,
+        }
+
+    @staticmethod
+    def markdown(section: dict) -> list[str]:
+        s = section
+        lines = [
+            "## Greedy parity",
+            "",
+            (
+                f"{s['prompts']} Spec-Bench prompts (first turns), greedy, {s['max_new_tokens']} new tokens, routes "
+                f"{', '.join(s['routes'])}, concurrency {', '.join(map(str, s['concurrencies']))}. `equal`: equal to "
+                "the target; `engine`: differs from the target and equals the EAGLE3 control (the engine's numerics; "
+                "for an EAGLE3 row: differs from the target); `ours`: a DYNVOCAB output that differs from the "
+                "target and from its control (or has no control); `skipped`: prompt longer than the served context."
+            ),
+            "",
+            f"**{'passed: no DYNVOCAB output differs from both the target and its control' if s['passed'] else 'FAILED'}**",
+            "",
+            (
+                "| config | algorithm | control | route | concurrency | equal | engine | ours | skipped | missing "
+                "| accept length | set size | coverage |"
+            ),
+            "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in s["rows"]:
+            lines.append(
+                f"| {r['config']} | {r['algorithm']} | {r['control'] or '-'} | {r['route']} | {r['concurrency']} | "
+                f"{r['equal']} | {r['engine']} | {r['ours']} | {r['skipped']} | {r['missing']} | "
+                f"{fmt(r['accept_length'], '.2f')} | {fmt(r['dynvocab_set_size'], '.0f')} | "
+                f"{fmt(r['dynvocab_coverage'], '.3f')} |"
+            )
+        if s["reference_batch_invariance"]:
+            lines += [
+                "",
+                "The reference against itself (batch invariance of the target alone):",
+                "",
+                "| route | concurrency | against | equal / compared |",
+                "|---|---:|---:|---:|",
+            ]
+            for r in s["reference_batch_invariance"]:
+                lines.append(f"| {r['route']} | {r['concurrency']} | {r['against']} | {r['equal']} / {r['compared']} |")
+        shown = [(r, m) for r in s["rows"] for m in r["mismatches"] if m["kind"] == "ours"][:20]
+        shown += [(r, m) for r in s["rows"] for m in r["mismatches"] if m["kind"] == "engine"][: 20 - len(shown)]
+        if shown:
+            lines += ["", "First differences (text around the first differing character):", ""]
+            for r, m in shown:
+                lines.append(
+                    f"- {m['kind']}: `{r['config']}` {r['route']} c{r['concurrency']} prompt {m['prompt']} "
+                    f"({m['category']}) against the {m['against']}, char {m['char']}"
+                    + (f", token {m['token']}" if m["token"] is not None else "")
+                    + f": expected {m['expected']!r} / got {m['got']!r}"
+                )
+        return lines
+
+
+# --- running ------------------------------------------------------------------------------------
+
+
+def _checks(settings: LosslessSettings, prompts: list[Prompt]) -> list:
+    unknown = [c for c in settings.checks if c not in CHECKS]
+    if unknown or not settings.checks:
+        raise SpecBenchError(f"unknown check(s) {', '.join(unknown) or '(none)'}; checks: {', '.join(CHECKS)}")
+    made = {
+        "greedy": lambda: GreedyCheck(settings, prompts),
+        "sampling": lambda: SamplingCheck(settings.sampling, settings.server, prompts, _fingerprint),
+        "load": lambda: LoadCheck(settings.load, settings.server, prompts, _fingerprint),
+    }
+    return [made[c]() for c in CHECKS if c in settings.checks]
 
 
 def run_lossless(
@@ -193,9 +387,7 @@ def run_lossless(
     command: str,
     progress: bool = True,
 ) -> dict:
-    """Every prompt through every configuration, route and concurrency (cached ones skipped); the comparison."""
-    from tqdm import tqdm  # the lab extra (progress bars)
-
+    """Each configuration launched once for the checks that still have work (cached work is skipped); the report."""
     check_unique(configs)
     if len(configs) < 2:
         raise SpecBenchError("give at least two configurations: the reference (first) and one to compare with it")
@@ -206,186 +398,73 @@ def run_lossless(
         raise SpecBenchError(f"unknown route(s) {', '.join(bad)}; routes: {', '.join(ROUTES)}")
     if not settings.concurrencies or min(settings.concurrencies) < 1:
         raise SpecBenchError(f"concurrencies must be at least 1, got {settings.concurrencies}")
+    pairs = controls(configs)
+    checks = _checks(settings, prompts)
+    for check in checks:
+        if hasattr(check, "validate"):
+            check.validate(configs, pairs)  # before any server starts
     cache = ResultCache(cache_path)
     if cache.skipped_lines:
         print(f"cache {cache_path}: ignored {cache.skipped_lines} unreadable line(s)", file=sys.stderr)
-    cases = [(route, c) for route in settings.routes for c in settings.concurrencies]
     for config in configs:
-        fp = _fingerprint(config, settings)
-        todo = [
-            (route, c, p)
-            for route, c in cases
-            for p in prompts
-            if cache.get(_key(config.name, fp, route, c, p)) is None
-        ]
-        total = len(cases) * len(prompts)
-        if not todo:
-            print(f"[{config.name}] all {total} requests are cached in {cache_path}: nothing to run", flush=True)
+        work = [(c, c.todo(config, cache)) for c in checks if c.applies(config, pairs)]
+        work = [(c, n) for c, n in work if n]
+        if not work:
+            print(f"[{config.name}] everything is cached in {cache_path}: nothing to run", flush=True)
             continue
-        print(f"[{config.name}] {len(todo)} of {total} requests to run", flush=True)
         with Server(config, settings.server, log_dir) as server:
-            model = _served_model(server.url)
-            timeout = settings.server.request_timeout
+            model = served_model(server.url)
             for _ in range(settings.server.warmup):  # CUDA graphs and caches; not recorded
-                _ask(server, "generate", prompts[0].text, min(16, settings.max_new_tokens), model, timeout)
-            bar = tqdm(total=len(todo), desc=config.name, unit="req", disable=not progress, dynamic_ncols=True)
-            try:
-                for route, c in cases:
-                    batch = [p for r, cc, p in todo if (r, cc) == (route, c)]
-                    _run_case(server, config, fp, route, c, batch, settings, model, cache, bar)
-            finally:
-                bar.close()
-    records = {
-        c.name: {
-            (route, cc, p.pid): cache.get(_key(c.name, _fingerprint(c, settings), route, cc, p))
-            for route, cc in cases
-            for p in prompts
-        }
-        for c in configs
-    }
-    return {
+                try:
+                    ask(
+                        server.url,
+                        "generate",
+                        prompts[0].text,
+                        max_new_tokens=min(16, settings.max_new_tokens),
+                        model=model,
+                        timeout=settings.server.request_timeout,
+                    )
+                except PromptTooLong:
+                    pass
+                except SpecBenchError:
+                    server.check_alive()
+                    raise
+            for check, _ in work:
+                check.run(server, config, cache, model, progress)
+    result = {
         "device": device_name(),
         "versions": versions(),
         "command": command,
-        "max_new_tokens": settings.max_new_tokens,
-        "routes": list(settings.routes),
-        "concurrencies": list(settings.concurrencies),
+        "checks": [c.name for c in checks],
         "prompts": len(prompts),
-        "configs": [{"name": c.name, "algorithm": c.algorithm, "args": c.args, "url": c.url} for c in configs],
-        **compare(configs, prompts, cases, records),
+        "configs": [
+            {"name": c.name, "algorithm": c.algorithm, "args": c.args, "url": c.url, "control": pairs.get(c.name)}
+            for c in configs
+        ],
+        "reference": configs[0].name,
     }
-
-
-def _ask(server: Server, route: str, prompt: str, max_new_tokens: int, model: str, timeout: float) -> dict:
-    try:
-        return request(server.url, route, prompt, max_new_tokens, model, timeout)
-    except SpecBenchError:
-        server.check_alive()
-        raise
-
-
-def _run_case(server, config, fp, route, concurrency, batch, settings, model, cache, bar) -> None:
-    def one(p: Prompt) -> None:
-        t0 = time.perf_counter()
-        try:
-            out = _ask(server, route, p.text, settings.max_new_tokens, model, settings.server.request_timeout)
-        except SpecBenchError as exc:
-            raise SpecBenchError(
-                f"config {config.name!r}, {route}, concurrency {concurrency}, prompt {p.pid}: {exc}"
-            ) from None
-        cache.append(
-            {
-                "key": _key(config.name, fp, route, concurrency, p),
-                "config": config.name,
-                "route": route,
-                "concurrency": concurrency,
-                "prompt": p.pid,
-                "wall_s": time.perf_counter() - t0,
-                **out,
-            }
-        )
-        bar.update(1)
-
-    run_concurrently(one, batch, concurrency, f"lossless-{config.name}")
-
-
-# --- comparison ---------------------------------------------------------------------------------
-
-
-def _first_difference(a, b) -> int:
-    n = min(len(a), len(b))
-    return next((i for i in range(n) if a[i] != b[i]), n)
-
-
-def compare(
-    configs: list[ServerConfig], prompts: list[Prompt], cases: list[tuple[str, int]], records: dict[str, dict]
-) -> dict:
-    """``{"rows", "reference_batch_invariance", "lossless"}``: each configuration against the first, per case."""
-    ref = configs[0]
-    rows = []
-    for c in configs[1:]:
-        for route, cc in cases:
-            row = {
-                "config": c.name,
-                "algorithm": c.algorithm,
-                "route": route,
-                "concurrency": cc,
-                "compared": 0,
-                "equal": 0,
-                "missing": 0,
-                "mismatches": [],
-            }
-            tokens = verify = 0
-            telemetry: dict[str, list[float]] = {name: [] for name in TELEMETRY}
-            for p in prompts:
-                got, want = records[c.name].get((route, cc, p.pid)), records[ref.name].get((route, cc, p.pid))
-                if got is None or want is None:
-                    row["missing"] += 1
-                    continue
-                row["compared"] += 1
-                same_ids = got.get("ids") is None or want.get("ids") is None or got["ids"] == want["ids"]
-                if got["text"] == want["text"] and same_ids:
-                    row["equal"] += 1
-                else:
-                    at = _first_difference(got["text"], want["text"])
-                    row["mismatches"].append(
-                        {
-                            "prompt": p.pid,
-                            "category": p.category,
-                            "char": at,
-                            "token": None
-                            if got.get("ids") is None or want.get("ids") is None
-                            else _first_difference(got["ids"], want["ids"]),
-                            "reference": want["text"][max(0, at - 20) : at + 40],
-                            "got": got["text"][max(0, at - 20) : at + 40],
-                        }
-                    )
-                if isinstance(got.get("completion_tokens"), int) and isinstance(got.get("spec_verify_ct"), int):
-                    tokens += got["completion_tokens"]
-                    verify += got["spec_verify_ct"]
-                for name in TELEMETRY:
-                    if isinstance(got.get(name), float) and math.isfinite(got[name]):
-                        telemetry[name].append(got[name])
-            row["accept_length"] = tokens / verify if verify > 0 else None
-            for name, values in telemetry.items():
-                row[name] = sum(values) / len(values) if values else None
-            rows.append(row)
-    # the reference against itself across concurrencies: how batch-invariant the target alone is
-    invariance = []
-    base = min(cc for _, cc in cases)
-    for route, cc in cases:
-        if cc == base:
-            continue
-        pairs = [
-            (records[ref.name].get((route, base, p.pid)), records[ref.name].get((route, cc, p.pid))) for p in prompts
-        ]
-        pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
-        invariance.append(
-            {
-                "route": route,
-                "concurrency": cc,
-                "against": base,
-                "compared": len(pairs),
-                "equal": sum(a["text"] == b["text"] for a, b in pairs),
-            }
-        )
-    dyn = [r for r in rows if r["algorithm"] == "DYNVOCAB"]
-    lossless = bool(dyn) and all(r["equal"] == r["compared"] and r["missing"] == 0 for r in dyn)
-    return {"reference": ref.name, "rows": rows, "reference_batch_invariance": invariance, "lossless": lossless}
+    for check in checks:
+        result[check.name] = check.report(configs, pairs, cache)
+    result["lossless"] = all(result[c.name]["passed"] for c in checks)
+    return result
 
 
 # --- the tiny-checkpoint preset -----------------------------------------------------------------
 
-#: (name, algorithm, draft subfolder, topk, steps, draft tokens); the first is the reference.
+#: (name, algorithm, draft subfolder, topk, steps, draft tokens); the first is the reference. Every
+#: DYNVOCAB configuration has its EAGLE3 control (the same draft and tree).
 TINY_SET = (
     ("target", "none", None, 0, 0, 0),
     ("eagle3-d2t", "EAGLE3", "draft-d2t", 1, 3, 4),
     ("dynvocab-d2t", "DYNVOCAB", "draft-d2t", 1, 3, 4),
+    ("eagle3-d2t-tree", "EAGLE3", "draft-d2t", 4, 3, 8),
     ("dynvocab-d2t-tree", "DYNVOCAB", "draft-d2t", 4, 3, 8),
     ("eagle3-full", "EAGLE3", "draft-full", 1, 3, 4),
     ("dynvocab-full", "DYNVOCAB", "draft-full", 1, 3, 4),
+    ("eagle3-full-tree", "EAGLE3", "draft-full", 4, 3, 8),
     ("dynvocab-full-tree", "DYNVOCAB", "draft-full", 4, 3, 8),
 )
+TINY_DTYPES = ("float32", "bfloat16")
 
 
 def check_tiny_names(names: list[str] | None) -> None:
@@ -395,15 +474,28 @@ def check_tiny_names(names: list[str] | None) -> None:
         raise SpecBenchError(f"unknown tiny config(s) {', '.join(unknown)}; known: {', '.join(known)}")
 
 
+def tiny_dtype(root: str | Path) -> str | None:
+    """The dtype the tiny target at ``root`` was saved in (its config.json), None when there is none."""
+    path = Path(root) / "target" / "config.json"
+    if not path.is_file():
+        return None
+    cfg = json.loads(path.read_text(encoding="utf-8"))
+    return cfg.get("dtype") or cfg.get("torch_dtype")
+
+
 def tiny_configs(
     root: str | Path,
     extra_args: list[str] | None = None,
     dynvocab_config: str | None = None,
     names: list[str] | None = None,
+    dtype: str = "float32",
 ) -> list[ServerConfig]:
     """The server set on the tiny checkpoints (``sglang-specvocab tiny-checkpoints``): no speculation,
-    EAGLE3 and DYNVOCAB with both drafts, chains (topk 1) and trees (topk 4); CUDA graphs stay on."""
+    EAGLE3 and DYNVOCAB with both drafts, chains (topk 1) and trees (topk 4); CUDA graphs stay on.
+    ``names`` keeps those configurations, the reference and the controls of the DYNVOCAB ones kept."""
     check_tiny_names(names)
+    if dtype not in TINY_DTYPES:
+        raise SpecBenchError(f"tiny dtype {dtype!r} is not one of {', '.join(TINY_DTYPES)}")
     root = Path(root)
     missing = [d for d in ("target", "draft-d2t", "draft-full") if not (root / d / "config.json").is_file()]
     if missing:
@@ -415,16 +507,20 @@ def tiny_configs(
         "--model-path",
         str(root / "target"),
         "--dtype",
-        "bfloat16",
+        dtype,
         "--cuda-graph-max-bs-decode",
         "8",
         "--mem-fraction-static",
         "0.5",
         *(extra_args or []),
     ]
+    keep = None
+    if names:
+        keep = {"target", *names}
+        keep |= {n.replace("dynvocab-", "eagle3-") for n in names if n.startswith("dynvocab-")}
     out = []
     for name, algorithm, draft, topk, steps, nd in TINY_SET:
-        if names and name not in names and name != "target":
+        if keep is not None and name not in keep:
             continue
         args = list(common)
         if algorithm != "none":
@@ -450,51 +546,24 @@ def tiny_configs(
 
 
 def markdown(result: dict) -> str:
+    pairs = [(c["name"], c["control"]) for c in result["configs"] if c["algorithm"] == "DYNVOCAB"]
     lines = [
-        "# Greedy losslessness on SGLang",
+        "# Losslessness of DYNVOCAB on SGLang",
         "",
         f"- device: {result['device']}",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()),
         f"- command: `{result['command']}`",
-        (
-            f"- {result['prompts']} Spec-Bench prompts (first turns), greedy, {result['max_new_tokens']} new tokens, "
-            f"routes {', '.join(result['routes'])}, concurrency {', '.join(map(str, result['concurrencies']))}"
-        ),
-        f"- reference: `{result['reference']}`",
-        f"- **verdict: {'every DYNVOCAB output equals the reference' if result['lossless'] else 'NOT lossless'}**",
-        "",
-        (
-            "| config | algorithm | route | concurrency | equal / compared | missing | accept length | set size "
-            "| coverage |"
-        ),
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        f"- checks: {', '.join(result['checks'])}; reference: `{result['reference']}`",
+        "- controls: " + (", ".join(f"`{d}` against `{c or 'the target only'}`" for d, c in pairs) or "none"),
+        f"- **verdict: {'lossless' if result['lossless'] else 'NOT lossless'}**",
     ]
-    for r in result["rows"]:
-        lines.append(
-            f"| {r['config']} | {r['algorithm']} | {r['route']} | {r['concurrency']} | "
-            f"{r['equal']} / {r['compared']} | {r['missing']} | {fmt(r['accept_length'], '.2f')} | "
-            f"{fmt(r['dynvocab_set_size'], '.0f')} | {fmt(r['dynvocab_coverage'], '.3f')} |"
-        )
-    if result["reference_batch_invariance"]:
-        lines += [
-            "",
-            "The reference against itself (batch invariance of the target alone):",
-            "",
-            "| route | concurrency | against | equal / compared |",
-            "|---|---:|---:|---:|",
-        ]
-        for r in result["reference_batch_invariance"]:
-            lines.append(f"| {r['route']} | {r['concurrency']} | {r['against']} | {r['equal']} / {r['compared']} |")
-    shown = [(r, m) for r in result["rows"] for m in r["mismatches"]][:20]
-    if shown:
-        lines += ["", "First mismatches (text around the first differing character):", ""]
-        for r, m in shown:
-            lines.append(
-                f"- `{r['config']}` {r['route']} c{r['concurrency']} prompt {m['prompt']} ({m['category']}), "
-                f"char {m['char']}"
-                + (f", token {m['token']}" if m["token"] is not None else "")
-                + f": reference {m['reference']!r} / got {m['got']!r}"
-            )
+    for name, render in (
+        ("greedy", GreedyCheck.markdown),
+        ("sampling", SamplingCheck.markdown),
+        ("load", LoadCheck.markdown),
+    ):
+        if name in result:
+            lines += ["", *render(result[name])]
     return "\n".join(lines) + "\n"
 
 
@@ -510,32 +579,58 @@ def write_report(result: dict, out_dir: Path, stem: str = "lossless") -> list[Pa
 
 
 def run(args) -> int:
-    """``sglang-specvocab check-lossless``: 0 when every DYNVOCAB output equals the reference, 1 when not."""
-    if args.tiny is None and (args.only or args.server_args or args.dynvocab_config):
-        raise SpecBenchError("--only, --server-args and --dynvocab-config go with --tiny")
+    """``sglang-specvocab check-lossless``: 0 when no DYNVOCAB result differs from its control, 1 when one does."""
+    if args.tiny is None and (args.only or args.server_args or args.dynvocab_config or args.dtype):
+        raise SpecBenchError("--only, --server-args, --dynvocab-config and --dtype go with --tiny")
     if args.tiny is None and not args.config and args.configs is None:
         raise SpecBenchError("give --tiny DIR, or --config/--configs (the first configuration is the reference)")
     configs = []
     if args.tiny is not None:
         check_tiny_names(args.only)  # before minutes of making checkpoints
-        if not (args.tiny / "target" / "config.json").is_file():
-            from ..testing.tiny import make_tiny_checkpoints  # heavy: transformers, only when they are missing
+        dtype = args.dtype or "float32"
+        have = tiny_dtype(args.tiny)
+        if have is None:
+            import torch  # heavy, and needed only to make the checkpoints
 
-            print(f"making the tiny checkpoints in {args.tiny}", flush=True)
-            make_tiny_checkpoints(args.tiny)
-        configs += tiny_configs(args.tiny, shlex.split(args.server_args), args.dynvocab_config, args.only)
+            from ..testing.tiny import make_tiny_checkpoints  # heavy: transformers
+
+            print(f"making the tiny checkpoints ({dtype}) in {args.tiny}", flush=True)
+            make_tiny_checkpoints(args.tiny, dtype=getattr(torch, dtype))
+        elif have != dtype:
+            raise SpecBenchError(
+                f"--dtype {dtype}: the tiny checkpoints in {args.tiny} are {have}; give another --tiny folder "
+                f"(they are made there) or --dtype {have}"
+            )
+        configs += tiny_configs(args.tiny, shlex.split(args.server_args), args.dynvocab_config, args.only, dtype)
     configs += configs_from_args(args)
-    prompts = round_robin_prompts(spec_bench_file(args.questions), args.prompts)
     settings = LosslessSettings(
+        prompts=args.prompts,
         max_new_tokens=args.max_new_tokens,
         concurrencies=tuple(args.concurrency),
         routes=tuple(args.routes),
+        checks=tuple(args.checks),
         server=ServerSettings(**server_settings(args)),
+        sampling=SamplingSettings(
+            prompts=args.sampling_prompts,
+            samples=args.samples,
+            tokens=args.sample_tokens,
+            temperature=args.sampling_temperature,
+            top_k=args.sampling_top_k,
+            alpha=args.alpha,
+        ),
+        load=LoadSettings(
+            requests=args.load_requests,
+            concurrency=args.load_concurrency or args.load_requests,
+            max_prompt=args.load_max_prompt,
+            seed=args.load_seed,
+        ),
     )
+    n = max(args.prompts, args.sampling_prompts if "sampling" in settings.checks else 0)
+    prompts = round_robin_prompts(spec_bench_file(args.questions), n)
     print(
-        f"{len(prompts)} prompts x {len(settings.routes)} routes x concurrency "
-        f"{','.join(map(str, settings.concurrencies))} x {len(configs)} configurations (reference: "
-        f"{configs[0].name if configs else '-'})",
+        f"checks {', '.join(settings.checks)} on {len(configs)} configurations (reference: "
+        f"{configs[0].name if configs else '-'}); greedy: {args.prompts} prompts x {len(settings.routes)} routes x "
+        f"concurrency {','.join(map(str, settings.concurrencies))}",
         flush=True,
     )
     with sigterm_as_interrupt():

@@ -4,7 +4,8 @@
   mapping (``make_config``), each either launched with ``args`` or reached at ``url``;
 - ``Server``: a context manager that launches a configuration (its own session, log file, /health
   polling) or checks the one at its url, and stops what it launched (SIGTERM, then SIGKILL);
-- ``http_json``, ``model_info``, ``telemetry`` (DYNVOCAB's ``meta_info`` fields), ``run_concurrently``;
+- ``http_json``, ``http_events`` (a streamed reply's events), ``model_info``, ``telemetry`` (DYNVOCAB's
+  ``meta_info`` fields), ``run_concurrently``;
 - ``ResultCache`` (JSON lines, resumable) and the facts every result records (``device_name``,
   ``versions``).
 
@@ -41,7 +42,7 @@ from ..errors import SpecVocabError
 ALGORITHMS = {a.lower(): a for a in ("none", "EAGLE", "EAGLE3", "DYNVOCAB", "NGRAM", "STANDALONE")}
 #: meta_info fields the DYNVOCAB integration adds; reported when a server sends them.
 TELEMETRY = ("dynvocab_set_size", "dynvocab_coverage")
-_CONFIG_KEYS = ("name", "algorithm", "args", "url", "env", "launcher")
+_CONFIG_KEYS = ("name", "algorithm", "args", "url", "env", "launcher", "control")
 _LOG_TAIL_LINES = 40
 
 
@@ -74,6 +75,7 @@ class ServerConfig:
     url: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     launcher: list[str] | None = None
+    control: str | None = None  # check-lossless: the EAGLE3 configuration a DYNVOCAB one is compared with
 
 
 def make_config(raw: dict, where: str) -> ServerConfig:
@@ -119,7 +121,10 @@ def make_config(raw: dict, where: str) -> ServerConfig:
         algorithm = from_args or "none"
     if not isinstance(algorithm, str) or algorithm.lower() not in ALGORITHMS:
         raise SpecBenchError(f"{where}: 'algorithm' must be one of {', '.join(ALGORITHMS.values())}, got {algorithm!r}")
-    return ServerConfig(name, ALGORITHMS[algorithm.lower()], args, url, env, launcher)
+    control = raw.get("control")
+    if control is not None and (not isinstance(control, str) or not control):
+        raise SpecBenchError(f"{where}: 'control' must name another configuration, got {control!r}")
+    return ServerConfig(name, ALGORITHMS[algorithm.lower()], args, url, env, launcher, control)
 
 
 def parse_config_spec(spec: str) -> ServerConfig:
@@ -236,6 +241,43 @@ def http_json(url: str, payload: dict | None = None, timeout: float = 30.0):
         return json.loads(body) if body.strip() else None
     except json.JSONDecodeError:
         raise SpecBenchError(f"{url}: the reply is not JSON: {body[:200]!r}") from None
+
+
+def http_events(url: str, payload: dict, timeout: float = 30.0, stop_after: int | None = None):
+    """POST JSON and yield the decoded ``data:`` events of a server-sent-event reply, up to ``[DONE]``.
+
+    ``stop_after`` N: close the connection after N events (a client that goes away mid-stream; SGLang
+    aborts the request when it sees the disconnect). Failures are SpecBenchErrors naming the URL."""
+    req = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
+    try:
+        resp = _OPENER.open(req, timeout=timeout)
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode("utf-8", errors="replace").strip()[:1000]
+        raise SpecBenchError(f"{url}: HTTP {exc.code} {exc.reason}" + (f": {detail}" if detail else "")) from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise SpecBenchError(f"{url}: no answer ({getattr(exc, 'reason', None) or exc})") from None
+    n = 0
+    try:
+        for raw in resp:
+            line = raw.decode("utf-8", errors="replace").strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return
+            try:
+                yield json.loads(data)
+            except json.JSONDecodeError:
+                raise SpecBenchError(f"{url}: a streamed event is not JSON: {data[:200]!r}") from None
+            n += 1
+            if stop_after is not None and n >= stop_after:
+                return
+    except OSError as exc:
+        raise SpecBenchError(f"{url}: the stream broke off ({exc})") from None
+    finally:
+        resp.close()
 
 
 def _healthy(url: str) -> bool:
