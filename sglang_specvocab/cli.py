@@ -982,6 +982,62 @@ def _run_check_lossless(args) -> int:
     return run(args)
 
 
+ROUNDS = """\
+Decode round time at real model sizes, EAGLE3 against DYNVOCAB (a GPU command).
+
+Makes random-weight checkpoints with real shapes once (--shape llama3-8b: a Llama-3-8B-shaped
+target, V 128256, d 4096, cut to --layers layers, 3.85 GB with 4, and its EAGLE-3 drafts with a 32k
+d2t head and over the full vocabulary, 0.86 and 0.59 GB), then launches EAGLE3 and DYNVOCAB with each
+draft (same arguments, CUDA graphs on up to the largest batch size) and times, per batch size bs,
+bs random prompts sent at once (greedy, ignore_eos) with the short and the long --lengths:
+
+    ms per round = (T_long - T_short) / (R_long - R_short),   R = the batch's verify rounds
+
+(the prefill and the client's time cancel). Median of --repeats. Writes OUT/NAME.json, .md, .png
+with the ratio DYNVOCAB / EAGLE3 per bs and draft kind, the device, versions and command. Every
+timed run is cached (OUT/NAME-cache.jsonl): rerun the same command to resume. --only splits the
+servers over several calls (e.g. eagle3-d2t,dynvocab-d2t then eagle3-full,dynvocab-full). Exit
+status 0: every ratio measured; 1: some could not be.
+"""
+
+
+def _add_bench_rounds(sub) -> None:
+    p = sub.add_parser(
+        "rounds",
+        help="decode round time of EAGLE3 and DYNVOCAB servers at real model sizes (GPU)",
+        description=ROUNDS,
+        formatter_class=RAW,
+    )
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="results, cache and server logs go here")
+    p.add_argument("--checkpoints", type=Path, metavar="DIR", help="where the checkpoints are made (OUT/checkpoints)")
+    p.add_argument("--shape", choices=("llama3-8b", "tiny"), default="llama3-8b", help="widths (tiny: tests)")
+    p.add_argument("--layers", type=_at_least(4), default=4, metavar="N", help="target layers, >= 4 (default: 4)")
+    p.add_argument("--batch-sizes", type=_int_csv, default=[1, 8, 32, 64], metavar="N,N", help="(default: 1,8,32,64)")
+    p.add_argument(
+        "--lengths", type=_int_csv, default=[32, 160], metavar="SHORT,LONG", help="new tokens (default: 32,160)"
+    )
+    p.add_argument("--prompt-len", type=POSITIVE, default=128, metavar="N", help="prompt tokens (default: 128)")
+    p.add_argument("--repeats", type=POSITIVE, default=3, metavar="N", help="timed pairs per case (default: 3)")
+    p.add_argument(
+        "--only", type=_csv, metavar="NAME,NAME", help="eagle3-d2t, dynvocab-d2t, eagle3-full, dynvocab-full"
+    )
+    p.add_argument("--topk", type=POSITIVE, default=1, help="--speculative-eagle-topk (default: 1)")
+    p.add_argument("--steps", type=POSITIVE, default=3, help="--speculative-num-steps (default: 3)")
+    p.add_argument("--draft-tokens", type=POSITIVE, default=4, help="--speculative-num-draft-tokens (default: 4)")
+    p.add_argument("--dynvocab-config", metavar="YAML", help="--speculative-dynvocab-config (default: microspec)")
+    p.add_argument("--server-args", default="", metavar="ARGS", help="extra server arguments for all")
+    p.add_argument("--cache", type=Path, metavar="JSONL", help="result cache (default: OUT/NAME-cache.jsonl)")
+    p.add_argument("--name", default="rounds", help="file name stem of the results (default: %(default)s)")
+    _add_server_args(p, warmup=1, request_timeout=600.0)
+    p.set_defaults(run=_run_bench_rounds, on_interrupt="timed runs are cached, rerun the same command to resume")
+
+
+def _run_bench_rounds(args) -> int:
+    from .bench.rounds import run  # heavy: the checkpoints need torch and transformers
+
+    return run(args)
+
+
 # --- the command ------------------------------------------------------------------------------
 
 
@@ -1004,7 +1060,7 @@ def parser() -> argparse.ArgumentParser:
         "bench",
         help=(
             "benchmarks: kernels (the head ops), plans (the logits kernel's launch plans), host (the loop's host "
-            "cost), specbench (Spec-Bench on servers)"
+            "cost), specbench (Spec-Bench on servers), rounds (decode round time on servers)"
         ),
         description="Benchmarks; each writes JSON + Markdown with the device, versions and command.",
     )
@@ -1013,6 +1069,7 @@ def parser() -> argparse.ArgumentParser:
     _add_bench_plans(bench_sub)
     _add_bench_host(bench_sub)
     _add_bench_specbench(bench_sub)
+    _add_bench_rounds(bench_sub)
     _add_check_lossless(sub)
     _add_tiny_checkpoints(sub)
     return p

@@ -20,6 +20,7 @@ SUBCOMMANDS = {  # subcommand -> an option its help must list
     ("convert-gemma3",): "--chat-template",
     ("bench", "kernels"): "--time-budget-s",
     ("bench", "specbench"): "--limit-per-category",
+    ("bench", "rounds"): "--batch-sizes",
     ("check-lossless",): "--tiny",
     ("tiny-checkpoints",): "--draft-vocab",
 }

@@ -1,0 +1,409 @@
+"""Decode round time at real model sizes: EAGLE3 against DYNVOCAB, per batch size and draft kind.
+
+Checkpoints (:mod:`sglang_specvocab.testing.shaped`, made once into ``checkpoints``): random weights
+with real shapes, a Llama-3-8B-shaped target cut to ``layers`` layers (V = 128256, d = 4096) and its
+EAGLE-3 drafts, one with a 32k d2t head and one over the full vocabulary. Acceptance is irrelevant
+here (random drafts are rarely accepted); what is timed is a round: the draft steps and the verify
+of the whole batch, where the draft head is the part DYNVOCAB changes.
+
+Servers (the preset, ``rounds_configs``): per draft kind, EAGLE3 and DYNVOCAB with the same arguments
+(chain by default: topk 1, 3 steps, 4 draft tokens), CUDA graphs on up to the largest batch size.
+
+Measurement: for each batch size bs, bs requests of ``prompt_len`` random token ids (different per
+request, so no prefix is shared), greedy, ``ignore_eos``, are sent at once and timed from the first
+send to the last reply, once with ``lengths[0]`` and once with ``lengths[1]`` new tokens. The batch
+decodes in lockstep, so it runs R = max over its requests of ``spec_verify_ct`` rounds. The mean
+round time is
+
+    t_round = (T_long - T_short) / (R_long - R_short),
+
+which cancels the prefill, the first token and the client's own time (both runs have the same
+prompts). Each pair is run ``repeats`` times; the median is reported with the min-max spread. The
+ratio DYNVOCAB / EAGLE3 of ``t_round`` per bs and draft kind is the result (< 1: DYNVOCAB's rounds
+are faster). Every timed run is cached (JSON lines), so a run cut short resumes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shlex
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .server import (
+    ResultCache,
+    Server,
+    ServerConfig,
+    ServerSettings,
+    SpecBenchError,
+    check_unique,
+    device_name,
+    fmt,
+    http_json,
+    run_concurrently,
+    server_settings,
+    sigterm_as_interrupt,
+    versions,
+)
+
+KINDS = ("d2t", "full")
+NAMES = tuple(f"{alg}-{kind}" for kind in KINDS for alg in ("eagle3", "dynvocab"))
+
+
+@dataclass
+class RoundsSettings:
+    batch_sizes: tuple[int, ...] = (1, 8, 32, 64)
+    lengths: tuple[int, int] = (32, 160)  # new tokens of the short and the long run
+    prompt_len: int = 128
+    repeats: int = 3
+    seed: int = 0
+    server: ServerSettings = field(default_factory=ServerSettings)
+
+
+def rounds_configs(
+    root: str | Path,
+    settings: RoundsSettings,
+    extra_args: list[str] | None = None,
+    dynvocab_config: str | None = None,
+    names: list[str] | None = None,
+    topk: int = 1,
+    steps: int = 3,
+    draft_tokens: int = 4,
+) -> list[ServerConfig]:
+    """EAGLE3 and DYNVOCAB with each draft of ``root`` (``testing.shaped``), the same arguments but the algorithm."""
+    unknown = [n for n in names or () if n not in NAMES]
+    if unknown:
+        raise SpecBenchError(f"unknown rounds config(s) {', '.join(unknown)}; known: {', '.join(NAMES)}")
+    root = Path(root)
+    bs = max(settings.batch_sizes)
+    common = [
+        "--model-path",
+        str(root / "target"),
+        "--dtype",
+        "bfloat16",
+        "--cuda-graph-max-bs-decode",
+        str(bs),
+        "--max-running-requests",
+        str(bs),
+        "--context-length",
+        str(settings.prompt_len + max(settings.lengths) + 64),
+        "--mem-fraction-static",
+        "0.6",
+        *(extra_args or []),
+    ]
+    out = []
+    for kind in KINDS:
+        for alg in ("EAGLE3", "DYNVOCAB"):
+            name = f"{alg.lower()}-{kind}"
+            if names and name not in names:
+                continue
+            args = [
+                *common,
+                "--speculative-algorithm",
+                alg,
+                "--speculative-draft-model-path",
+                str(root / f"draft-{kind}"),
+                "--speculative-eagle-topk",
+                str(topk),
+                "--speculative-num-steps",
+                str(steps),
+                "--speculative-num-draft-tokens",
+                str(draft_tokens),
+            ]
+            if alg == "DYNVOCAB" and dynvocab_config:
+                args += ["--speculative-dynvocab-config", str(dynvocab_config)]
+            out.append(ServerConfig(name, alg, args))
+    return out
+
+
+def prompt_ids(settings: RoundsSettings, bs: int, vocab_size: int, low: int = 260) -> list[list[int]]:
+    """bs prompts of ``prompt_len`` random ids in [low, vocab_size) (past the specials and bytes), seeded."""
+    rng = random.Random(f"{settings.seed}-{bs}")
+    return [[rng.randrange(low, vocab_size) for _ in range(settings.prompt_len)] for _ in range(bs)]
+
+
+def round_time(short: dict, long: dict) -> float | None:
+    """``(T_long - T_short) / (R_long - R_short)`` of two timed runs (``wall_s``, ``rounds``), None when R does not grow."""
+    dr = long["rounds"] - short["rounds"]
+    return (long["wall_s"] - short["wall_s"]) / dr if dr > 0 else None
+
+
+def time_batch(url: str, ids: list[list[int]], new_tokens: int, timeout: float) -> dict:
+    """Send every prompt at once (greedy, ``ignore_eos``); the batch's wall time and rounds."""
+    replies: list[dict] = []
+    params = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
+
+    def one(p: list[int]) -> None:
+        reply = http_json(f"{url}/generate", {"input_ids": p, "sampling_params": params}, timeout=timeout)
+        if isinstance(reply, list) and len(reply) == 1:
+            reply = reply[0]
+        meta = reply.get("meta_info") if isinstance(reply, dict) else None
+        if not isinstance(meta, dict) or not isinstance(meta.get("completion_tokens"), int):
+            raise SpecBenchError(f"/generate reply has no meta_info.completion_tokens: {str(reply)[:300]}")
+        replies.append(meta)
+
+    t0 = time.perf_counter()
+    run_concurrently(one, ids, len(ids), "rounds")
+    wall = time.perf_counter() - t0
+    tokens = [m["completion_tokens"] for m in replies]
+    if min(tokens) != new_tokens:
+        raise SpecBenchError(f"asked for {new_tokens} new tokens with ignore_eos, got {min(tokens)}-{max(tokens)}")
+    verify = [m.get("spec_verify_ct") for m in replies]
+    rounds = max(v if isinstance(v, int) else t for v, t in zip(verify, tokens, strict=True))
+    return {"wall_s": wall, "rounds": rounds, "tokens": sum(tokens), "verify": sum(v or 0 for v in verify)}
+
+
+def _fingerprint(config: ServerConfig, settings: RoundsSettings) -> str:
+    facts = {
+        "args": config.args,
+        "env": config.env,
+        "launcher": config.launcher,
+        "prompt_len": settings.prompt_len,
+        "seed": settings.seed,
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def run_rounds(
+    configs: list[ServerConfig],
+    settings: RoundsSettings,
+    vocab_size: int,
+    cache_path: Path,
+    log_dir: Path,
+    command: str,
+    progress: bool = True,
+) -> dict:
+    """Every (batch size, length, repeat) not cached, one server at a time; the table."""
+    check_unique(configs)
+    s = settings
+    if len(s.lengths) != 2 or not 0 < s.lengths[0] < s.lengths[1]:
+        raise SpecBenchError(f"lengths must be two increasing positive token counts, got {list(s.lengths)}")
+    if min(s.batch_sizes) < 1 or s.repeats < 1 or s.prompt_len < 1:
+        raise SpecBenchError("batch sizes, repeats and the prompt length must be at least 1")
+    cache = ResultCache(cache_path)
+    if cache.skipped_lines:
+        print(f"cache {cache_path}: ignored {cache.skipped_lines} unreadable line(s)", file=sys.stderr)
+    runs = [(bs, n, r) for bs in s.batch_sizes for r in range(s.repeats) for n in s.lengths]
+
+    def key(config: ServerConfig, bs: int, n: int, r: int) -> str:
+        return f"rounds|{config.name}|{_fingerprint(config, s)}|{bs}|{n}|{r}"
+
+    for config in configs:
+        todo = [x for x in runs if cache.get(key(config, *x)) is None]
+        if not todo:
+            print(f"[{config.name}] all {len(runs)} runs are cached: nothing to run", flush=True)
+            continue
+        with Server(config, s.server, log_dir) as server:
+            for bs in sorted({bs for bs, _, _ in todo}):
+                ids = prompt_ids(s, bs, vocab_size)
+                for _ in range(s.server.warmup):  # Triton and allocator warm-up at this batch size
+                    time_batch(server.url, ids, s.lengths[0], s.server.request_timeout)
+                for b, n, r in todo:
+                    if b != bs:
+                        continue
+                    try:
+                        got = time_batch(server.url, ids, n, s.server.request_timeout)
+                    except SpecBenchError as exc:
+                        server.check_alive()
+                        raise SpecBenchError(f"config {config.name!r}, bs {bs}, {n} tokens: {exc}") from None
+                    cache.append(
+                        {
+                            "key": key(config, bs, n, r),
+                            "config": config.name,
+                            "bs": bs,
+                            "new_tokens": n,
+                            "repeat": r,
+                            **got,
+                        }
+                    )
+                    if progress:
+                        print(
+                            f"[{config.name}] bs {bs}, {n} tokens, repeat {r}: {got['wall_s']:.3f} s, "
+                            f"{got['rounds']} rounds",
+                            flush=True,
+                        )
+    rows = []
+    for config in configs:
+        for bs in s.batch_sizes:
+            times = []
+            for r in range(s.repeats):
+                short, long = (cache.get(key(config, bs, n, r)) for n in s.lengths)
+                if short and long and (t := round_time(short, long)) is not None:
+                    times.append(t)
+            last = cache.get(key(config, bs, s.lengths[1], s.repeats - 1))
+            rows.append(
+                {
+                    "config": config.name,
+                    "algorithm": config.algorithm,
+                    "kind": config.name.rsplit("-", 1)[-1],
+                    "bs": bs,
+                    "round_ms": statistics.median(times) * 1e3 if times else None,
+                    "min_ms": min(times) * 1e3 if times else None,
+                    "max_ms": max(times) * 1e3 if times else None,
+                    "repeats": len(times),
+                    "accept_length": last["tokens"] / last["verify"] if last and last["verify"] else None,
+                }
+            )
+    ratios = []
+    by = {(r["config"], r["bs"]): r for r in rows}
+    for kind in KINDS:
+        for bs in s.batch_sizes:
+            e, d = by.get((f"eagle3-{kind}", bs)), by.get((f"dynvocab-{kind}", bs))
+            if e and d and e["round_ms"] and d["round_ms"]:
+                ratios.append(
+                    {
+                        "kind": kind,
+                        "bs": bs,
+                        "eagle3_ms": e["round_ms"],
+                        "dynvocab_ms": d["round_ms"],
+                        "ratio": d["round_ms"] / e["round_ms"],
+                    }
+                )
+    return {
+        "device": device_name(),
+        "versions": versions(),
+        "command": command,
+        "batch_sizes": list(s.batch_sizes),
+        "lengths": list(s.lengths),
+        "prompt_len": s.prompt_len,
+        "repeats": s.repeats,
+        "configs": [{"name": c.name, "algorithm": c.algorithm, "args": c.args} for c in configs],
+        "rows": rows,
+        "ratios": ratios,
+    }
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        "# Decode round time: DYNVOCAB against EAGLE3",
+        "",
+        f"- device: {result['device']}",
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()),
+        f"- command: `{result['command']}`",
+        (
+            f"- bs requests of {result['prompt_len']} random prompt ids sent at once, greedy, ignore_eos; a round "
+            f"= (T({result['lengths'][1]} tokens) - T({result['lengths'][0]} tokens)) / (R_long - R_short), R = "
+            f"the batch's verify rounds; median of {result['repeats']} repeats (min-max)"
+        ),
+        "",
+        "| draft | bs | EAGLE3 ms/round | DYNVOCAB ms/round | DYNVOCAB / EAGLE3 |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in result["ratios"]:
+        lines.append(f"| {r['kind']} | {r['bs']} | {r['eagle3_ms']:.3f} | {r['dynvocab_ms']:.3f} | {r['ratio']:.3f} |")
+    lines += ["", "| config | bs | ms/round | min-max | repeats | accept length |", "|---|---:|---:|---|---:|---:|"]
+    for r in result["rows"]:
+        spread = "-" if r["min_ms"] is None else f"{r['min_ms']:.3f}-{r['max_ms']:.3f}"
+        lines.append(
+            f"| {r['config']} | {r['bs']} | {fmt(r['round_ms'], '.3f')} | {spread} | {r['repeats']} | "
+            f"{fmt(r['accept_length'], '.2f')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> bool:
+    try:
+        import matplotlib  # optional: the plot needs matplotlib
+    except ImportError:
+        print("matplotlib is not installed: no plot", file=sys.stderr)
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # optional: the plot needs matplotlib
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for name in sorted({r["config"] for r in result["rows"]}):
+        pts = [(r["bs"], r["round_ms"]) for r in result["rows"] if r["config"] == name and r["round_ms"]]
+        if pts:
+            ax1.plot(*zip(*pts, strict=True), marker="o", label=name)
+    for kind in KINDS:
+        pts = [(r["bs"], r["ratio"]) for r in result["ratios"] if r["kind"] == kind]
+        if pts:
+            ax2.plot(*zip(*pts, strict=True), marker="o", label=f"{kind} draft")
+    ax1.set(xscale="log", xlabel="batch size", ylabel="ms per round", title="decode round time")
+    ax2.axhline(1.0, color="grey", lw=0.8)
+    ax2.set(xscale="log", xlabel="batch size", ylabel="DYNVOCAB / EAGLE3", title="round time ratio")
+    for ax in (ax1, ax2):
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{result['device']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def write_report(result: dict, out_dir: Path, stem: str) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
+    png = out_dir / f"{stem}.png"
+    result["plot"] = png.name if plot(result, png) else None
+    paths[0].write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    paths[1].write_text(markdown(result), encoding="utf-8")
+    return paths + ([png] if result["plot"] else [])
+
+
+def run(args) -> int:
+    """``sglang-specvocab bench rounds``: 0 when every asked ratio was measured, 1 when some could not be."""
+    settings = RoundsSettings(
+        batch_sizes=tuple(args.batch_sizes),
+        lengths=tuple(args.lengths),
+        prompt_len=args.prompt_len,
+        repeats=args.repeats,
+        server=ServerSettings(**server_settings(args)),
+    )
+    if len(settings.lengths) != 2 or not settings.lengths[0] < settings.lengths[1]:
+        raise SpecBenchError(f"--lengths takes two increasing token counts, got {args.lengths}")
+    configs = rounds_configs(
+        args.checkpoints or args.out / "checkpoints",
+        settings,
+        shlex.split(args.server_args),
+        args.dynvocab_config,
+        args.only,
+        args.topk,
+        args.steps,
+        args.draft_tokens,
+    )
+    root = Path(args.checkpoints or args.out / "checkpoints")
+    made = root / "shape.json"
+    want = {"shape": args.shape, "layers": args.layers}
+    if made.is_file():
+        have = json.loads(made.read_text())
+        if {k: have.get(k) for k in want} != want:
+            raise SpecBenchError(
+                f"{root} holds {have['shape']} x {have['layers']} layers, not {args.shape} x "
+                f"{args.layers}: give another --checkpoints folder"
+            )
+    else:
+        from ..testing.shaped import make_shaped_checkpoints  # heavy: transformers, safetensors
+
+        print(f"making {args.shape} checkpoints ({args.layers} layers) in {root}", flush=True)
+        t0 = time.perf_counter()
+        sizes = make_shaped_checkpoints(root, args.shape, args.layers, force=True)
+        print(
+            f"  {', '.join(f'{k} {v / 2**30:.2f} GiB' for k, v in sizes.items())} in {time.perf_counter() - t0:.0f} s",
+            flush=True,
+        )
+    vocab = json.loads((root / "target" / "config.json").read_text())["vocab_size"]
+    with sigterm_as_interrupt():
+        result = run_rounds(
+            configs,
+            settings,
+            vocab,
+            args.cache or args.out / f"{args.name}-cache.jsonl",
+            args.out / "logs",
+            args.command_line,
+            progress=not args.no_progress,
+        )
+    paths = write_report(result, args.out, args.name)
+    print()
+    print(markdown(result), end="")
+    for path in paths:
+        print(f"wrote {path}")
+    kinds = {c.name.rsplit("-", 1)[-1] for c in configs if c.algorithm == "DYNVOCAB"} & {
+        c.name.rsplit("-", 1)[-1] for c in configs if c.algorithm == "EAGLE3"
+    }
+    return 0 if len(result["ratios"]) == len(kinds) * len(settings.batch_sizes) else 1

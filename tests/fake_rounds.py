@@ -1,0 +1,55 @@
+"""A fake SGLang server for ``bench rounds`` tests, launched as a process (standard library only, so it
+starts in a blink): ``python fake_rounds.py --model-path M --speculative-algorithm A ... --host H --port P``.
+
+``POST /generate`` with ``input_ids`` sleeps 20 ms (prefill) + rounds x the algorithm's round time
+(``ROUND_S``) and answers the tokens asked for (it insists on greedy and ignore_eos) with
+rounds = ceil(tokens / ``ACCEPT``) verify steps."""
+
+import json
+import math
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+ROUND_S = {"EAGLE3": 0.004, "DYNVOCAB": 0.003}
+ACCEPT = 1.25  # tokens per round
+
+
+def handler(round_s: float):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _send(self, code, body=None):
+            data = b"" if body is None else json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._send(200 if self.path == "/health" else 404)
+
+        def do_POST(self):
+            payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            params = payload["sampling_params"]
+            if self.path != "/generate" or not params.get("ignore_eos") or params["temperature"] != 0:
+                return self._send(400, {"error": {"message": "greedy /generate with ignore_eos only"}})
+            n = params["max_new_tokens"]
+            rounds = math.ceil(n / ACCEPT)
+            time.sleep(0.02 + rounds * round_s)
+            meta = {"completion_tokens": n, "spec_verify_ct": rounds, "prompt_tokens": len(payload["input_ids"])}
+            self._send(200, {"text": "x" * n, "output_ids": [7] * n, "meta_info": meta})
+
+    return Handler
+
+
+if __name__ == "__main__":
+    argv = sys.argv[1:]
+    opt = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--")}
+    assert Path(opt["--model-path"], "config.json").is_file() and Path(opt["--speculative-draft-model-path"]).is_dir()
+    server = ThreadingHTTPServer((opt["--host"], int(opt["--port"])), handler(ROUND_S[opt["--speculative-algorithm"]]))
+    server.daemon_threads = True
+    server.serve_forever()
