@@ -224,6 +224,45 @@ def test_sglang_trim_drops_the_rust_radix_tree():
     assert "export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python" in stage.env_lines()
 
 
+def test_flashinfer_headers_are_staged_for_sglangs_jit(tmp_path, monkeypatch, capsys):
+    """SGLang JIT-compiles speculative sampling against FlashInfer's headers: the trim keeps only them,
+    flashinfer-headers makes the folder SGLang's resolver accepts, and importing flashinfer still fails."""
+    src = tmp_path / "flashinfer_python-0.7.2-py3-none-any.whl"
+    with zipfile.ZipFile(src, "w") as z:
+        z.writestr("flashinfer/__init__.py", "from .version import __version__\n")
+        z.writestr("flashinfer/data/include/flashinfer/sampling.cuh", "#pragma once\n")
+        z.writestr("flashinfer/data/spdlog/include/spdlog/spdlog.h", "#pragma once\n")
+        z.writestr("flashinfer/data/csrc/big_kernel.cu", "x" * 1000)
+        z.writestr("flashinfer/data/cutlass/include/cutlass/cutlass.h", "x" * 1000)
+        z.writestr("flashinfer_python-0.7.2.dist-info/METADATA", "Name: flashinfer-python\nVersion: 0.7.2\n")
+    trim = next(t for t in stage.TRIMS if t.spec == "flashinfer-python==0.7.2")
+    kept = stage.repack_wheel(src, tmp_path / "w" / src.name, trim.keep, trim.drop)
+    assert sorted(k for k in kept if not k.startswith("flashinfer_python")) == [
+        "flashinfer/data/include/flashinfer/sampling.cuh",
+        "flashinfer/data/spdlog/include/spdlog/spdlog.h",
+    ]
+    site = tmp_path / "site"
+    assert stage.main(["flashinfer-headers", "--site", str(site)]) == 0
+    assert "no FlashInfer headers staged here" in capsys.readouterr().out
+    with zipfile.ZipFile(tmp_path / "w" / src.name) as z:  # what pip installs
+        z.extractall(site)
+    assert stage.main(["flashinfer-headers", "--site", str(site)]) == 0
+    assert "FlashInfer headers ready" in capsys.readouterr().out
+    assert stage.flashinfer_headers(site).startswith("FlashInfer headers ready")  # idempotent
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delitem(sys.modules, "flashinfer", raising=False)
+    with pytest.raises(ImportError, match="only its headers are installed"):
+        importlib.import_module("flashinfer")
+    if importlib.util.find_spec("sglang") is not None:  # SGLang's own resolver of the JIT include paths
+        from sglang.kernels.jit.utils.deps import REGISTERED_DEPENDENCIES
+
+        paths = REGISTERED_DEPENDENCIES["flashinfer"]()
+        assert paths[0] == str(site / "flashinfer" / "data" / "include") and all(Path(p).is_dir() for p in paths)
+    (site / "flashinfer" / "__init__.py").write_text("# a real FlashInfer\n")
+    assert stage.flashinfer_headers(site) == "a real FlashInfer is installed: left as it is"
+    assert (site / "flashinfer" / "__init__.py").read_text() == "# a real FlashInfer\n"
+
+
 def test_env_command_prints_the_device_switches(capsys):
     assert stage.main(["env"]) == 0
     lines = capsys.readouterr().out.split("\n")

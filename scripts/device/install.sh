@@ -4,7 +4,8 @@
 #   bash scripts/device/install.sh STAGE WORK      (run.sh install: STAGE=/tmp/sv/stage, WORK=/tmp/sv)
 # 1. joins and verifies the staged wheels into WORK/wheels and installs them into the device's
 #    Python with --no-deps, so its torch/triton/CUDA packages stay as they are;
-# 2. installs the stand-ins for two SGLang modules whose native packages are not staged
+# 2. completes the staged FlashInfer headers (SGLang JIT-compiles speculative sampling against them)
+#    and installs the stand-ins for two SGLang modules whose native packages are not staged
 #    (standins/specvocab_device_standins.py plus a .pth that imports it in every process);
 # 3. installs this package editable from WORK/src and builds its kernels against the device's torch;
 # 4. writes WORK/env.sh (SGLang's switches: stage.py env) and checks that everything imports.
@@ -33,6 +34,7 @@ else
 fi
 
 site="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+"$py" scripts/device/stage.py flashinfer-headers --site "$site" # for SGLang's JIT sampling kernel
 cp scripts/device/standins/specvocab_device_standins.py "$site/"
 echo "import specvocab_device_standins" >"$site/specvocab_device_standins.pth"
 say "stand-ins in $site"

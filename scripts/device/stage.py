@@ -12,6 +12,7 @@ Standard library only: the same file runs here (``plan``) and on the device (``a
   verify --stage DIR [--chunks chunk-01 ...]    check the sha256 of the pieces that are present
   assemble --stage DIR --dest DIR               verify every piece, join split wheels, verify them
   installed --stage DIR                         exit 0 when every staged wheel's version is installed
+  flashinfer-headers --site DIR                 make the staged FlashInfer headers findable by SGLang's JIT
 
 Facts about the device (its Python, what it has, what must not be replaced) come from
 shared/notes/device-staging.md and are kept below as data. See scripts/device/README.md.
@@ -152,6 +153,10 @@ class Trim:
 # 383 MB only the Python files and the sm90 common ops (18.6 MB) are needed (flash_ops is fa3 only).
 TRIMS = [
     Trim("sglang-kernel==0.4.5", keep=("sgl_kernel/*.py", "sgl_kernel/sm90/common_ops.abi3.so")),
+    # SGLang JIT-compiles speculative sampling (tree_speculative_sampling_target_only: every EAGLE
+    # verify at temperature > 0) against FlashInfer's headers. Only the headers are staged (65 -> 1.5
+    # MiB); flashinfer-headers completes the folder SGLang looks for (see flashinfer_headers).
+    Trim("flashinfer-python==0.7.2", keep=("flashinfer/data/include/*", "flashinfer/data/spdlog/include/*")),
     # _bench, _grpc, _multimodal: the Rust client, gRPC mode and multimodal processors, none on our path.
     # rust_tree_core/mem_cache: built against torch 2.14.1, wrong on 2.11 (see DEVICE["env"]); without
     # it SGLang uses its Python radix tree ("contains neither the Rust TreeCore extension nor its sources").
@@ -458,6 +463,30 @@ def env_lines() -> list[str]:
     return [f"export {k}={v}" for k, v in DEVICE["env"].items()]
 
 
+FLASHINFER_INIT = '''"""Only FlashInfer's C++ headers are installed here (scripts/device/stage.py): SGLang's JIT kernels compile
+against them (speculative sampling). Its Python package is not staged, so importing it fails as if absent."""
+
+raise ImportError("flashinfer: only its headers are installed on this machine (scripts/device/stage.py)")
+'''
+
+
+def flashinfer_headers(site: Path) -> str:
+    """Make the staged FlashInfer headers usable by SGLang's JIT, which finds them through
+    ``importlib.util.find_spec("flashinfer")`` (a package with an ``__init__.py``) and requires five
+    include folders under ``flashinfer/data``; two are staged, three are made empty (the sampling
+    kernel includes none of them). Leaves a real FlashInfer alone. Returns what it did."""
+    root = site / "flashinfer"
+    init = root / "__init__.py"
+    if not (root / "data" / "include" / "flashinfer" / "sampling.cuh").is_file():
+        return "no FlashInfer headers staged here"
+    if init.is_file() and init.read_text(encoding="utf-8") != FLASHINFER_INIT:
+        return "a real FlashInfer is installed: left as it is"
+    for sub in ("csrc", "cutlass/include", "cutlass/tools/util/include"):
+        (root / "data" / sub).mkdir(parents=True, exist_ok=True)
+    init.write_text(FLASHINFER_INIT, encoding="utf-8")
+    return f"FlashInfer headers ready in {root / 'data'}"
+
+
 def missing_installs(manifest: dict) -> list[str]:
     """Staged wheels whose version is not the installed one (importlib.metadata)."""
     from importlib import metadata
@@ -613,6 +642,8 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--dest", type=Path, required=True)
     i = sub.add_parser("installed", help="exit 0 when every staged wheel's version is installed")
     i.add_argument("--stage", type=Path, required=True)
+    f = sub.add_parser("flashinfer-headers", help="make the staged FlashInfer headers findable by SGLang's JIT")
+    f.add_argument("--site", type=Path, required=True, help="site-packages the staged wheels went to")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "plan":
@@ -629,6 +660,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "assemble":
             files = assemble(args.stage, args.dest)
             print(f"stage: {len(files)} files verified in {args.dest}")
+        elif args.cmd == "flashinfer-headers":
+            print(f"stage: {flashinfer_headers(args.site)}")
         elif args.cmd == "installed":
             todo = missing_installs(load_manifest(args.stage))
             for t in todo:
