@@ -65,6 +65,7 @@ class Fake(FakeServer):
     def __init__(
         self,
         name="default",
+        flat=False,
         wrong=None,
         accept=None,
         telemetry=False,
@@ -75,6 +76,7 @@ class Fake(FakeServer):
         broken=None,
     ):
         self.name, self.accept, self.telemetry, self.bias, self.context = name, accept, telemetry, bias, context
+        self.flat = flat  # sampled tokens uniform over 100,000 ids: no token gets a bin of its own
         self.wrong = wrong or (lambda route, prompt: False)
         self.broken = broken
         self.requests, self.lock = [], threading.Lock()
@@ -208,6 +210,8 @@ class Fake(FakeServer):
         for prompt in payload["text"]:
             with self.lock:
                 ids = [self.rng.choices(distribution(prompt, j), WEIGHTS)[0] for j in range(params["max_new_tokens"])]
+                if self.flat:
+                    ids = [self.rng.randrange(100_000) for _ in ids]
                 if len(ids) > 1 and self.rng.random() < self.bias:
                     ids[1] = distribution(prompt, 1)[0]
                 self.requests.append(("sample", prompt, len(ids)))
@@ -428,6 +432,30 @@ def test_resume_sends_only_missing_requests_and_settings_change_reruns(questions
         assert len(dyn.requests) == n + 1 + 6  # another budget: everything again
 
 
+def test_a_check_that_fails_on_one_server_is_reported_and_the_others_still_run(questions, tmp_path, capsys):
+    """A server that starts failing (HTTP 500 from its 5th request): its check is recorded as failed (exit 1),
+    the other configurations run, and a resumed run does not send it again."""
+    with Fake() as ref, Fake(broken=lambda n: n >= 5) as bad, Fake() as dyn:
+        specs = (
+            f"name=t,algorithm=none,url={ref.url}",
+            f"name=bad,algorithm=DYNVOCAB,url={bad.url}",
+            f"name=d,algorithm=DYNVOCAB,url={dyn.url}",
+        )
+        extra = ["--routes", "chat", "--concurrency", "1"]
+        assert _main()(_args(questions, tmp_path, *specs, extra=extra)) == 1
+        assert "[bad] greedy could not finish" in capsys.readouterr().err
+        sent = bad.posts
+        assert _main()(_args(questions, tmp_path, *specs, extra=extra)) == 1
+        assert bad.posts == sent  # not retried
+    result = json.loads((tmp_path / "lossless.json").read_text())
+    (failure,) = result["failures"]
+    assert failure["check"] == "greedy" and failure["config"] == "bad" and "HTTP 500" in failure["error"]
+    rows = {r["config"]: r for r in result["greedy"]["rows"]}
+    assert rows["d"]["equal"] == 6 and rows["bad"]["missing"] == 3  # the warmup and 3 requests got through
+    md = (tmp_path / "lossless.md").read_text()
+    assert "## Checks that could not finish" in md and "- greedy on `bad`: config 'bad', chat" in md
+
+
 def test_controls_pair_by_arguments():
     base = ["--model-path", "T", "--speculative-draft-model-path", "D", "--speculative-eagle-topk", "4"]
     e = ServerConfig("e", "EAGLE3", [*base, "--speculative-algorithm", "EAGLE3"])
@@ -631,6 +659,19 @@ def test_sampling_differences_the_control_shares_are_the_engines(questions, tmp_
     assert rc == 0
     s = json.loads((tmp_path / "lossless.json").read_text())["sampling"]
     assert s["verdicts"] == [{"config": "d", "control": "e", "verdict": "engine"}] and s["passed"]
+
+
+def test_sampling_from_a_flat_distribution_is_inconclusive_not_passed(questions, tmp_path):
+    with Fake(delay=0.0, flat=True) as ref, Fake(delay=0.0, flat=True) as dyn:
+        rc = _main()(
+            _sampling_args(
+                questions, tmp_path, f"name=t,algorithm=none,url={ref.url}", f"name=d,algorithm=DYNVOCAB,url={dyn.url}"
+            )
+        )
+    assert rc == 1
+    s = json.loads((tmp_path / "lossless.json").read_text())["sampling"]
+    assert s["verdicts"] == [{"config": "d", "control": None, "verdict": "inconclusive"}]
+    assert s["rows"][0]["tests"] == 12 and s["rows"][0]["informative"] == 0
 
 
 # --- load -------------------------------------------------------------------------------------------

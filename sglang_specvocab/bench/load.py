@@ -135,11 +135,11 @@ class LoadCheck:
     def applies(self, config: ServerConfig, pairs: dict[str, str | None]) -> bool:
         return config.algorithm == "DYNVOCAB" or config.name in pairs.values()
 
-    def _fp(self, config: ServerConfig) -> str:
+    def fp(self, config: ServerConfig) -> str:
         return self.fingerprint(config, {"check": "load", **vars(self.s)})
 
     def _key(self, config: ServerConfig, i: int | str) -> str:
-        return f"load|{config.name}|{self._fp(config)}|{i}"
+        return f"load|{config.name}|{self.fp(config)}|{i}"
 
     def todo(self, config: ServerConfig, cache: ResultCache) -> int:
         return 0 if cache.get(self._key(config, "summary")) else len(self.plan)

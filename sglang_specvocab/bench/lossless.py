@@ -21,7 +21,8 @@ the check (exit 1). A DYNVOCAB configuration without a control is compared with 
 and every difference counts as ours.
 
 A prompt longer than the served context is skipped and counted (SGLang refuses it with HTTP 400),
-never fatal. Results are cached per check, configuration, settings and request in a JSON-lines
+never fatal. A check that fails on a configuration (a request fails, the server dies) is recorded,
+reported and fails the run (exit 1); the other configurations and checks still run. Results are cached per check, configuration, settings and request in a JSON-lines
 file, so a run cut short resumes where it stopped and starts no server whose work is cached.
 """
 
@@ -167,11 +168,11 @@ class GreedyCheck:
     def applies(self, config: ServerConfig, pairs: dict[str, str | None]) -> bool:
         return True
 
-    def _fp(self, config: ServerConfig) -> str:
+    def fp(self, config: ServerConfig) -> str:
         return _fingerprint(config, {"check": "greedy", "max_new_tokens": self.settings.max_new_tokens})
 
     def _key(self, config: ServerConfig, route: str, concurrency: int, p: Prompt) -> str:
-        return f"greedy|{config.name}|{self._fp(config)}|{route}|{concurrency}|{p.pid}|{_digest(p.text)}"
+        return f"greedy|{config.name}|{self.fp(config)}|{route}|{concurrency}|{p.pid}|{_digest(p.text)}"
 
     def todo(self, config: ServerConfig, cache: ResultCache) -> int:
         return sum(cache.get(self._key(config, r, c, p)) is None for r, c in self.cases for p in self.prompts)
@@ -406,9 +407,13 @@ def run_lossless(
     cache = ResultCache(cache_path)
     if cache.skipped_lines:
         print(f"cache {cache_path}: ignored {cache.skipped_lines} unreadable line(s)", file=sys.stderr)
+
+    def failed_key(check, config: ServerConfig) -> str:
+        return f"failed|{check.name}|{config.name}|{check.fp(config)}"
+
     for config in configs:
         work = [(c, c.todo(config, cache)) for c in checks if c.applies(config, pairs)]
-        work = [(c, n) for c, n in work if n]
+        work = [(c, n) for c, n in work if n and cache.get(failed_key(c, config)) is None]
         if not work:
             print(f"[{config.name}] everything is cached in {cache_path}: nothing to run", flush=True)
             continue
@@ -430,7 +435,22 @@ def run_lossless(
                     server.check_alive()
                     raise
             for check, _ in work:
-                check.run(server, config, cache, model, progress)
+                try:
+                    check.run(server, config, cache, model, progress)
+                except SpecBenchError as exc:
+                    # recorded, reported and not retried on resume; the other configurations still run
+                    print(f"[{config.name}] {check.name} could not finish: {exc}", file=sys.stderr, flush=True)
+                    cache.append(
+                        {
+                            "key": failed_key(check, config),
+                            "check": check.name,
+                            "config": config.name,
+                            "error": str(exc)[:4000],
+                        }
+                    )
+                    if server.proc is not None and server.proc.poll() is not None:
+                        break  # the server died: its other checks cannot run either
+    failures = [cache.get(failed_key(c, config)) for config in configs for c in checks if c.applies(config, pairs)]
     result = {
         "device": device_name(),
         "versions": versions(),
@@ -445,7 +465,8 @@ def run_lossless(
     }
     for check in checks:
         result[check.name] = check.report(configs, pairs, cache)
-    result["lossless"] = all(result[c.name]["passed"] for c in checks)
+    result["failures"] = [{k: f[k] for k in ("check", "config", "error")} for f in failures if f]
+    result["lossless"] = all(result[c.name]["passed"] for c in checks) and not result["failures"]
     return result
 
 
@@ -557,6 +578,9 @@ def markdown(result: dict) -> str:
         "- controls: " + (", ".join(f"`{d}` against `{c or 'the target only'}`" for d, c in pairs) or "none"),
         f"- **verdict: {'lossless' if result['lossless'] else 'NOT lossless'}**",
     ]
+    if result["failures"]:
+        lines += ["", "## Checks that could not finish (not retried on resume: rerun with another --out)", ""]
+        lines += [f"- {f['check']} on `{f['config']}`: {f['error'][:1500]}" for f in result["failures"]]
     for name, render in (
         ("greedy", GreedyCheck.markdown),
         ("sampling", SamplingCheck.markdown),
