@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from fnmatch import fnmatch
 from importlib import metadata
@@ -442,9 +443,13 @@ def test_install_then_the_work_phases_print_their_commands(tmp_path):
     assert (
         f"-m sglang_specvocab check-lossless --tiny {work}/cache/parity/tiny --out {work}/cache/parity/out "
         f"--questions {work}/stage/question.jsonl --server-args "
-        "--attention-backend\\ triton\\ --sampling-backend\\ pytorch\\ --context-length\\ 16384 --no-progress"
+        "--attention-backend\\ triton\\ --sampling-backend\\ pytorch\\ --context-length\\ 16384 "
+        "--dtype float32 --checks greedy\\,sampling\\,load --no-progress"
     ) in out
-    assert f"-m sglang_specvocab bench rounds --out {work}/cache/latency" in out
+    assert (
+        f"-m sglang_specvocab bench rounds --out {work}/cache/latency/out --checkpoints {work}/cache/latency/checkpoints "
+        "--server-args --attention-backend\\ triton\\ --sampling-backend\\ pytorch --no-progress"
+    ) in out
     assert all((dev.out / f"{p}.log").is_file() for p in ("tests", "bench", "parity", "latency"))
     assert [line.split("\t")[0] for line in (work / "times.tsv").read_text().splitlines()][-4:] == [
         "tests",
@@ -498,6 +503,21 @@ def test_the_call_budget_bounds_every_phase(tmp_path):
     assert rc == 0 and re.search(r"would run \(timeout (19[5-9]|200)s\).* --time-budget-s (10[5-9]|110) ", out), out
     rc, out = dev.run("latency", SV_CALL_BUDGET_S=40)
     assert rc == 124 and "latency: not started" in out and "run it in the next call" in out
+
+
+def test_latency_returns_its_results_never_its_checkpoints(tmp_path):
+    """The Llama-3-8B-shaped checkpoints (about 5.3 GB) stay in the cache; the tables and logs come back."""
+    dev = Device(tmp_path)
+    dev.installed()
+    cache = dev.work / "cache" / "latency"
+    (cache / "checkpoints" / "target").mkdir(parents=True)
+    (cache / "checkpoints" / "target" / "model.safetensors").write_bytes(b"0" * 1000)
+    (cache / "out").mkdir()
+    (cache / "out" / "rounds.md").write_text("| d2t | 1 |\n")
+    rc, out = dev.run("latency")
+    assert rc == 0 and "== " in out and "| d2t | 1 |" in out  # the table, in the reply's output tail
+    with tarfile.open(dev.out / "latency.tar.gz") as t:
+        assert t.getnames() == ["latency", "latency/rounds.md"]
 
 
 def test_specbench_needs_the_gguf_stage_and_a_draft(tmp_path):

@@ -5,7 +5,7 @@
 #   install    install the staged wheels, the stand-ins and this package; build the kernels (install.sh)
 #   tests      the tests with GPU paths, one pytest process per file
 #   bench      the kernel benchmark
-#   parity     greedy parity of DYNVOCAB on tiny checkpoints (the lossless check)
+#   parity     the lossless check on fp32 tiny checkpoints: greedy parity, sampling, 1,000 requests under load
 #   latency    decode round time at real model sizes, EAGLE3 against DYNVOCAB
 #   specbench  Spec-Bench on Gemma-3 270M (needs gguf-1..4 and a carried draft)
 # The exact calls, their carry lists and times: scripts/device/README.md.
@@ -49,11 +49,15 @@ SERVER_ARGS="--attention-backend triton --sampling-backend pytorch${RADIX_ARGS:+
 GPU_TESTS="${SV_TESTS:-tests/test_kernels_gpu.py tests/test_packed.py tests/test_kernels.py tests/test_triton_ops.py
   tests/test_bench_kernels.py tests/test_integration_worker.py}"
 BENCH_ARGS="${SV_BENCH_ARGS:---iters 100 --no-progress}" # plus --time-budget-s (phase time - 90 s), --out
-PARITY_ARGS="${SV_PARITY_ARGS:---no-progress}"
+# fp32: the tiny target is batch-invariant there (bf16 was not: device-staging.md, finding 6). Every
+# DYNVOCAB server is checked against the target and its EAGLE3 control: greedy (50 prompts x 3 routes x
+# concurrency 1 and 8), sampling (8 prompts x 480 samples) and load (1,000 requests), one start each.
+PARITY_ARGS="${SV_PARITY_ARGS:---dtype float32 --checks greedy,sampling,load --no-progress}"
 # Spec-Bench question 248 has 5,191 tokens, past the tiny target's 4,096: serve a longer context
-# (device-staging.md, finding 5) so the check never stops on it.
+# (device-staging.md, finding 5); the check also skips and counts a prompt longer than the context.
 PARITY_SERVER_ARGS="$SERVER_ARGS --context-length 16384"
-LATENCY_ARGS="${SV_LATENCY_ARGS:-}"
+# Llama-3-8B-shaped checkpoints (4 layers), EAGLE3 and DYNVOCAB with the d2t and full drafts, bs 1-64.
+LATENCY_ARGS="${SV_LATENCY_ARGS:---no-progress}"
 SPECBENCH_ARGS="${SV_SPECBENCH_ARGS:---limit-per-category 10 --max-new-tokens 256 --temperature 0 --no-progress}"
 SPECBENCH_CONCURRENCY="${SV_SPECBENCH_CONCURRENCY:-1 8 32}"
 SPECBENCH_SERVER_ARGS="--mem-fraction-static 0.5"
@@ -225,6 +229,7 @@ phase_parity() {
   local cache="$WORK/cache/parity" res rc
   res=$(results_dir parity)
   echo "  cache: $cache (tiny checkpoints and every finished request); results: $res"
+  [ "$DRY" = 1 ] || sampling_preflight
   export SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 # for PARITY_SERVER_ARGS' --context-length
   run_cmd "$(phase_limit)" $CHECK_LOSSLESS --tiny "$cache/tiny" --out "$cache/out" \
     --questions "$WORK/stage/question.jsonl" --server-args "$PARITY_SERVER_ARGS" $PARITY_ARGS
@@ -233,14 +238,25 @@ phase_parity() {
   return "$rc"
 }
 
+# Speculative sampling is JIT-compiled by SGLang against FlashInfer's headers (staged) and the CUDA
+# toolkit's curand.h: say up front whether both are there (a failure shows in the report, not here).
+sampling_preflight() {
+  local fi curand nvcc_dir
+  fi=$("$PY" -c 'import importlib.util as u; s = u.find_spec("flashinfer"); print(s.origin if s and s.origin else "absent")' 2>&1)
+  nvcc_dir=$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")
+  curand=$(ls "$nvcc_dir/../include/curand.h" /usr/local/cuda/include/curand.h 2>/dev/null | head -1)
+  echo "  sampling preflight: flashinfer headers: $fi; curand.h: ${curand:-absent}"
+}
+
 phase_latency() {
   need install "SGLang and the kernels" || return 2
   local cache="$WORK/cache/latency" res rc
   res=$(results_dir latency)
-  echo "  cache: $cache; results: $res"
-  run_cmd "$(phase_limit)" $BENCH_ROUNDS --out "$cache" $LATENCY_ARGS
+  echo "  cache: $cache (checkpoints, about 5.3 GB, and every timed run); results: $res"
+  run_cmd "$(phase_limit)" $BENCH_ROUNDS --out "$cache/out" --checkpoints "$cache/checkpoints" \
+    --server-args "$SERVER_ARGS" $LATENCY_ARGS
   rc=$?
-  cp -r "$cache/." "$res/" 2>/dev/null || true
+  cp -r "$cache/out/." "$res/" 2>/dev/null || true # never the checkpoints
   return "$rc"
 }
 
