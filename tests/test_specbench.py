@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import FakeServer, JsonHandler
+from fake_http import FakeServer, JsonHandler
 
 from sglang_specvocab.bench.server import SpecBenchError, make_config, parse_config_spec
 from sglang_specvocab.bench.specbench_report import summarize
