@@ -867,9 +867,9 @@ check could not run.
 
 Examples:
 
-    # on tiny random checkpoints (made if missing; fp32, where the target is batch-invariant): no
-    # speculation, EAGLE3 and DYNVOCAB with the d2t and full-vocabulary drafts, chains and trees
-    sglang-specvocab check-lossless --tiny /tmp/tiny --dtype float32 --checks greedy,sampling \\
+    # on tiny random checkpoints (made if missing; fp32 where served, the target is batch-invariant
+    # there): no speculation, EAGLE3 and DYNVOCAB with the d2t and full-vocabulary drafts, chains and trees
+    sglang-specvocab check-lossless --tiny /tmp/tiny --checks greedy,sampling \\
         --out benchmarks/lossless-tiny-h100
 
     # any servers: the first --config is the reference
@@ -910,8 +910,10 @@ def _add_check_lossless(sub) -> None:
     )
     p.add_argument(
         "--dtype",
-        choices=("float32", "bfloat16"),
-        help="with --tiny: the checkpoints' and servers' dtype (default: float32, where the target is batch-invariant)",
+        choices=("auto", "float32", "bfloat16"),
+        help="with --tiny: the checkpoints' and servers' dtype, in DIR/DTYPE (default auto: float32, where the "
+        "target is batch-invariant; bfloat16 where a float32 server does not start, the reason in "
+        "DIR/float32.unserved)",
     )
     p.add_argument("--server-args", default="", metavar="ARGS", help="with --tiny: extra server arguments for all")
     p.add_argument("--dynvocab-config", metavar="YAML", help="with --tiny: --speculative-dynvocab-config of DYNVOCAB")

@@ -444,7 +444,7 @@ def test_install_then_the_work_phases_print_their_commands(tmp_path):
         f"-m sglang_specvocab check-lossless --tiny {work}/cache/parity/tiny --out {work}/cache/parity/out "
         f"--questions {work}/stage/question.jsonl --server-args "
         "--attention-backend\\ triton\\ --sampling-backend\\ pytorch\\ --context-length\\ 16384 "
-        "--dtype float32 --checks greedy\\,sampling\\,load --no-progress"
+        "--checks greedy\\,sampling\\,load --no-progress"
     ) in out
     assert (
         f"-m sglang_specvocab bench rounds --out {work}/cache/latency/out --checkpoints {work}/cache/latency/checkpoints "

@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import FakeServer, JsonHandler
+from fake_http import FakeServer, JsonHandler
 
 from sglang_specvocab.bench.load import LoadSettings, load_plan
 from sglang_specvocab.bench.lossless import TINY_SET, controls, tiny_configs
@@ -236,10 +236,12 @@ class Fake(FakeServer):
 
 
 def serve_from_argv(argv) -> None:
-    """A launched fake: ``... --serve --model-path M --pid-file F --delay S --host H --port P``."""
+    """A launched fake: ``... --serve --model-path M [--pid-file F] [--delay S] --host H --port P`` (any
+    other ``--flag value`` pairs ignored)."""
     opt = {argv[i]: argv[i + 1] for i in range(0, len(argv) - 1, 2)}
     fake = Fake(delay=float(opt.get("--delay", 0.01)))
-    Path(opt["--pid-file"]).write_text(str(os.getpid()))
+    if "--pid-file" in opt:
+        Path(opt["--pid-file"]).write_text(str(os.getpid()))
     fake.serve_forever_at(opt["--host"], opt["--port"])
 
 
@@ -515,11 +517,6 @@ def test_errors_are_clear(questions, tmp_path, capsys):
     )
     assert rc == 2 and "unknown tiny config(s) nope" in capsys.readouterr().err
     assert not (tmp_path / "tiny").exists()  # refused before making any checkpoint
-    (tmp_path / "bf" / "target").mkdir(parents=True)
-    (tmp_path / "bf" / "target" / "config.json").write_text('{"dtype": "bfloat16"}')
-    rc = check(["--out", str(tmp_path), "--tiny", str(tmp_path / "bf"), "--questions", str(questions)])
-    err = capsys.readouterr().err
-    assert rc == 2 and f"--dtype float32: the tiny checkpoints in {tmp_path / 'bf'} are bfloat16" in err
 
 
 def test_sigterm_stops_the_launched_servers_and_keeps_the_cache(questions, tmp_path):
@@ -761,6 +758,66 @@ def test_load_catches_a_difference_missing_telemetry_and_a_dying_server(question
 
 
 # --- the tiny server set ------------------------------------------------------------------------------
+
+
+def _tiny_run(questions, tmp_path, out, refuse):
+    """check-lossless --tiny on launched fakes (checkpoint folders with a config.json are all it looks for)."""
+    for dtype in ("float32", "bfloat16"):
+        for sub in ("target", "draft-d2t", "draft-full"):
+            (tmp_path / "tiny" / dtype / sub).mkdir(parents=True, exist_ok=True)
+            (tmp_path / "tiny" / dtype / sub / "config.json").write_text("{}")
+    # ``--refuse ALGO:DTYPE``: that server exits at start, as one that cannot serve the dtype would (before
+    # this module's imports: 2 s a launch)
+    refusing = (
+        "import runpy, sys; a = sys.argv[1:]; o = dict(zip(a[::2], a[1::2])); "
+        "sys.exit(f'{o[\"--dtype\"]} is not supported here') "
+        "if o['--refuse'] == o.get('--speculative-algorithm', 'none') + ':' + o['--dtype'] else None; "
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r}); sys.argv = [{str(Path(__file__))!r}, '--serve', *a]; "
+        "runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    rc = _main()(
+        _args(
+            questions,
+            tmp_path / out,
+            prompts=2,
+            extra=["--tiny", str(tmp_path / "tiny"), "--only", "dynvocab-d2t", "--server-args", f"--refuse {refuse}"]
+            + ["--launcher", shlex.join([sys.executable, "-c", refusing]), "--routes", "generate"]
+            + ["--concurrency", "1", "--server-timeout", "60"],
+        )
+    )
+    return rc, json.loads((tmp_path / out / "lossless.json").read_text())
+
+
+def test_tiny_serves_float32_and_falls_back_to_bfloat16_only_where_the_engine_cannot(questions, tmp_path, capsys):
+    """--dtype auto: a target that does not start in fp32 makes the run bf16, with the reason kept
+    (a resumed run goes straight to bf16) and reported; a DYNVOCAB server that does not start in fp32
+    where its control did is ours: recorded, exit 1, no fallback."""
+    unserved = tmp_path / "tiny" / "float32.unserved"
+    rc, result = _tiny_run(questions, tmp_path, "dyn", "DYNVOCAB:float32")
+    assert rc == 1 and not unserved.exists()
+    assert result["tiny"] == {"dtype": "float32", "float32_unserved": None}
+    (failure,) = result["failures"]
+    assert failure["config"] == "dynvocab-d2t" and "the server did not start" in failure["error"]
+    assert "float32 is not supported here" in failure["error"]  # the server log's tail
+    rows = {r["config"]: r for r in result["greedy"]["rows"]}
+    assert rows["eagle3-d2t"]["equal"] == 2 and rows["dynvocab-d2t"]["missing"] == 2
+    capsys.readouterr()
+
+    rc, result = _tiny_run(questions, tmp_path, "target", "none:float32")
+    err = capsys.readouterr().err
+    assert rc == 0 and result["lossless"] and not result["failures"], result["failures"]
+    assert "float32 is not served (server 'target' exited with code 1 before it became healthy" in err
+    assert "float32 is not supported here" in unserved.read_text()
+    assert result["tiny"]["dtype"] == "bfloat16" and "'target' exited" in result["tiny"]["float32_unserved"]
+    assert all("bfloat16" in c["args"] and "float32" not in c["args"] for c in result["configs"])
+    assert {r["config"]: r["equal"] for r in result["greedy"]["rows"]} == {"eagle3-d2t": 2, "dynvocab-d2t": 2}
+    assert (
+        "- tiny checkpoints: bfloat16 (float32 was not served: server 'target' exited"
+        in (tmp_path / "target" / "lossless.md").read_text()
+    )
+    rc, _ = _tiny_run(questions, tmp_path, "target", "none:float32")  # resumed: bf16 at once, all cached
+    out = capsys.readouterr().out
+    assert rc == 0 and "launching" not in out and out.count("everything is cached") == 3
 
 
 def test_tiny_configs_need_the_checkpoints(tmp_path):

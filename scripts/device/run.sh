@@ -49,10 +49,11 @@ SERVER_ARGS="--attention-backend triton --sampling-backend pytorch${RADIX_ARGS:+
 GPU_TESTS="${SV_TESTS:-tests/test_kernels_gpu.py tests/test_packed.py tests/test_kernels.py tests/test_triton_ops.py
   tests/test_bench_kernels.py tests/test_integration_worker.py}"
 BENCH_ARGS="${SV_BENCH_ARGS:---iters 100 --no-progress}" # plus --time-budget-s (phase time - 90 s), --out
-# fp32: the tiny target is batch-invariant there (bf16 was not: device-staging.md, finding 6). Every
-# DYNVOCAB server is checked against the target and its EAGLE3 control: greedy (50 prompts x 3 routes x
-# concurrency 1 and 8), sampling (8 prompts x 480 samples) and load (1,000 requests), one start each.
-PARITY_ARGS="${SV_PARITY_ARGS:---dtype float32 --checks greedy,sampling,load --no-progress}"
+# --dtype auto (check-lossless' default): fp32, where the tiny target is batch-invariant (bf16 was not:
+# device-staging.md, finding 6); bf16 if the engine does not serve fp32 (the reason is kept and reported).
+# Every DYNVOCAB server is checked against the target and its EAGLE3 control: greedy (50 prompts x 3 routes
+# x concurrency 1 and 8), sampling (8 prompts x 480 samples) and load (1,000 requests), one start each.
+PARITY_ARGS="${SV_PARITY_ARGS:---checks greedy,sampling,load --no-progress}"
 # Spec-Bench question 248 has 5,191 tokens, past the tiny target's 4,096: serve a longer context
 # (device-staging.md, finding 5); the check also skips and counts a prompt longer than the context.
 PARITY_SERVER_ARGS="$SERVER_ARGS --context-length 16384"

@@ -28,6 +28,7 @@ file, so a run cut short resumes where it stopped and starts no server whose wor
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -47,6 +48,7 @@ from .server import (
     Server,
     ServerConfig,
     ServerSettings,
+    ServerStartError,
     SpecBenchError,
     check_unique,
     configs_from_args,
@@ -60,6 +62,7 @@ from .server import (
 
 __all__ = [
     "CHECKS",
+    "FP32_UNSERVED",
     "ROUTES",
     "GreedyCheck",
     "LosslessSettings",
@@ -379,6 +382,28 @@ def _checks(settings: LosslessSettings, prompts: list[Prompt]) -> list:
     return [made[c]() for c in CHECKS if c in settings.checks]
 
 
+def _warm_up(server: Server, config: ServerConfig, model: str, prompts: list[Prompt], settings: LosslessSettings):
+    """CUDA graphs and caches, not recorded; a failure here is a server that did not start."""
+    for _ in range(settings.server.warmup):
+        try:
+            ask(
+                server.url,
+                "generate",
+                prompts[0].text,
+                max_new_tokens=min(16, settings.max_new_tokens),
+                model=model,
+                timeout=settings.server.request_timeout,
+            )
+        except PromptTooLong:
+            pass
+        except SpecBenchError as exc:
+            try:
+                server.check_alive()
+            except SpecBenchError as dead:
+                raise ServerStartError(config.name, str(dead)) from None
+            raise ServerStartError(config.name, f"config {config.name!r}: its first request failed: {exc}") from None
+
+
 def run_lossless(
     configs: list[ServerConfig],
     prompts: list[Prompt],
@@ -417,23 +442,26 @@ def run_lossless(
         if not work:
             print(f"[{config.name}] everything is cached in {cache_path}: nothing to run", flush=True)
             continue
-        with Server(config, settings.server, log_dir) as server:
-            model = served_model(server.url)
-            for _ in range(settings.server.warmup):  # CUDA graphs and caches; not recorded
-                try:
-                    ask(
-                        server.url,
-                        "generate",
-                        prompts[0].text,
-                        max_new_tokens=min(16, settings.max_new_tokens),
-                        model=model,
-                        timeout=settings.server.request_timeout,
+        with contextlib.ExitStack() as stack:
+            try:
+                server = stack.enter_context(Server(config, settings.server, log_dir))
+                model = served_model(server.url)
+                _warm_up(server, config, model, prompts, settings)
+            except ServerStartError as exc:
+                if config.algorithm != "DYNVOCAB" or config.url is not None:
+                    raise  # the engine cannot serve it, or nothing answers at its url: nothing to compare with
+                # ours: recorded against each of its checks (exit 1, not retried), the other servers still run
+                print(f"[{config.name}] did not start: {exc}", file=sys.stderr, flush=True)
+                for check, _ in work:
+                    cache.append(
+                        {
+                            "key": failed_key(check, config),
+                            "check": check.name,
+                            "config": config.name,
+                            "error": f"the server did not start: {exc}"[:4000],
+                        }
                     )
-                except PromptTooLong:
-                    pass
-                except SpecBenchError:
-                    server.check_alive()
-                    raise
+                continue
             for check, _ in work:
                 try:
                     check.run(server, config, cache, model, progress)
@@ -486,6 +514,8 @@ TINY_SET = (
     ("dynvocab-full-tree", "DYNVOCAB", "draft-full", 4, 3, 8),
 )
 TINY_DTYPES = ("float32", "bfloat16")
+#: In --tiny DIR, the marker that float32 was tried and not served (its reason inside): auto uses bf16.
+FP32_UNSERVED = "float32.unserved"
 
 
 def check_tiny_names(names: list[str] | None) -> None:
@@ -493,15 +523,6 @@ def check_tiny_names(names: list[str] | None) -> None:
     unknown = [n for n in names or () if n not in known]
     if unknown:
         raise SpecBenchError(f"unknown tiny config(s) {', '.join(unknown)}; known: {', '.join(known)}")
-
-
-def tiny_dtype(root: str | Path) -> str | None:
-    """The dtype the tiny target at ``root`` was saved in (its config.json), None when there is none."""
-    path = Path(root) / "target" / "config.json"
-    if not path.is_file():
-        return None
-    cfg = json.loads(path.read_text(encoding="utf-8"))
-    return cfg.get("dtype") or cfg.get("torch_dtype")
 
 
 def tiny_configs(
@@ -576,6 +597,18 @@ def markdown(result: dict) -> str:
         f"- command: `{result['command']}`",
         f"- checks: {', '.join(result['checks'])}; reference: `{result['reference']}`",
         "- controls: " + (", ".join(f"`{d}` against `{c or 'the target only'}`" for d, c in pairs) or "none"),
+        *(
+            [
+                f"- tiny checkpoints: {result['tiny']['dtype']}"
+                + (
+                    f" (float32 was not served: {result['tiny']['float32_unserved']})"
+                    if result["tiny"]["float32_unserved"]
+                    else ""
+                )
+            ]
+            if result.get("tiny")
+            else []
+        ),
         f"- **verdict: {'lossless' if result['lossless'] else 'NOT lossless'}**",
     ]
     if result["failures"]:
@@ -602,31 +635,41 @@ def write_report(result: dict, out_dir: Path, stem: str = "lossless") -> list[Pa
 # --- the command ----------------------------------------------------------------------------------
 
 
+def _first_line(message: str) -> str:
+    """A server error's first line, without the colon that introduces its log's tail."""
+    return (message.splitlines() or [""])[0].rstrip(":")
+
+
+def _tiny(args, dtype: str) -> list[ServerConfig]:
+    """The tiny server set in ``dtype``, its checkpoints in ``--tiny DIR/dtype`` (made there if missing)."""
+    root = args.tiny / dtype
+    if not (root / "target" / "config.json").is_file():
+        import torch  # heavy, and needed only to make the checkpoints
+
+        from ..testing.tiny import make_tiny_checkpoints  # heavy: transformers
+
+        print(f"making the tiny checkpoints ({dtype}) in {root}", flush=True)
+        make_tiny_checkpoints(root, dtype=getattr(torch, dtype), force=True)
+    return tiny_configs(root, shlex.split(args.server_args), args.dynvocab_config, args.only, dtype)
+
+
 def run(args) -> int:
-    """``sglang-specvocab check-lossless``: 0 when no DYNVOCAB result differs from its control, 1 when one does."""
+    """``sglang-specvocab check-lossless``: 0 when no DYNVOCAB result differs from its control, 1 when one does.
+
+    ``--tiny`` with ``--dtype auto`` (the default) serves float32, where the target is batch-invariant;
+    should a float32 server not start (SGLang's fused CUDA kernels may not take float32), it records why
+    in ``DIR/float32.unserved`` and serves bfloat16, where the EAGLE3 controls tell the engine's numerics
+    from ours; the report says which."""
     if args.tiny is None and (args.only or args.server_args or args.dynvocab_config or args.dtype):
         raise SpecBenchError("--only, --server-args, --dynvocab-config and --dtype go with --tiny")
     if args.tiny is None and not args.config and args.configs is None:
         raise SpecBenchError("give --tiny DIR, or --config/--configs (the first configuration is the reference)")
-    configs = []
+    dtypes = [None]
     if args.tiny is not None:
         check_tiny_names(args.only)  # before minutes of making checkpoints
-        dtype = args.dtype or "float32"
-        have = tiny_dtype(args.tiny)
-        if have is None:
-            import torch  # heavy, and needed only to make the checkpoints
-
-            from ..testing.tiny import make_tiny_checkpoints  # heavy: transformers
-
-            print(f"making the tiny checkpoints ({dtype}) in {args.tiny}", flush=True)
-            make_tiny_checkpoints(args.tiny, dtype=getattr(torch, dtype))
-        elif have != dtype:
-            raise SpecBenchError(
-                f"--dtype {dtype}: the tiny checkpoints in {args.tiny} are {have}; give another --tiny folder "
-                f"(they are made there) or --dtype {have}"
-            )
-        configs += tiny_configs(args.tiny, shlex.split(args.server_args), args.dynvocab_config, args.only, dtype)
-    configs += configs_from_args(args)
+        want = args.dtype or "auto"
+        unserved = args.tiny / FP32_UNSERVED
+        dtypes = [want] if want != "auto" else ["bfloat16"] if unserved.is_file() else ["float32", "bfloat16"]
     settings = LosslessSettings(
         prompts=args.prompts,
         max_new_tokens=args.max_new_tokens,
@@ -651,23 +694,37 @@ def run(args) -> int:
     )
     n = max(args.prompts, args.sampling_prompts if "sampling" in settings.checks else 0)
     prompts = round_robin_prompts(spec_bench_file(args.questions), n)
-    print(
-        f"checks {', '.join(settings.checks)} on {len(configs)} configurations (reference: "
-        f"{configs[0].name if configs else '-'}); greedy: {args.prompts} prompts x {len(settings.routes)} routes x "
-        f"concurrency {','.join(map(str, settings.concurrencies))}",
-        flush=True,
-    )
-    with sigterm_as_interrupt():
-        cache = args.cache or args.out / f"{args.name}-cache.jsonl"
-        result = run_lossless(
-            configs,
-            prompts,
-            settings,
-            cache_path=cache,
-            log_dir=args.out / "logs",
-            command=args.command_line,
-            progress=not args.no_progress,
+    cache = args.cache or args.out / f"{args.name}-cache.jsonl"
+    for dtype in dtypes:
+        configs = (_tiny(args, dtype) if dtype else []) + configs_from_args(args)
+        print(
+            f"checks {', '.join(settings.checks)} on {len(configs)} configurations (reference: "
+            f"{configs[0].name if configs else '-'}{f', {dtype}' if dtype else ''}); greedy: {args.prompts} prompts "
+            f"x {len(settings.routes)} routes x concurrency {','.join(map(str, settings.concurrencies))}",
+            flush=True,
         )
+        try:
+            with sigterm_as_interrupt():
+                result = run_lossless(
+                    configs,
+                    prompts,
+                    settings,
+                    cache_path=cache,
+                    log_dir=args.out / "logs",
+                    command=args.command_line,
+                    progress=not args.no_progress,
+                )
+            break
+        except ServerStartError as exc:
+            if dtype != "float32" or len(dtypes) < 2:
+                raise
+            (args.tiny / FP32_UNSERVED).write_text(str(exc) + "\n", encoding="utf-8")
+            print(f"float32 is not served ({_first_line(str(exc))}): serving bfloat16", file=sys.stderr, flush=True)
+    if args.tiny is not None:
+        note = None
+        if dtype == "bfloat16" and (args.tiny / FP32_UNSERVED).is_file():
+            note = _first_line((args.tiny / FP32_UNSERVED).read_text(encoding="utf-8"))
+        result["tiny"] = {"dtype": dtype, "float32_unserved": note}
     paths = write_report(result, args.out, args.name)
     print()
     print(markdown(result), end="")

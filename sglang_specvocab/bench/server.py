@@ -50,6 +50,14 @@ class SpecBenchError(SpecVocabError):
     """A benchmark that cannot run: bad configuration, question file, server or response."""
 
 
+class ServerStartError(SpecBenchError):
+    """A configuration's server did not start (or did not answer its first request)."""
+
+    def __init__(self, config: str, message: str):
+        super().__init__(message)
+        self.config = config
+
+
 @dataclass
 class ServerSettings:
     """How servers are launched and reached."""
@@ -376,21 +384,24 @@ class Server:
                     start_new_session=True,
                 )
             except OSError as exc:
-                raise SpecBenchError(f"config {cfg.name!r}: cannot run {cmd[0]!r}: {exc.strerror or exc}") from None
+                raise ServerStartError(
+                    cfg.name, f"config {cfg.name!r}: cannot run {cmd[0]!r}: {exc.strerror or exc}"
+                ) from None
         self._wait_healthy(f"server {cfg.name!r} did not become healthy within {s.server_timeout:g} s")
 
     def _wait_healthy(self, timeout_message: str) -> None:
         deadline = time.monotonic() + self.settings.server_timeout
         while True:
             if self.proc is not None and self.proc.poll() is not None:
-                raise SpecBenchError(
+                raise ServerStartError(
+                    self.config.name,
                     f"server {self.config.name!r} exited with code {self.proc.returncode} before it became healthy"
-                    + self.log_tail()
+                    + self.log_tail(),
                 )
             if _healthy(self.url):
                 return
             if time.monotonic() >= deadline:
-                raise SpecBenchError(timeout_message + self.log_tail())
+                raise ServerStartError(self.config.name, timeout_message + self.log_tail())
             time.sleep(self.settings.poll_interval)
 
     def check_alive(self) -> None:
