@@ -827,17 +827,23 @@ def test_tiny_configs_need_the_checkpoints(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, torchvision_standin):
+    import torch  # not at the top: the launched fakes import this module
+
     from sglang_specvocab.integration.plugin import register
     from sglang_specvocab.testing.tiny import make_tiny_checkpoints
 
     register()
-    return make_tiny_checkpoints(tmp_path_factory.mktemp("tiny"), vocab_size=4096, draft_vocab_size=1024)
+    root = tmp_path_factory.mktemp("tiny")
+    return make_tiny_checkpoints(root, vocab_size=4096, draft_vocab_size=1024, dtype=torch.float32)
 
 
 @pytest.mark.sglang
 def test_tiny_set_is_accepted_by_sglang(tiny):
     """Every server of the set parses with SGLang's own argument handling (DYNVOCAB through our plug-in),
-    and every DYNVOCAB configuration has its EAGLE3 control."""
+    and every DYNVOCAB configuration has its EAGLE3 control; the checkpoints are fp32 as served."""
+    for sub in ("target", "draft-d2t", "draft-full"):
+        cfg = json.loads((tiny.root / sub / "config.json").read_text())
+        assert cfg.get("dtype", cfg.get("torch_dtype")) == "float32", sub
     from sglang.srt.server_args import prepare_server_args
 
     configs = tiny_configs(tiny.root, ["--device", "cpu"], dynvocab_config=str(ROOT / "configs" / "microspec.yaml"))
