@@ -36,6 +36,9 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..patches import installed_sglang_version
+from .kernels import environment as kernel_env
+
 SCHEMA = 1
 PHASES = ("draft", "verify", "extend")
 QUICK = {
@@ -123,6 +126,7 @@ def time_prefill(rounds_by_stack: dict, reps: int, n: int) -> dict:
 
 def topk_cost(tokens: int, d: int, vocab: int, k: int, chunks: list[int], reps: int) -> list[dict]:
     """The prefill top-K alone: ms per 1k prompt tokens per chunk size (min over reps), and its largest tensor."""
+    # integration/ is the SGLang side of the package: loaded only when a benchmark runs
     from ..integration.events import _chunked_topk
 
     g = torch.Generator().manual_seed(0)
@@ -148,12 +152,8 @@ def topk_cost(tokens: int, d: int, vocab: int, k: int, chunks: list[int], reps: 
 
 
 def environment() -> dict:
-    import sglang
-
-    from .kernels import environment as kernel_env
-
     env = kernel_env(torch.device("cpu"))
-    env["versions"]["sglang"] = sglang.__version__
+    env["versions"]["sglang"] = installed_sglang_version()
     return env
 
 
@@ -188,10 +188,11 @@ def run_case(H, shape, args) -> dict:
 
 def run(args) -> int:
     """``bench host``: every case, then JSON + Markdown; 1 with ``--check`` when a case misses the target."""
+    # SGLang and its stand-ins are loaded only when the benchmark runs (the CLI starts without them)
     from ..testing.standins import install
 
     install()  # SGLang's worker modules import torchvision (absent on a CPU machine)
-    from ..integration import harness as H
+    from ..integration import harness as H  # SGLang's worker modules, after the stand-ins
 
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:

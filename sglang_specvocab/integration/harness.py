@@ -45,7 +45,7 @@ ARCH = "LlamaForCausalLMEagle3"
 
 def init_dist(port: int) -> None:
     """One-process torch.distributed and SGLang's parallel state (``LogitsProcessor`` reads it)."""
-    from sglang.test.layer_ut_utils import init_single_process_dist
+    from sglang.test.layer_ut_utils import init_single_process_dist  # SGLang's test utilities: only when used
 
     if not torch.distributed.is_initialized():
         init_single_process_dist(master_port=port)
@@ -122,7 +122,7 @@ class ToyRunner:
 
 def eagle3_head(toy: ToyDraft, vocab: int):
     """EAGLE3's draft head: SGLang's ``LogitsProcessor._get_logits`` over the full-vocabulary head."""
-    from transformers import LlamaConfig
+    from transformers import LlamaConfig  # heavy: only for the EAGLE3 stack
 
     config = LlamaConfig(vocab_size=vocab, hidden_size=toy.A.shape[0], num_attention_heads=1, num_key_value_heads=1)
     lp = LogitsProcessor(config)
