@@ -21,7 +21,8 @@ case "$mode" in cpu|gpu) ;; *) echo "setup: SPECVOCAB_SETUP_MODE=$mode is invali
 import sys; sys.exit(sys.version_info < (3, 11))
 PY
 
-inputs=(scripts/setup.sh scripts/constraints-cpu.txt scripts/requirements-sglang-light.txt pyproject.toml setup.py csrc/*)
+inputs=(scripts/setup.sh scripts/constraints-cpu.txt scripts/requirements-sglang-light.txt scripts/requirements-lint.txt
+        pyproject.toml setup.py csrc/*)
 want="$mode-$(cat "${inputs[@]}" | sha256sum | cut -c1-16)"
 stamp="$venv/.specvocab-setup"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$venv/bin/python" -c "import sglang_specvocab" 2>/dev/null; then
@@ -37,6 +38,7 @@ pip_install() {
     | { grep -v "^WARNING: Location '.*' is ignored" || true; }
 }
 pip_install --upgrade pip
+pip_install -r scripts/requirements-lint.txt  # scripts/lint.sh's pinned tools
 if [ "$mode" = cpu ]; then
   c=(-c scripts/constraints-cpu.txt)
   pip_install "${c[@]}" torch==2.13.0              # CPU build; a looser pin pulls CUDA wheels

@@ -29,3 +29,15 @@ def test_every_sub_package_and_data_file_is_declared_for_the_wheel():
     assert on_disk | {"sglang_specvocab.configs"} == set(tool["packages"])
     assert "prompts.jsonl" in tool["package-data"]["sglang_specvocab"]
     assert (ROOT / "sglang_specvocab" / "prompts.jsonl").is_file()
+
+
+def test_pre_commit_pins_the_lint_gate_versions():
+    """pre-commit runs the same ruff and clang-format as the CI gate (scripts/lint.sh)."""
+    import yaml
+
+    lines = (ROOT / "scripts" / "requirements-lint.txt").read_text().splitlines()
+    pins = {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+    config = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())
+    hooks = [hook for repo in config["repos"] for hook in repo["hooks"]]
+    assert {dep for hook in hooks for dep in hook["additional_dependencies"]} == pins
+    assert {hook["entry"].split()[0] for hook in hooks} == {pin.split("==")[0] for pin in pins}
