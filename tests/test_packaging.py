@@ -26,7 +26,7 @@ def test_every_sub_package_and_data_file_is_declared_for_the_wheel():
         for p in (ROOT / "sglang_specvocab").rglob("__init__.py")
         if all(part.isidentifier() for part in p.parent.relative_to(ROOT).parts)
     }
-    assert on_disk | {"sglang_specvocab.configs"} == set(tool["packages"])
+    assert on_disk | {"sglang_specvocab.configs", "sglang_specvocab.csrc"} == set(tool["packages"])
     assert "prompts.jsonl" in tool["package-data"]["sglang_specvocab"]
     assert (ROOT / "sglang_specvocab" / "prompts.jsonl").is_file()
 
@@ -41,3 +41,58 @@ def test_pre_commit_pins_the_lint_gate_versions():
     hooks = [hook for repo in config["repos"] for hook in repo["hooks"]]
     assert {dep for hook in hooks for dep in hook["additional_dependencies"]} == pins
     assert {hook["entry"].split()[0] for hook in hooks} == {pin.split("==")[0] for pin in pins}
+
+
+def test_cluster_policy_without_faiss_names_the_extra(tmp_path, monkeypatch):
+    """faiss is optional (the [cluster] extra): a cluster policy that must build its clusters says how to get it."""
+    import sys
+
+    import pytest
+    import torch
+
+    from sglang_specvocab.errors import SpecVocabError
+    from sglang_specvocab.policies import ModelContext, build_policy, parse_config
+
+    monkeypatch.setitem(sys.modules, "faiss", None)  # import faiss -> ImportError
+    weight = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
+    cfg = parse_config({"policy": "cluster", "capacity": 16, "cluster": {"clusters": 4, "budget": [2, 1]}})
+    model = ModelContext(weight=weight, embedding=None, vocab_size=64, eos_token_ids=(2,), cache_dir=tmp_path)
+    with pytest.raises(SpecVocabError, match=r"faiss.*pip install 'sglang-specvocab\[cluster\]'"):
+        build_policy(cfg, 4, model=model)
+
+
+def test_kernel_sources_ship_for_the_first_use_build():
+    """The wheel carries csrc/ (sglang_specvocab.csrc) with every file the recipe compiles, and one version source."""
+    import tomllib
+
+    from sglang_specvocab.csrc import recipe
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-dir"]["sglang_specvocab.csrc"] == "csrc"
+    shipped = set(setuptools["package-data"]["sglang_specvocab.csrc"]) | {"recipe.py"}
+    assert shipped == set(recipe.SHIPPED)
+    for with_cuda in (False, True):
+        for name in recipe.sources(with_cuda):
+            assert (ROOT / "csrc" / name).is_file() and any(Path(name).match(p) for p in shipped)
+    assert setuptools["dynamic"]["version"] == {"attr": "sglang_specvocab.__version__"}
+
+
+def test_first_use_build_without_a_compiler_says_so(monkeypatch):
+    """No extension in the install and no C++ compiler: the ops are unavailable with a reason naming the compiler."""
+    import importlib.util
+
+    import pytest
+
+    from sglang_specvocab.ops import _ext
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "sglang_specvocab._C" else find_spec(name, *a)
+    )
+    monkeypatch.setattr(_ext, "_state", {})
+    monkeypatch.setenv("CXX", "no-such-c++-compiler")
+    with pytest.raises(RuntimeError, match="no C\\+\\+ compiler: 'no-such-c\\+\\+-compiler' is not on PATH"):
+        _ext.jit_build()
+    assert not _ext.available()
+    assert "first-use build failed: no C++ compiler" in _ext.reason()
+

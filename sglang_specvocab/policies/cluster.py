@@ -25,7 +25,7 @@ from pydantic import Field, model_validator
 
 from ..cache import cached, weights_key
 from ..config import PolicyConfig, Section
-from ..errors import ConfigError
+from ..errors import ConfigError, SpecVocabError
 from ..table import CandidateTable
 from .base import ModelContext, Policy, load_trained
 
@@ -66,7 +66,13 @@ def spherical_kmeans(weight: torch.Tensor, clusters: int, iterations: int, seed:
     """Clusters of the normalised rows of ``weight[V, d]``: ``perm`` (ids grouped by cluster,
     most central first), ``offsets[C + 1]`` (cluster c is ``perm[offsets[c]:offsets[c+1]]``) and
     unit ``centroids[C, d]``."""
-    import faiss  # heavy: only when the clusters are built
+    try:
+        import faiss  # optional and heavy: only when the clusters are built (not when cached)
+    except ImportError as exc:
+        raise SpecVocabError(
+            "policy 'cluster' builds its clusters of LM-head rows with faiss, which is not installed: "
+            "pip install 'sglang-specvocab[cluster]'"
+        ) from exc
 
     x = torch.nn.functional.normalize(weight.detach().float().cpu(), dim=1).numpy()
     km = faiss.Kmeans(
