@@ -32,6 +32,12 @@ on the forward batch's ``req_pool_indices`` (the static buffer inside a CUDA gra
 captured with the draft graphs. Refused at start for a d2t draft (the rankers rank draft-head
 rows, the table holds target ids) and for TP > 1 (each rank holds a head shard: the rankers would
 differ between ranks).
+
+Where the installed SGLang has the hooks of the repository's ``patches/sglang-0.5.23-draft-topk-hook.diff``
+(``SGLANG_HOOK``, detected once when this module is imported), none of the copies is used: SGLang's own
+``__init__`` builds ``draft_worker_cls``, its ``_forward_prefill_batch`` calls ``on_target_prefill_complete``
+(``dynvocab_prefill``), and its draft methods take the top-k from ``CompactTopKHook`` (set by
+``install_dynvocab_head``): the ``proc.dv_step``, ``proc.draft_topk`` and ``proc.draft_topk1`` of the copies.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from sglang.srt.runtime_context import get_observability, get_parallel
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
 from ..errors import SpecVocabError
-from ..patches import load_patch_module
+from ..patches import has_draft_topk_hook, load_patch_module
 from ..policies import ModelContext, Policy, build_policy
 from .algorithm import NAME, draft_info, load_server_config
 from .events import host_to_device, prefill_event, reset_rows, verify_event
@@ -52,12 +58,17 @@ from .telemetry import Gauges, Telemetry, install_request_level_keys, report_to_
 
 logger = logging.getLogger(__name__)
 
-# The copied SGLang methods (patches/sglang-<version>/), bound once when this module is imported (in the
-# scheduler, by the worker factory after the version and signature checks): load_patch_module reads
-# package metadata (ms), which must never run per decode round.
-_DRAFT = load_patch_module("dynvocab_draft")
-_PREFILL = load_patch_module("dynvocab_worker")
-_INIT = load_patch_module("eagle_worker_v2")
+# SGLang with the draft top-k hook: its own methods, no copies (see the module docstring).
+SGLANG_HOOK = has_draft_topk_hook()
+if SGLANG_HOOK:
+    logger.info("DYNVOCAB: the installed SGLang has the draft top-k hook; the copied SGLang methods are not used")
+else:
+    # The copied SGLang methods (patches/sglang-<version>/), bound once when this module is imported (in the
+    # scheduler, by the worker factory after the version and signature checks): load_patch_module reads
+    # package metadata (ms), which must never run per decode round.
+    _DRAFT = load_patch_module("dynvocab_draft")
+    _PREFILL = load_patch_module("dynvocab_worker")
+    _INIT = load_patch_module("eagle_worker_v2")
 
 
 # --- stepwise policies: select inside the LM head ----------------------------------------------------
@@ -145,6 +156,23 @@ class StepwiseProcessor(DynVocabLogitsProcessor):
             step = 0 if mode != "decode" else self.dv_step
             self.dv_policy.select(fb.req_pool_indices.long(), step, hidden, tokens)
         return super()._get_logits(hidden_states, lm_head, logits_metadata, *args, **kwargs)
+
+
+class CompactTopKHook:
+    """SGLang's draft top-k hook over the compact processor (an SGLang with the hook; the copies otherwise)."""
+
+    def __init__(self, proc: DynVocabLogitsProcessor):
+        self.proc = proc
+
+    def before_draft_forward(self, forward_batch, step: int) -> None:
+        self.proc.dv_step = step  # the draft step whose set a stepwise policy picks inside the LM head
+
+    def draft_topk(self, logits, topk: int, forward_batch, step: int):
+        # topk 1 in the draft steps and the decode extend: the argmax with p = 1, as upstream's topk-1 paths
+        # there (and the copies); the prefill extend (an EXTEND batch) keeps the softmax, as upstream's.
+        if topk == 1 and not forward_batch.forward_mode.is_extend():
+            return self.proc.draft_topk1(logits, forward_batch.req_pool_indices)
+        return self.proc.draft_topk(logits, topk, forward_batch.req_pool_indices)
 
 
 class DynVocabDraftWorker(EagleDraftWorker):
@@ -248,28 +276,31 @@ class DynVocabDraftWorker(EagleDraftWorker):
         if policy.stepwise:
             proc.dv_policy = policy
         self.dynvocab_proc = proc
+        if SGLANG_HOOK:
+            self.set_draft_topk_hook(CompactTopKHook(proc))
 
-    # The compact-head copies (patches/sglang-0.5.23/dynvocab_draft.py); SGLang's own with a dense policy.
-    def draft_forward(self, forward_batch):
-        if self.dynvocab_proc is None:
-            return super().draft_forward(forward_batch)
-        return _DRAFT.draft_forward(self, forward_batch)
+    if not SGLANG_HOOK:
+        # The compact-head copies (patches/sglang-0.5.23/dynvocab_draft.py); SGLang's own with a dense policy.
+        def draft_forward(self, forward_batch):
+            if self.dynvocab_proc is None:
+                return super().draft_forward(forward_batch)
+            return _DRAFT.draft_forward(self, forward_batch)
 
-    def _draft_extend_for_prefill(
-        self, batch, target_hidden_states, next_token_ids, mm_input_embeds=None, kv_loc_plan=None
-    ):
-        if self.dynvocab_proc is None:
-            return super()._draft_extend_for_prefill(
-                batch, target_hidden_states, next_token_ids, mm_input_embeds, kv_loc_plan=kv_loc_plan
+        def _draft_extend_for_prefill(
+            self, batch, target_hidden_states, next_token_ids, mm_input_embeds=None, kv_loc_plan=None
+        ):
+            if self.dynvocab_proc is None:
+                return super()._draft_extend_for_prefill(
+                    batch, target_hidden_states, next_token_ids, mm_input_embeds, kv_loc_plan=kv_loc_plan
+                )
+            return _DRAFT.draft_extend_for_prefill(
+                self, batch, target_hidden_states, next_token_ids, mm_input_embeds, kv_loc_plan
             )
-        return _DRAFT.draft_extend_for_prefill(
-            self, batch, target_hidden_states, next_token_ids, mm_input_embeds, kv_loc_plan
-        )
 
-    def _draft_extend_for_decode(self, batch, batch_result, *, kv_loc_plan=None):
-        if self.dynvocab_proc is None:
-            return super()._draft_extend_for_decode(batch, batch_result, kv_loc_plan=kv_loc_plan)
-        return _DRAFT.draft_extend_for_decode(self, batch, batch_result, kv_loc_plan=kv_loc_plan)
+        def _draft_extend_for_decode(self, batch, batch_result, *, kv_loc_plan=None):
+            if self.dynvocab_proc is None:
+                return super()._draft_extend_for_decode(batch, batch_result, kv_loc_plan=kv_loc_plan)
+            return _DRAFT.draft_extend_for_decode(self, batch, batch_result, kv_loc_plan=kv_loc_plan)
 
 
 class DynVocabWorkerV2(EAGLEWorkerV2):
@@ -278,7 +309,10 @@ class DynVocabWorkerV2(EAGLEWorkerV2):
     draft_worker_cls = DynVocabDraftWorker
 
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
-        _INIT.worker_init(self, server_args, gpu_id, nccl_port, target_worker, self.draft_worker_cls)
+        if SGLANG_HOOK:  # SGLang's own __init__ builds self.draft_worker_cls
+            super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        else:
+            _INIT.worker_init(self, server_args, gpu_id, nccl_port, target_worker, self.draft_worker_cls)
         self._init_dynvocab_state(server_args)
 
     def _init_dynvocab_state(self, server_args) -> None:
@@ -347,8 +381,14 @@ class DynVocabWorkerV2(EAGLEWorkerV2):
 
     # --- prefill --------------------------------------------------------------------------------
 
-    def _forward_prefill_batch(self, batch, on_publish=None, pp_proxy_tensors=None, coordination_plan=None):
-        return _PREFILL.forward_prefill_batch(self, batch, on_publish, pp_proxy_tensors, coordination_plan)
+    if not SGLANG_HOOK:  # the copy that calls dynvocab_prefill (patches/sglang-0.5.23/dynvocab_worker.py)
+
+        def _forward_prefill_batch(self, batch, on_publish=None, pp_proxy_tensors=None, coordination_plan=None):
+            return _PREFILL.forward_prefill_batch(self, batch, on_publish, pp_proxy_tensors, coordination_plan)
+
+    def on_target_prefill_complete(self, batch, batch_output) -> None:
+        """SGLang's prefill hook (an SGLang with the draft top-k hook): the prefill event."""
+        self.dynvocab_prefill(batch, batch_output)
 
     def _dynvocab_target_head(self):
         """The target LM head for the prefill top-K: its weight, or a callable that all-gathers TP shards."""
@@ -460,4 +500,11 @@ def _req_ids(req) -> list[int]:
     return list(ids)
 
 
-__all__ = ["DynVocabDraftWorker", "DynVocabWorkerV2", "StepwiseProcessor", "stepwise_inputs"]
+__all__ = [
+    "SGLANG_HOOK",
+    "CompactTopKHook",
+    "DynVocabDraftWorker",
+    "DynVocabWorkerV2",
+    "StepwiseProcessor",
+    "stepwise_inputs",
+]

@@ -15,6 +15,12 @@ again before it hands out the worker class). A changed signature is refused with
 recorded and the installed signature: adapt the copies, then re-record.
 
 ``python -m sglang_specvocab.patches`` prints the installed signatures in the recorded format.
+
+``has_draft_topk_hook()``: whether the installed SGLang has the hooks of the repository's
+``patches/sglang-0.5.23-draft-topk-hook.diff`` (a draft top-k supplied by the plug-in, a prefill event,
+the draft worker class as a class attribute). Where it does, the worker uses SGLang's own methods and
+none of the copies (``integration/worker.py`` decides once, when it is imported); their signatures are
+``HOOK`` in ``signatures.py``.
 """
 
 from __future__ import annotations
@@ -151,6 +157,25 @@ def check_sglang(*, worker: bool | None = None) -> str:
 
 
 @cache
+def has_draft_topk_hook() -> bool:
+    """True where the installed SGLang has the draft top-k hook (checked against ``HOOK``), else False.
+
+    Raises ``SGLangCompatibilityError`` if it has the hook with other signatures than the recorded ones.
+    """
+    from sglang.srt.speculative import eagle_worker_v2 as ew  # the worker module: imported only to build a worker
+
+    if not hasattr(ew.EagleDraftWorker, "set_draft_topk_hook"):
+        return False
+    if getattr(ew.EAGLEWorkerV2, "draft_worker_cls", None) is not ew.EagleDraftWorker:
+        raise SGLangCompatibilityError(
+            "the installed SGLang has EagleDraftWorker.set_draft_topk_hook but not EAGLEWorkerV2.draft_worker_cls; "
+            "sglang-specvocab knows the hook of patches/sglang-0.5.23-draft-topk-hook.diff only"
+        )
+    check_signatures(load_patch_module("signatures").HOOK)
+    return True
+
+
+@cache
 def _worker_checked(version: str) -> bool:
     check_signatures(recorded_signatures(version)["WORKER"])
     return True
@@ -168,6 +193,7 @@ __all__ = [
     "check_sglang_version",
     "check_signatures",
     "check_worker_signatures",
+    "has_draft_topk_hook",
     "installed_sglang_version",
     "load_patch_module",
     "patch_dir",

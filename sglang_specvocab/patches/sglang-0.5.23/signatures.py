@@ -128,3 +128,12 @@ WORKER = {
         "(self, device, spec_algo, req_to_token_pool, needs_cpu_seq_lens=True, needs_confidence_relay=False)"
     ),
 }
+
+# The hooks of patches/sglang-0.5.23-draft-topk-hook.diff (at the repository's top level): checked where the
+# installed SGLang has them (``has_draft_topk_hook``), and then the copies above are not used.
+HOOK = {
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.set_draft_topk_hook": "(self, hook)",
+    "sglang.srt.speculative.eagle_worker_v2.DraftTopKHook.before_draft_forward": "(self, forward_batch, step)",
+    "sglang.srt.speculative.eagle_worker_v2.DraftTopKHook.draft_topk": "(self, logits, topk, forward_batch, step)",
+    "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.on_target_prefill_complete": "(self, batch, batch_output)",
+}
