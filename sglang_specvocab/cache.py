@@ -32,7 +32,7 @@ def cached(kind: str, key: str, build: Callable[[], dict[str, torch.Tensor]], ro
     if path.is_file():
         try:
             return torch.load(path, weights_only=True)
-        except Exception:  # a damaged entry is rebuilt, never trusted
+        except Exception:  # noqa: BLE001, S110  (a damaged entry is rebuilt, never trusted)
             pass
     data = build()
     path.parent.mkdir(parents=True, exist_ok=True)

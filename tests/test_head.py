@@ -71,7 +71,7 @@ def test_head_topk_is_the_best_of_each_rows_set():
         table.assign(torch.tensor([r]), s[None])
     hidden = torch.randn(6, d, generator=g)
     slots = torch.tensor([1, 1, 2, 3, 2, 1])
-    values, tokens = DraftHead(weight, table)(hidden, slots).topk(1)
+    _values, tokens = DraftHead(weight, table)(hidden, slots).topk(1)
     for m in range(6):
         s = sets[int(slots[m])]
         best = s[(weight[s] @ hidden[m]).argmax()]

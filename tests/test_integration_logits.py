@@ -255,7 +255,7 @@ def test_topk_token_ids_equal_draft_head_topk(sglang_run, space, k):
     h, rpi = inp["hidden"], inp["rpi"]
     slots = _slots(rpi, h.shape[0])
     ref = _reference(inp, space, h, slots)
-    values, tokens = ref.topk(k)
+    _values, tokens = ref.topk(k)
     probs, got_tokens = out[space, None]["topk", k]
     assert torch.equal(got_tokens, tokens)
     assert torch.equal(out[space, None]["token_ids", k], tokens)

@@ -472,7 +472,7 @@ def _child(queue, server_args):
                 getattr(server_args, "_dynvocab_config", None),
             )
         )
-    except BaseException as exc:  # report, do not hang the parent
+    except BaseException as exc:  # noqa: BLE001  (report, do not hang the parent)
         import traceback
 
         queue.put(("error", repr(exc), traceback.format_exc(), None))

@@ -269,8 +269,8 @@ def test_resume_skips_finished_turns(tokdir, questions, tmp_path, capsys):
 
 
 def test_launches_servers_and_stops_them(tokdir, questions, tmp_path, capsys):
-    launcher = [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(TESTS)!r}); "
-                "import test_specbench; test_specbench.serve_from_argv()"]
+    launcher = [sys.executable, "-c", (f"import sys; sys.path.insert(0, {str(TESTS)!r}); "
+                "import test_specbench; test_specbench.serve_from_argv()")]
     configs = tmp_path / "configs.yaml"
     configs.write_text(
         "configs:\n"

@@ -24,7 +24,7 @@ def recorded():
 
 
 def test_recording_sees_every_draft_step(recorded):
-    _, d, hidden, tokens = recorded
+    _, _d, hidden, tokens = recorded
     assert hidden.shape[1] == 64 and hidden.shape[0] == tokens.shape[0] >= 4 * 3
     assert tokens.dtype == torch.int64 and (tokens >= 0).all()
 
@@ -36,7 +36,7 @@ def test_a_few_ranker_steps_lower_the_kl(recorded):
 
 
 def test_a_few_router_steps_lower_the_bce(recorded, tmp_path):
-    t, d, hidden, tokens = recorded
+    _t, d, hidden, tokens = recorded
     cfg = parse_config({"policy": "cluster", "capacity": 64, "cluster": {"clusters": 16, "budget": [4, 2]}})
     pol = build_policy(cfg, 2, model=ModelContext(weight=d.weight.detach(), cache_dir=tmp_path))
     _, losses = train_router(

@@ -141,11 +141,15 @@ def markdown(result: dict) -> str:
         f"# indexed_logits launch plans on {dev.get('name')}",
         "",
         f"- command: `{result['command']}`",
-        f"- device: {dev.get('name')}, {dev.get('sm_count')} SMs, driver {dev.get('driver')}; torch {ver['torch']}, "
-        f"cuda {ver['cuda']}, triton {ver['triton']}, git {ver['git']}",
+        (
+            f"- device: {dev.get('name')}, {dev.get('sm_count')} SMs, driver {dev.get('driver')}; torch {ver['torch']}, "
+            f"cuda {ver['cuda']}, triton {ver['triton']}, git {ver['git']}"
+        ),
         f"- timing: {result['method']}; bf16; microseconds (median)",
-        "- auto = [wd, wc, mt, ntmax, vec, nsteps, row tiles, column tiles]; every plan's logits are bitwise auto's "
-        "unless marked `!=`",
+        (
+            "- auto = [wd, wc, mt, ntmax, vec, nsteps, row tiles, column tiles]; every plan's logits are bitwise auto's "
+            "unless marked `!=`"
+        ),
         "",
         "| W | d | batch | rows | ideal | auto plan | " + " | ".join(names) + " | best |",
         "|---" * (6 + len(names) + 1) + "|",

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -178,7 +178,7 @@ def install_request_level_keys() -> None:
 class Gauges:
     """``sglang:dynvocab_set_size`` / ``sglang:dynvocab_coverage`` (prometheus_client), or nothing."""
 
-    _cache: dict[tuple, Any] = {}
+    _cache: ClassVar[dict[tuple, Any]] = {}
 
     def __init__(self, enabled: bool, labels: dict[str, str] | None = None) -> None:
         self.labels = dict(labels or {})

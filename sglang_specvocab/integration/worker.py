@@ -325,7 +325,7 @@ class DynVocabWorkerV2(EAGLEWorkerV2):
         labels = {}
         try:
             enabled = bool(get_observability().enable_metrics)
-        except Exception:  # no runtime context (tests, embedders): no gauges
+        except Exception:  # noqa: BLE001  (no runtime context: tests, embedders; no gauges)
             enabled = False
         if enabled:
             name = getattr(server_args, "served_model_name", None) or getattr(server_args, "model_path", "")

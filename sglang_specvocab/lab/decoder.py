@@ -199,7 +199,7 @@ class SpeculativeDecoder:
         if self.aligner is not None:
             draft = self.aligner.draft  # a private LoRA'd copy: the target stays untouched
         self.target, self.draft, self.config, self.shape = target, draft, config, shape
-        self.eos = set(int(t) for t in eos_token_ids)
+        self.eos = {int(t) for t in eos_token_ids}
         fallback = min(self.eos) if self.eos else 0
         model = ModelContext(
             weight=draft.weight.detach(),
@@ -377,7 +377,7 @@ def greedy_generate(
 ) -> list[int]:
     """Target-only greedy decoding, one token per forward: what speculative decoding must reproduce."""
     prompt = _prompt_tensor(prompt_ids)
-    eos = set(int(t) for t in eos_token_ids)
+    eos = {int(t) for t in eos_token_ids}
     cache = target.new_cache()
     hidden = target.hidden(prompt, cache)
     out: list[int] = []

@@ -10,8 +10,10 @@ def markdown(result: dict) -> str:
     head = [
         f"# Policy lab: {result['model']} (vocabulary {result['vocab_size']:,})",
         "",
-        f"- draft: {result['draft']}; steps {result['draft_shape']['steps']}, topk "
-        f"{result['draft_shape']['topk']}, {result['draft_shape']['num_draft_tokens']} draft tokens per round",
+        (
+            f"- draft: {result['draft']}; steps {result['draft_shape']['steps']}, topk "
+            f"{result['draft_shape']['topk']}, {result['draft_shape']['num_draft_tokens']} draft tokens per round"
+        ),
         f"- prompts: {result['prompts']}"
         + (f" (first {result['per_category']} per category)" if result.get("per_category") else "")
         + f"; at most {result['max_new_tokens']} new tokens, greedy",

@@ -28,7 +28,7 @@ def record_draft_states(
     draft: CausalLM,
     prompts: Iterable[Sequence[int]],
     max_new_tokens: int,
-    shape: DraftShape = DraftShape(),
+    shape: DraftShape = DraftShape(),  # noqa: B008  (frozen: one shared default is safe)
     eos_token_ids: Sequence[int] = (),
     progress: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:

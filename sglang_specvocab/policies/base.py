@@ -113,5 +113,5 @@ def load_trained(path, keys: tuple[str, ...], what: str, command: str, where: st
         return {k: data[k] for k in keys}
     except FileNotFoundError:
         raise ConfigError(f"{where}: {what} file {path} does not exist (train one with sglang-specvocab {command})") from None
-    except Exception as exc:  # any unreadable file gets the same clear message
+    except Exception as exc:  # noqa: BLE001  (any unreadable file gets the same clear message)
         raise ConfigError(f"{where}: {what} file {path} is not a {what} from sglang-specvocab {command} ({exc!r})") from None

@@ -72,8 +72,10 @@ class TinyCheckpoints:
 
     def summary(self) -> str:
         lines = [
-            f"tiny checkpoints in {self.root} (vocab {self.vocab_size}, d2t draft vocab {self.draft_vocab_size}, "
-            f"aux hidden state layer ids {[i - 1 for i in self.capture_layers]})"
+            (
+                f"tiny checkpoints in {self.root} (vocab {self.vocab_size}, d2t draft vocab {self.draft_vocab_size}, "
+                f"aux hidden state layer ids {[i - 1 for i in self.capture_layers]})"
+            )
         ]
         for sub in SUBDIRS:
             files = {k: v for k, v in self.sizes.items() if k.split("/")[0] == sub}
