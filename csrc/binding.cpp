@@ -30,6 +30,12 @@ TORCH_LIBRARY(specvocab, m) {
   m.def(
       "window_update(Tensor(a!) ring, Tensor(b!) length, Tensor(c!) ids, Tensor(d!) cnt, Tensor rows, Tensor block, "
       "int fallback_id, int vocab_size) -> ()");
+  // One verify round of the window policy: entries from SGLang's verify tensors, telemetry into acc, then
+  // window_update; returns the committed tokens [B, S] (ops/reference.py::window_verify is the definition).
+  m.def(
+      "window_verify(Tensor(a!) ring, Tensor(b!) length, Tensor(c!) ids, Tensor(d!) cnt, Tensor(e!) acc, Tensor rows, "
+      "Tensor draft_token, Tensor accept_index, Tensor accept_lens, Tensor predict, Tensor topk_values, "
+      "Tensor topk_ids, Tensor? hot, int k, bool context, bool compacted, int fallback_id, int vocab_size) -> Tensor");
   m.def(
       "pack_update(Tensor(a!) packed, Tensor(b!) packed_ids, Tensor weight, Tensor ids, Tensor cnt, Tensor rows) -> "
       "()");
@@ -47,6 +53,7 @@ TORCH_LIBRARY_IMPL(specvocab, CPU, m) {
   m.impl("packed_logits", &specvocab::packed_logits_cpu);
   m.impl("logits_pieces", &specvocab::logits_pieces_op);
   m.impl("window_update", &specvocab::window_update_cpu);
+  m.impl("window_verify", &specvocab::window_verify_cpu);
   m.impl("pack_update", &specvocab::pack_update_cpu);
 }
 
@@ -55,6 +62,7 @@ TORCH_LIBRARY_IMPL(specvocab, CUDA, m) {
   m.impl("indexed_logits", &specvocab::indexed_logits_cuda);
   m.impl("packed_logits", &specvocab::packed_logits_cuda);
   m.impl("window_update", &specvocab::window_update_cuda);
+  m.impl("window_verify", &specvocab::window_verify_cuda);
   m.impl("pack_update", &specvocab::pack_update_cuda);
 }
 #endif

@@ -36,6 +36,18 @@ void window_update_cpu(at::Tensor& ring, at::Tensor& length, at::Tensor& ids, at
 void window_update_cuda(at::Tensor& ring, at::Tensor& length, at::Tensor& ids, at::Tensor& cnt,
                         const at::Tensor& rows, const at::Tensor& block, int64_t fallback_id, int64_t vocab_size);
 
+// window_verify: one verify round of the window policy (entries, telemetry, window_update); returns accepted.
+at::Tensor window_verify_cpu(at::Tensor& ring, at::Tensor& length, at::Tensor& ids, at::Tensor& cnt, at::Tensor& acc,
+                             const at::Tensor& rows, const at::Tensor& draft_token, const at::Tensor& accept_index,
+                             const at::Tensor& accept_lens, const at::Tensor& predict, const at::Tensor& topk_values,
+                             const at::Tensor& topk_ids, const c10::optional<at::Tensor>& hot, int64_t k, bool context,
+                             bool compacted, int64_t fallback_id, int64_t vocab_size);
+at::Tensor window_verify_cuda(at::Tensor& ring, at::Tensor& length, at::Tensor& ids, at::Tensor& cnt, at::Tensor& acc,
+                              const at::Tensor& rows, const at::Tensor& draft_token, const at::Tensor& accept_index,
+                              const at::Tensor& accept_lens, const at::Tensor& predict, const at::Tensor& topk_values,
+                              const at::Tensor& topk_ids, const c10::optional<at::Tensor>& hot, int64_t k, bool context,
+                              bool compacted, int64_t fallback_id, int64_t vocab_size);
+
 // pack_update: bring the packed rows [R, W, d] and their ids up to date with the table.
 void pack_update_cpu(at::Tensor& packed, at::Tensor& packed_ids, const at::Tensor& weight, const at::Tensor& ids,
                      const at::Tensor& cnt, const at::Tensor& rows);

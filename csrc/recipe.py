@@ -16,9 +16,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-CPU_SOURCES = ["binding.cpp", "indexed_logits.cpp", "window_update.cpp", "pack_update.cpp"]
+CPU_SOURCES = ["binding.cpp", "indexed_logits.cpp", "window_update.cpp", "window_verify.cpp", "pack_update.cpp"]
 # Object names must differ from the .cpp ones (same stem, one build folder).
-CUDA_SOURCES = ["indexed_logits_kernel.cu", "window_update_kernel.cu", "pack_update_kernel.cu"]
+CUDA_SOURCES = [
+    "indexed_logits_kernel.cu",
+    "window_update_kernel.cu",
+    "window_verify_kernel.cu",
+    "pack_update_kernel.cu",
+]
 NO_CUDA_SOURCE = "no_cuda.cpp"  # the launchers' stand-ins when no CUDA kernels are built
 SHIPPED = ("*.cpp", "*.cu", "*.h", "recipe.py")  # what the wheel carries for the JIT build
 

@@ -19,7 +19,9 @@ import pytest
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
-VERIFY_HOOK_OPS = 48  # aten launches of DYNVOCAB's verify hook (window policy + telemetry); was 101
+VERIFY_HOOK_OPS = (
+    3  # aten launches of the window policy's verify hook: top-k + window_verify (+ SGLang's own); was 101, then 46
+)
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +75,8 @@ def test_the_loop_launches_few_ops(result):
     for c in data["cases"]:
         ops = {s: {p: c["ops"][s][p]["ops"] for p in ("draft", "verify", "extend")} for s in ("EAGLE3", "DYNVOCAB")}
         assert ops["DYNVOCAB"]["verify"] <= VERIFY_HOOK_OPS, ops
+        if c["shape"]["topk"] == 1:  # chains meet the host target (trees miss it in the draft loop: see the README)
+            assert c["meets_target"], c["added_round_us"]
         if c["shape"]["topk"] == 1:  # the chain path: no select_top_k_tokens per step, the top-1 into the chain
             assert ops["DYNVOCAB"]["draft"] <= ops["EAGLE3"]["draft"], ops
             assert ops["DYNVOCAB"]["extend"] <= ops["EAGLE3"]["extend"] + 8, ops

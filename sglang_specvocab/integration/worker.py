@@ -361,6 +361,22 @@ class DynVocabWorkerV2(EAGLEWorkerV2):
         """The round's event: telemetry against the sets as they were, then ``policy.on_verify``."""
         k = policy.verify_topk
         logits = res.logits_output.next_token_logits if k > 0 else None
+        telemetry = self.dynvocab_telemetry
+        if getattr(policy, "fused_verify", False):  # the window policy: a top-k and one op per round
+            policy.on_verify_round(
+                rows.long(),
+                verify_input.draft_token,
+                res.accept_index,
+                res.accept_lens,
+                res.next_token_ids,
+                logits,
+                compacted=self.topk > 1,
+                vocab_size=self._dynvocab_vocab_size(),
+                acc=None if telemetry is None else telemetry.acc,
+            )
+            if telemetry is not None:
+                telemetry.publish()
+            return
         draft_tokens, verify_topk, accepted = verify_event(
             verify_input.draft_token,
             res.accept_index,
@@ -373,7 +389,6 @@ class DynVocabWorkerV2(EAGLEWorkerV2):
             vocab_size=self._dynvocab_vocab_size(),
         )
         rows = rows.long()
-        telemetry = self.dynvocab_telemetry
         if telemetry is not None:
             telemetry.record_verify(policy.table, rows, accepted, self._dynvocab_vocab_size())
             telemetry.publish()

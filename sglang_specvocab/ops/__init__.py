@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "cuda", "triton", "torch")
 _TRITON_OPS = ("indexed_logits", "packed_logits")
-OPS = ("indexed_logits", "packed_logits", "window_update", "pack_update")
+OPS = ("indexed_logits", "packed_logits", "window_update", "window_verify", "pack_update")
 
 
 class BackendError(SpecVocabError):
@@ -135,6 +135,51 @@ def window_update(ring, length, ids, cnt, rows, block, *, fallback_id: int, voca
     implementation(backend, ids.device, "window_update")(ring, length, ids, cnt, rows, block, fallback_id, vocab_size)
 
 
+def window_verify(
+    ring,
+    length,
+    ids,
+    cnt,
+    acc,
+    rows,
+    draft_token,
+    accept_index,
+    accept_lens,
+    predict,
+    topk_values,
+    topk_ids,
+    hot,
+    *,
+    k: int,
+    context: bool,
+    compacted: bool,
+    fallback_id: int,
+    vocab_size: int,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """One verify round of the window policy, in place; returns the committed tokens (see ``reference.window_verify``)."""
+    return implementation(backend, ids.device, "window_verify")(
+        ring,
+        length,
+        ids,
+        cnt,
+        acc,
+        rows,
+        draft_token,
+        accept_index,
+        accept_lens,
+        predict,
+        topk_values,
+        topk_ids,
+        hot,
+        k,
+        context,
+        compacted,
+        fallback_id,
+        vocab_size,
+    )
+
+
 def pack_update(packed, packed_ids, weight, ids, cnt, rows, *, backend: str = "auto"):
     """Copy the rows that entered each listed slot's set into its packed buffer (see ``reference.pack_update``)."""
     implementation(backend, ids.device, "pack_update")(packed, packed_ids, weight, ids, cnt, rows)
@@ -152,4 +197,5 @@ __all__ = [
     "resolve",
     "update_backend",
     "window_update",
+    "window_verify",
 ]

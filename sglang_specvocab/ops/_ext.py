@@ -26,7 +26,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-OPS = ("indexed_logits", "packed_logits", "window_update", "pack_update")
+OPS = ("indexed_logits", "packed_logits", "window_update", "window_verify", "pack_update")
 _state: dict[str, object] = {}
 
 
@@ -142,6 +142,10 @@ def _register_fakes() -> None:
     @torch.library.register_fake(lib + "window_update")
     def _(ring, length, ids, cnt, rows, block, fallback_id, vocab_size):
         return None
+
+    @torch.library.register_fake(lib + "window_verify")
+    def _(ring, length, ids, cnt, acc, rows, draft_token, accept_index, *rest):
+        return rows.new_empty(tuple(accept_index.shape), dtype=torch.int64)
 
     @torch.library.register_fake(lib + "pack_update")
     def _(packed, packed_ids, weight, ids, cnt, rows):

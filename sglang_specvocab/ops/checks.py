@@ -160,3 +160,102 @@ def check_pack_update(packed, packed_ids, weight, ids, cnt, rows, *, floats=KERN
         op,
         "packed_ids[rows] must be live ids >= 0 followed by -1 (a fresh row is all -1)",
     )
+
+
+def check_window_verify(
+    ring,
+    length,
+    ids,
+    cnt,
+    acc,
+    rows,
+    draft_token,
+    accept_index,
+    accept_lens,
+    predict,
+    topk_values,
+    topk_ids,
+    hot,
+    k: int,
+    fallback_id: int,
+    vocab_size: int,
+) -> None:
+    op = "window_verify"
+    _need(ids.dim() == 2, op, f"ids must be int32 [R, capacity], got {ids.dtype} {tuple(ids.shape)}")
+    R = ids.shape[0]
+    _need(
+        acc.dtype == torch.float64 and tuple(acc.shape) == (4, R),
+        op,
+        f"acc must be float64 [4, R={R}], got {acc.dtype} {tuple(acc.shape)}",
+    )
+    _need(
+        rows.dim() == 1 and rows.dtype == torch.int64,
+        op,
+        f"rows must be int64 [B], got {rows.dtype} {tuple(rows.shape)}",
+    )
+    B = rows.shape[0]
+    _need(
+        accept_index.dim() == 2 and accept_index.shape[0] == B,
+        op,
+        f"accept_index must be [B={B}, S], got {tuple(accept_index.shape)}",
+    )
+    _need(
+        accept_lens.dim() == 1 and accept_lens.shape[0] == B,
+        op,
+        f"accept_lens must be [B={B}], got {tuple(accept_lens.shape)}",
+    )
+    _need(
+        B > 0 and draft_token.dim() == 1 and draft_token.numel() > 0 and draft_token.numel() % B == 0,
+        op,
+        f"draft_token must be [B * num_draft_tokens] with B={B} >= 1, got {tuple(draft_token.shape)}",
+    )
+    nd = draft_token.numel() // B
+    _need(
+        predict.dim() == 1 and predict.numel() == B * nd,
+        op,
+        f"predict must be [B * num_draft_tokens={B * nd}], got {tuple(predict.shape)}",
+    )
+    _need(
+        topk_values.dim() == 2
+        and topk_values.shape[0] == B * nd
+        and topk_values.shape == topk_ids.shape
+        and topk_ids.dtype == torch.int64
+        and topk_values.is_floating_point(),
+        op,
+        f"topk_values (float) and topk_ids (int64) must both be [B * num_draft_tokens={B * nd}, kk], got "
+        f"{topk_values.dtype} {tuple(topk_values.shape)} and {topk_ids.dtype} {tuple(topk_ids.shape)}",
+    )
+    for name, t in (
+        ("draft_token", draft_token),
+        ("accept_index", accept_index),
+        ("accept_lens", accept_lens),
+        ("predict", predict),
+    ):
+        _need(
+            not t.is_floating_point() and t.dtype != torch.bool, op, f"{name} must be an integer tensor, got {t.dtype}"
+        )
+    _need(k >= 0, op, f"k = {k} must be >= 0")
+    if hot is not None:
+        _need(
+            hot.dim() == 1 and hot.dtype == torch.bool,
+            op,
+            f"hot must be a bool [vocab] mask, got {hot.dtype} {tuple(hot.shape)}",
+        )
+    _one_device(
+        op,
+        ring,
+        length,
+        ids,
+        cnt,
+        acc,
+        rows,
+        draft_token,
+        accept_index,
+        accept_lens,
+        predict,
+        topk_values,
+        topk_ids,
+        *([hot] if hot is not None else []),
+    )
+    block = torch.empty((B, 0), dtype=torch.int32, device=ids.device)
+    check_window_update(ring, length, ids, cnt, rows, block, fallback_id, vocab_size)

@@ -8,7 +8,14 @@ from __future__ import annotations
 import torch
 
 from ..table import assign_sets, compact
-from .checks import REFERENCE_FLOATS, check_indexed_logits, check_pack_update, check_packed_logits, check_window_update
+from .checks import (
+    REFERENCE_FLOATS,
+    check_indexed_logits,
+    check_pack_update,
+    check_packed_logits,
+    check_window_update,
+    check_window_verify,
+)
 
 
 def indexed_logits(
@@ -98,6 +105,109 @@ def window_update(
     current = ring.index_select(0, rows)[:, :cap]
     current = torch.where((current >= 0) & (current < vocab_size), current, -1)
     assign_sets(ids, cnt, rows, current, fallback_id)
+
+
+def window_verify(
+    ring: torch.Tensor,
+    length: torch.Tensor,
+    ids: torch.Tensor,
+    cnt: torch.Tensor,
+    acc: torch.Tensor,
+    rows: torch.Tensor,
+    draft_token: torch.Tensor,
+    accept_index: torch.Tensor,
+    accept_lens: torch.Tensor,
+    predict: torch.Tensor,
+    topk_values: torch.Tensor,
+    topk_ids: torch.Tensor,
+    hot: torch.Tensor | None,
+    k: int,
+    context: bool,
+    compacted: bool,
+    fallback_id: int,
+    vocab_size: int,
+) -> torch.Tensor:
+    """One verify round of the window policy from SGLang's verify tensors, in place; returns ``accepted``.
+
+    Inputs (``B`` requests, ``nd`` draft tokens each, ``S`` accept columns): ``draft_token`` ``[B * nd]``
+    (root first), ``accept_index`` ``[B, S]`` (global node rows of the accepted path, -1 padded),
+    ``accept_lens`` ``[B]``, ``predict`` ``[B * nd]`` (the committed token after each node; with
+    ``compacted`` token s of request b sits at ``b * nd + min(s, nd - 1)``), ``topk_values``/``topk_ids``
+    ``[B * nd, kk]`` (the target's top-``kk`` per node, ``kk <= k``), ``hot`` an optional bool mask of
+    the draft vocabulary. Position s of request b is accepted when ``accept_index[b, s] >= 0`` and
+    ``s < accept_lens[b]``.
+
+    1. ``accepted[b, s]``: the committed token at each accepted position, else -1 (int64 ``[B, S]``).
+    2. Telemetry, against the sets as they are before this round: ``acc[:, rows[b]] += (cnt[rows[b]],
+       1, committed tokens in the set, committed tokens)``.
+    3. The window entries, two segments: the draft tokens (if ``context``), then per position s
+       ``k`` top-k ids in rank order (-1 where s is not accepted, past ``kk``, or the logit is -inf).
+       An id outside ``[0, vocab_size)`` or ``hot`` is a hole; so is a repeat of an earlier id of its
+       own segment. ``window_update(ring, length, ids, cnt, rows, entries, fallback_id, vocab_size)``.
+    """
+    check_window_verify(
+        ring,
+        length,
+        ids,
+        cnt,
+        acc,
+        rows,
+        draft_token,
+        accept_index,
+        accept_lens,
+        predict,
+        topk_values,
+        topk_ids,
+        hot,
+        k,
+        fallback_id,
+        vocab_size,
+    )
+    B, S = accept_index.shape
+    nd = draft_token.numel() // B
+    dev = ids.device
+    steps = torch.arange(S, device=dev)
+    index = accept_index.long()
+    valid = (index >= 0) & (steps[None, :] < accept_lens.long()[:, None])
+    pos = index.clamp(min=0)
+    front = torch.arange(B, device=dev)[:, None] * nd + steps.clamp(max=nd - 1)[None, :]
+    accepted = torch.where(valid, predict.long()[front if compacted else pos], -1)
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        ok = (t >= 0) & (t < vocab_size)
+        if hot is not None:
+            ok &= (t < hot.numel()) & hot[t.clamp(0, max(hot.numel() - 1, 0))]
+        return torch.where(ok, t, -1)
+
+    def hole_repeats(seg: torch.Tensor) -> torch.Tensor:
+        n = seg.shape[1]
+        earlier = torch.ones(n, n, dtype=torch.bool, device=dev).tril(-1)  # [i, j]: j before i
+        repeat = ((seg[:, :, None] == seg[:, None, :]) & earlier).any(2) & (seg >= 0)
+        return torch.where(repeat, -1, seg)
+
+    segments = []
+    if context:
+        segments.append(hole_repeats(keep(draft_token.long().view(B, nd))))
+    if k:
+        kk = topk_ids.shape[1]
+        top = torch.where(valid[:, :, None] & (topk_values[pos] > float("-inf")), topk_ids[pos], -1)  # [B, S, kk]
+        top = torch.nn.functional.pad(top[:, :, :k], (0, k - min(kk, k)), value=-1)
+        segments.append(hole_repeats(keep(top.reshape(B, S * k))))
+    block = torch.cat(segments, 1) if segments else torch.empty((B, 0), dtype=torch.int64, device=dev)
+
+    table = ids.index_select(0, rows)
+    live = cnt.index_select(0, rows)
+    cols = torch.arange(ids.shape[1], device=dev)[None, :]
+    in_set = ((table.long()[:, None, :] == accepted[:, :, None]) & (cols[:, None, :] < live[:, None, None])).any(2)
+    hit = (in_set & (accepted >= 0)).sum(1)
+    committed = (accepted >= 0).sum(1)
+    acc.index_add_(
+        1,
+        rows,
+        torch.stack((live.double(), torch.ones_like(live, dtype=torch.float64), hit.double(), committed.double())),
+    )
+    window_update(ring, length, ids, cnt, rows, block.to(torch.int32), fallback_id, vocab_size)
+    return accepted
 
 
 # --- Packed head mode: MicroSpec's asynchronous gathering ----------------------------------------

@@ -49,6 +49,8 @@ class Policy:
     dense = False
     #: True when the set is chosen inside each draft step by ``select``.
     stepwise = False
+    #: True when ``on_verify_round`` takes SGLang's verify tensors directly (the window policy: two ops a round).
+    fused_verify = False
 
     def __init__(self, config: PolicyConfig, table: CandidateTable | None, model: ModelContext | None = None) -> None:
         self.config = config

@@ -84,6 +84,7 @@ def distinct_segments(segments: list[torch.Tensor]) -> torch.Tensor:
 
 class WindowPolicy(Policy):
     name = "window"
+    fused_verify = True
 
     def __init__(self, config: WindowConfig, table: CandidateTable, model: ModelContext | None = None) -> None:
         super().__init__(config, table, model)
@@ -101,6 +102,8 @@ class WindowPolicy(Policy):
         self.vocab_size = self.model.vocab_size or 2**31 - 1
         # Chosen once (an unavailable choice fails here), never per event.
         self._window_update = ops.implementation(ops.update_backend(config.head.kernel), table.device, "window_update")
+        self._window_verify = ops.implementation(ops.update_backend(config.head.kernel), table.device, "window_verify")
+        self._no_telemetry: torch.Tensor | None = None  # window_verify's accumulators when the caller keeps none
 
     @property
     def prefill_topk(self) -> int:
@@ -141,6 +144,60 @@ class WindowPolicy(Policy):
             return self._update(rows, [])
         # A round's entries are few: repeats become holes in one pass (no sort), which the update skips.
         self._update(rows, [distinct_segments(segments)])
+
+    def on_verify_round(
+        self,
+        rows: torch.Tensor,
+        draft_token: torch.Tensor,
+        accept_index: torch.Tensor,
+        accept_lens: torch.Tensor,
+        predict: torch.Tensor,
+        logits: torch.Tensor | None,
+        *,
+        compacted: bool,
+        vocab_size: int,
+        acc: torch.Tensor | None = None,
+        hot: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """A whole verify round from SGLang's verify tensors in two ops (the target's top-k, then
+        ``window_verify``): the same sets, ring and telemetry as ``verify_event`` + ``record_verify`` +
+        ``on_verify`` (tested), for the eager verify hook's host time. ``acc``: telemetry ``[4, R]``
+        accumulators (``Telemetry.acc``) or None; ``hot``: the draft vocabulary mask of a d2t draft.
+        Returns the committed tokens ``[B, S]``."""
+        k = self.verify_topk
+        if k:
+            if logits is None:
+                raise ValueError("window policy: verify logits are required when verify_topk > 0")
+            vocab = min(vocab_size, logits.shape[-1])
+            values, top = logits[:, :vocab].topk(min(k, vocab), dim=-1)
+        else:
+            values = predict.new_empty((predict.shape[0], 0), dtype=torch.float32)
+            top = predict.new_empty((predict.shape[0], 0), dtype=torch.int64)
+        if acc is None:
+            if self._no_telemetry is None:
+                self._no_telemetry = torch.zeros(4, self.table.num_rows, dtype=torch.float64, device=self.table.device)
+            acc = self._no_telemetry
+        t = self.table
+        return self._window_verify(
+            self.ring,
+            self.length,
+            t.ids,
+            t.cnt,
+            acc,
+            rows,
+            draft_token,
+            accept_index,
+            accept_lens,
+            predict,
+            values,
+            top,
+            hot,
+            k,
+            self.use_context,
+            compacted,
+            t.fallback_id,
+            self.vocab_size,
+        )
 
     # -- internals ---------------------------------------------------------------------------
 

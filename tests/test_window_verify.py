@@ -1,0 +1,190 @@
+"""``window_verify``: a whole verify round of the window policy in one op (the eager verify hook's host time).
+
+Two definitions must agree: the torch reference of the op (``ops/reference.py::window_verify``) and the
+generic path the worker takes for every other policy (``verify_event`` + ``Telemetry.record_verify`` +
+``policy.on_verify``, with the d2t wrapper's holes). The C++ op (the same row code the CUDA kernel runs)
+must equal the reference on random rounds: chains and trees, compacted or not, context on and off,
+``k`` above the top-k held, -inf logits, positions past ``accept_lens``, ids outside the vocabulary or
+outside a draft vocabulary.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_specvocab import ops
+from sglang_specvocab.integration.events import verify_event
+from sglang_specvocab.integration.telemetry import Telemetry
+from sglang_specvocab.ops import _ext, reference
+from sglang_specvocab.policies import build_policy, parse_config
+
+needs_ext = pytest.mark.skipif(not _ext.available(), reason="the kernels extension is not built")
+
+
+def random_round(g, B, nd, S, V, pad=0, compacted=False):
+    """SGLang's verify tensors for one round of B requests (int32 where SGLang has int32)."""
+    draft_token = torch.randint(-1, V + 2, (B * nd,), generator=g)  # a few ids outside [0, V)
+    accept_lens = torch.randint(1, S + 1, (B,), generator=g).to(torch.int32)
+    accept_index = torch.full((B, S), -1, dtype=torch.int32)
+    for b in range(B):
+        n = int(torch.randint(0, S + 1, (1,), generator=g))  # sometimes longer than accept_lens: those are cut
+        nodes = torch.randperm(nd, generator=g)[:n].sort().values + b * nd
+        accept_index[b, : nodes.numel()] = nodes.to(torch.int32)
+    predict = torch.randint(0, V, (B * nd,), generator=g).to(torch.int32)
+    logits = torch.randn(B * nd, V + pad, generator=g)
+    logits[torch.rand(B * nd, V + pad, generator=g) < 0.3] = float("-inf")  # a grammar mask forbids ids
+    logits[:, V:] = 100.0  # padded vocabulary columns must never be picked
+    return draft_token, accept_index, accept_lens, predict, logits
+
+
+def window_state(g, R, cap, V):
+    ring = torch.full((R, cap + 1), -1, dtype=torch.int32)
+    ring[:, :cap] = torch.randint(-1, V, (R, cap), generator=g).to(torch.int32)
+    length = torch.randint(0, 3 * cap, (R,), generator=g)
+    ids = torch.zeros(R, cap, dtype=torch.int32)
+    cnt = torch.ones(R, dtype=torch.int32)
+    reference.window_update(ring, length, ids, cnt, torch.arange(R), torch.empty(R, 0, dtype=torch.int32), 0, V)
+    acc = torch.rand(4, R, generator=g, dtype=torch.float64)
+    return [ring, length, ids, cnt, acc]
+
+
+CASES = [  # (B, nd, S, k, kk, context, compacted, hot)
+    (1, 4, 4, 3, 3, True, False, False),  # a chain
+    (3, 8, 4, 3, 3, True, True, False),  # a compacted tree
+    (3, 8, 4, 3, 3, True, False, True),  # a tree, a d2t draft
+    (2, 6, 3, 4, 2, True, False, False),  # k above the top-k held (a tiny vocabulary)
+    (4, 5, 4, 2, 2, False, False, True),  # extension only
+    (2, 4, 4, 0, 0, True, True, False),  # context only
+]
+
+
+@needs_ext
+@pytest.mark.parametrize("B,nd,S,k,kk,context,compacted,hot", CASES)
+def test_cpp_op_equals_the_reference(B, nd, S, k, kk, context, compacted, hot):
+    V, cap, R = 40, 12, 9
+    g = torch.Generator().manual_seed(B * 100 + nd * 10 + k)
+    for trial in range(30):
+        draft, index, lens, predict, logits = random_round(g, B, nd, S, V, compacted=compacted)
+        values, top = logits.topk(kk, dim=-1) if kk else (logits[:, :0], torch.empty(B * nd, 0, dtype=torch.int64))
+        mask = (torch.rand(V + 5, generator=g) < 0.6) if hot else None
+        rows = torch.randperm(R, generator=g)[:B]
+        state = window_state(g, R, cap, V)
+        mine = [t.clone() for t in state]
+        args = (rows, draft, index, lens, predict, values, top, mask, k, context, compacted, 3, V)
+        want = reference.window_verify(*state, *args)
+        got = torch.ops.specvocab.window_verify(*mine, *args)
+        assert torch.equal(got, want), trial
+        for a, b in zip(mine, state):
+            assert torch.equal(a, b), trial
+
+
+def window(kernel: str, R: int, cap: int, k: int, sources=("context", "extension")):
+    config = parse_config(
+        {
+            "policy": "window",
+            "capacity": cap,
+            "head": {"kernel": kernel},
+            "window": {"prefill_topk": 2, "verify_topk": k, "sources": list(sources)},
+        }
+    )
+    return build_policy(config, num_rows=R, fallback_id=1)
+
+
+def generic_round(policy, telemetry, rows, draft, index, lens, predict, logits, V, nd, compacted, hot):
+    """What the worker does for a policy without ``on_verify_round`` (the d2t wrapper's holes included)."""
+    draft_tokens, verify_topk, accepted = verify_event(
+        draft,
+        index,
+        lens,
+        predict,
+        logits,
+        num_draft_tokens=nd,
+        k=policy.verify_topk,
+        compacted=compacted,
+        vocab_size=V,
+    )
+    telemetry.record_verify(policy.table, rows, accepted, V)
+
+    def keep(t):  # an id outside the draft vocabulary (or past it) is a hole
+        if hot is None or t is None:
+            return t
+        return torch.where((t >= 0) & (t < hot.numel()) & hot[t.clamp(0, hot.numel() - 1)], t, -1)
+
+    policy.on_verify(rows, keep(draft_tokens), keep(verify_topk), keep(accepted))
+
+
+@pytest.mark.parametrize("kernel", ["torch", pytest.param("cuda", marks=needs_ext)])
+@pytest.mark.parametrize(
+    "nd,S,compacted,hot,sources",
+    [
+        (4, 4, False, False, ("context", "extension")),
+        (8, 4, True, False, ("context", "extension")),
+        (8, 4, False, True, ("context", "extension")),
+        (6, 3, False, False, ("extension",)),
+        (6, 3, True, True, ("context",)),
+    ],
+)
+def test_the_fused_round_equals_the_generic_path(kernel, nd, S, compacted, hot, sources):
+    """Same rings, sets and telemetry as verify_event + record_verify + on_verify, round after round."""
+    V, cap, R, B, k = 50, 16, 7, 4, 3
+    g = torch.Generator().manual_seed(nd * 7 + S)
+    generic, fused = window("torch", R, cap, k, sources), window(kernel, R, cap, k, sources)
+    tel_generic, tel_fused = Telemetry(R), Telemetry(R)
+    mask = (torch.rand(V, generator=g) < 0.5) if hot else None
+    prompt = torch.randint(0, V, (R, 20), generator=g)
+    prompt = prompt if mask is None else torch.where(mask[prompt], prompt, -1)
+    for p in (generic, fused):
+        p.on_prefill(torch.arange(R), prompt, None if p.prefill_topk == 0 else prompt[:, :, None].repeat(1, 1, 2))
+    for _ in range(25):
+        rows = torch.randperm(R, generator=g)[:B]
+        draft, index, lens, predict, logits = random_round(g, B, nd, S, V, pad=3, compacted=compacted)
+        generic_round(generic, tel_generic, rows, draft, index, lens, predict, logits, V, nd, compacted, mask)
+        fused.on_verify_round(
+            rows, draft, index, lens, predict, logits, compacted=compacted, vocab_size=V, acc=tel_fused.acc, hot=mask
+        )
+        assert torch.equal(fused.table.ids, generic.table.ids) and torch.equal(fused.table.cnt, generic.table.cnt)
+        assert torch.equal(fused.ring, generic.ring) and torch.equal(fused.length, generic.length)
+        assert torch.equal(tel_fused.acc, tel_generic.acc)
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("cuda", marks=needs_ext)])
+def test_bad_input_is_refused_naming_the_argument(backend):
+    V, cap, R, B, nd, S = 30, 8, 5, 2, 4, 3
+    g = torch.Generator().manual_seed(0)
+    draft, index, lens, predict, logits = random_round(g, B, nd, S, V)
+    values, top = logits.topk(2, dim=-1)
+    state = window_state(g, R, cap, V)
+    rows = torch.tensor([1, 3])
+    kw = {"k": 2, "context": True, "compacted": False, "fallback_id": 0, "vocab_size": V, "backend": backend}
+    with pytest.raises((ValueError, RuntimeError), match="acc must be"):
+        ops.window_verify(*state[:4], state[4][:, :2], rows, draft, index, lens, predict, values, top, None, **kw)
+    with pytest.raises((ValueError, RuntimeError), match="predict must be"):
+        ops.window_verify(*state, rows, draft, index, lens, predict[:-1], values, top, None, **kw)
+    with pytest.raises((ValueError, RuntimeError), match="topk_values"):
+        ops.window_verify(*state, rows, draft, index, lens, predict, values[:, :1], top, None, **kw)
+    with pytest.raises((ValueError, RuntimeError), match="rows must be"):
+        ops.window_verify(*state, torch.tensor([1, 1]), draft, index, lens, predict, values, top, None, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,nd,S,k,kk,context,compacted,hot", CASES + [(64, 8, 4, 3, 3, True, True, True)])
+def test_cuda_op_equals_the_reference(B, nd, S, k, kk, context, compacted, hot):
+    """The CUDA kernel (one thread per request, the C++ op's row code) and window_update after it."""
+    if not _ext.has_cuda_kernels():
+        pytest.skip("the extension was built without CUDA kernels")
+    V, cap, R = 40, 12, 70
+    g = torch.Generator().manual_seed(B + nd + k)
+    for trial in range(20):
+        draft, index, lens, predict, logits = random_round(g, B, nd, S, V, compacted=compacted)
+        values, top = logits.topk(kk, dim=-1) if kk else (logits[:, :0], torch.empty(B * nd, 0, dtype=torch.int64))
+        mask = (torch.rand(V + 5, generator=g) < 0.6) if hot else None
+        rows = torch.randperm(R, generator=g)[:B]
+        state = window_state(g, R, cap, V)
+        on_gpu = [t.cuda() for t in state]
+        args = (rows, draft, index, lens, predict, values, top, mask, k, context, compacted, 3, V)
+        want = reference.window_verify(*state, *args)
+        got = torch.ops.specvocab.window_verify(*on_gpu, *(a.cuda() if torch.is_tensor(a) else a for a in args))
+        assert torch.equal(got.cpu(), want), trial
+        for a, b in zip(on_gpu, state):
+            assert torch.equal(a.cpu(), b), trial
