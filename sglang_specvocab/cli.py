@@ -329,24 +329,30 @@ def _run_train_router(args) -> int:
 TRAIN_EAGLE3 = """\
 Train an EAGLE-3 draft for a target model, saved as SGLang's LlamaForCausalLMEagle3 loads it.
 
-Data (self-distillation): the first user turn of ShareGPT conversations (after skipping the
-first --skip, never the Spec-Bench evaluation prompts) is answered by the target itself
-(greedy, Hugging Face generate, batched); training uses prompt + response. The generated
-token ids are cached in --data and reused when that file exists.
+Data: ShareGPT conversations after the first --skip (never the Spec-Bench evaluation prompts),
+either as text (--source sharegpt: whole conversations as Question/Answer turns, teacher-forced)
+or as the target's own greedy answers to their first user turns (--source generated). The token
+ids are cached (--data), and so are the target's states on them (--states: the features SGLang
+captures, its final hidden states and top-8 ids, in resumable chunks): the target runs once per
+data set, not per step, and a larger data set of the same source reuses the chunks it shares.
 
 Objective: EAGLE-3's training-time test. The draft is unrolled --ttt-steps times over each
 sequence, feeding its own hidden state back as SGLang's draft loop does, with the attention
 each draft step has in SGLang (the draft-extend keys of the prefix plus the chain's earlier
 steps); every step is scored by KL(target || draft) against the target's next-token
-distribution (restricted to the draft vocabulary with --head d2t). The target runs alongside
-(online) to give the features SGLang captures and the teacher distributions.
+distribution, over the draft's vocabulary (--head d2t) or over --loss-vocab frequent tokens plus
+the target's top-8 (--head full). Validation: the exact greedy agreement of a chain of
+--ttt-steps draft tokens with the target on --val held-out prompts answered by the target
+(the first --val conversations), every --val-every steps: the estimated accept length.
 
 Heads: --head full keeps the target's vocabulary and LM head (config draft_vocab_size: null:
 SGLang binds the target's head; not saved); --head d2t trains a head over the --draft-vocab
 most frequent tokens (the shipped ShareGPT frequency table for gemma3-270m, otherwise counted
 over the training responses), initialised from the target's head rows, saved with d2t/t2d.
 
-Output: DIR/config.json, DIR/model.safetensors (and DIR/training.json). Serve it with
+Output: DIR/config.json, DIR/model.safetensors and DIR/training.json (the command, loss and
+validation curves, timings). The default DIR is the
+package cache's drafts/TARGET-eagle3-full (or -d2tNk), where the lab finds its default draft. Serve it with
 
     python -m sglang.launch_server --model-path TARGET --speculative-algorithm EAGLE3 \\
         --speculative-draft-model-path DIR --speculative-num-steps 3 --speculative-eagle-topk 1 \\
@@ -355,8 +361,7 @@ Output: DIR/config.json, DIR/model.safetensors (and DIR/training.json). Serve it
 Example (GPU, Gemma-3 270M):
 
     sglang-specvocab train-eagle3 --target gemma3-270m --head d2t --draft-vocab 32768 \\
-        --data eagle3-data/gemma3-270m.pt --conversations 4000 --steps 3000 --batch-size 8 \\
-        --device cuda --out drafts/gemma3-270m-eagle3-d2t32k
+        --conversations 4000 --steps 3000 --batch-size 8 --device cuda
 """
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -369,7 +374,7 @@ def _add_train_eagle3(sub) -> None:
         formatter_class=RAW,
     )
     p.add_argument("--target", default=GEMMA3_270M, help=f"'{GEMMA3_270M}' or a local Hugging Face checkpoint dir")
-    p.add_argument("--out", required=True, help="directory to write the draft checkpoint to")
+    p.add_argument("--out", help="directory to write the draft to (default: the package cache's drafts/ folder)")
     p.add_argument("--head", choices=("full", "d2t"), default="d2t", help="draft vocabulary (default: %(default)s)")
     p.add_argument("--draft-vocab", type=POSITIVE, default=32768, help="draft vocabulary size for --head d2t")
     p.add_argument(
@@ -378,17 +383,54 @@ def _add_train_eagle3(sub) -> None:
         help="frequency table (.npz) choosing the d2t vocabulary; 'data' counts the training responses; "
         "'auto' (default): the shipped ShareGPT table for gemma3-270m, else 'data'",
     )
-    p.add_argument("--data", help="cache of the generated training data (.pt): read if it exists, else written")
-    p.add_argument("--conversations", type=POSITIVE, default=2000, help="ShareGPT conversations to answer")
+    p.add_argument(
+        "--source",
+        choices=("sharegpt", "generated"),
+        default="sharegpt",
+        help="training text: 'sharegpt' (whole conversations as Question/Answer turns, teacher-forced) or "
+        "'generated' (first user turns answered greedily by the target) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--data",
+        help="cache of the training token ids (.pt): read if it exists, else written "
+        "(default: under the package cache, named by target, source and size)",
+    )
+    p.add_argument(
+        "--states", help="folder caching the target's states on the data, in chunks (default: under the package cache)"
+    )
+    p.add_argument("--conversations", type=POSITIVE, default=2000, help="ShareGPT conversations to use")
     p.add_argument("--skip", type=NON_NEGATIVE, default=1000, help="ShareGPT conversations to skip first")
-    p.add_argument("--prompt-tokens", type=POSITIVE, default=512, help="longer prompts are left out")
-    p.add_argument("--max-new-tokens", type=POSITIVE, default=256, help="response length cap")
+    p.add_argument(
+        "--prompt-tokens", type=POSITIVE, default=512, help="--source generated: longer prompts are left out"
+    )
+    p.add_argument("--max-new-tokens", type=POSITIVE, default=256, help="--source generated: response length cap")
     p.add_argument("--gen-batch-size", type=POSITIVE, default=32, help="prompts per generate() call")
+    p.add_argument(
+        "--val", type=NON_NEGATIVE, default=32, help="held-out ShareGPT prompts answered by the target (0: none)"
+    )
+    p.add_argument("--val-new-tokens", type=POSITIVE, default=128, help="answer length of the held-out prompts")
+    p.add_argument("--val-every", type=POSITIVE, default=250, help="validate every N steps (and at the end)")
     p.add_argument("--steps", type=POSITIVE, default=2000, help="optimiser steps")
     p.add_argument("--batch-size", type=POSITIVE, default=8, help="sequences per step")
     p.add_argument(
         "--lr", type=_positive_float, default=3e-4, help="peak learning rate (warm-up, then cosine to lr/10)"
     )
+    p.add_argument("--warmup", type=NON_NEGATIVE, default=None, help="warm-up steps (default: 5%% of --steps)")
+    p.add_argument(
+        "--loss-vocab",
+        type=NON_NEGATIVE,
+        default=32768,
+        help="--head full: the KL runs over the N most frequent tokens plus the target's top-8 at every scored "
+        "position (0: the whole vocabulary, exact and several times slower) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--init",
+        choices=("random", "target"),
+        default="target",
+        help="'target': the draft's final norm starts as the target's (its logits start at the target's scale) "
+        "(default: %(default)s)",
+    )
+    p.add_argument("--init-from", help="start from this saved draft (its layer, fc and norms; its head if it has one)")
     p.add_argument("--seq-len", type=POSITIVE, default=1024, help="sequences are cut to this many tokens")
     p.add_argument(
         "--ttt-steps", type=POSITIVE, default=5, help="draft steps unrolled per position (training-time test)"
@@ -404,7 +446,13 @@ def _add_train_eagle3(sub) -> None:
         "--dtype",
         choices=("auto", *DTYPES),
         default="auto",
-        help="the target's dtype and the draft's autocast dtype (auto: bfloat16 on cuda, float32 on cpu)",
+        help="the target's dtype for data and states (auto: bfloat16 on cuda, float32 on cpu)",
+    )
+    p.add_argument(
+        "--train-dtype",
+        choices=("bfloat16", "float32"),
+        default="bfloat16",
+        help="autocast dtype of the draft's forward and its head matmuls (default: %(default)s)",
     )
     p.add_argument("--save-dtype", choices=DTYPES, default="bfloat16", help="dtype of the saved weights")
     p.add_argument("--log-every", type=NON_NEGATIVE, default=100, help="print the loss every N steps (0: never)")

@@ -17,6 +17,7 @@ from sglang_specvocab.errors import SpecVocabError
 from sglang_specvocab.testing.standins import CHILD_PREAMBLE
 from sglang_specvocab.train import checkpoint as C
 from sglang_specvocab.train import data as D
+from sglang_specvocab.train import loss as L
 from sglang_specvocab.train import model as M
 from sglang_specvocab.train import train as T
 
@@ -174,29 +175,93 @@ def test_ttt_unroll_equals_sglang_draft_loop(target, data):
             torch.testing.assert_close(outs[k][0, p], ref, atol=1e-5, rtol=1e-5)
 
 
+# --- the objective ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_set_kl_and_its_gradient_equal_plain_autograd(dtype):
+    """The fused KL (gradient computed in the forward pass, chunked) against the textbook formula."""
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(37, 16, generator=g, requires_grad=True)
+    w = torch.randn(50, 16, generator=g, requires_grad=True)
+    th, wt = torch.randn(37, 16, generator=g), torch.randn(50, 16, generator=g)
+    p, plogp = L.teacher_probs(th, wt, softcap=5.0, chunk=8)
+    kl, top1 = L.set_kl(h, w, p, plogp, chunk=8, dtype=dtype)
+    (2 * kl).backward()
+    h2, w2 = h.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    zt = torch.tanh((th @ wt.T) / 5.0) * 5.0
+    ref_p = torch.softmax(zt, -1)
+    ref = (ref_p * (torch.log_softmax(zt, -1) - torch.log_softmax(h2 @ w2.T, -1))).sum()
+    (2 * ref).backward()
+    tol = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 0.1, "rtol": 0.05}
+    torch.testing.assert_close(p, ref_p)
+    torch.testing.assert_close(kl, ref.detach(), **tol)
+    torch.testing.assert_close(h.grad, h2.grad, **tol)
+    torch.testing.assert_close(w.grad, w2.grad, **tol)
+    if dtype == torch.float32:
+        assert torch.equal(top1, (h2 @ w2.T).argmax(-1))
+
+
 # --- training ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("head", ["full", "d2t"])
+@pytest.mark.parametrize("head", ["full", "full-subset", "d2t"])
 def test_a_few_steps_lower_the_ttt_loss(target, data, head):
-    d = _draft(target, data, head)
+    d = _draft(target, data, head.removesuffix("-subset"))
     before = {n: p.detach().clone() for n, p in d.named_parameters()}
-    tap = M.TargetTap(target, d.cfg.capture_layers)
-    hist = T.train_draft(d, tap, data, steps=40, batch_size=8, lr=3e-3, seq_len=64, ttt_steps=3, seed=0)
+    states = D.compute_states(M.TargetTap(target, d.cfg.capture_layers), data, 64)
+    loss_ids = torch.arange(0, VOCAB, 4) if head == "full-subset" else None  # plus the target's top-8 per row
+    objective = L.Objective.for_target(target, loss_ids=loss_ids)
+    hist = T.train_draft(d, data, states, objective, steps=40, batch_size=8, lr=3e-3, ttt_steps=3)
     first, last = sum(h.loss for h in hist[:4]) / 4, sum(h.loss for h in hist[-4:]) / 4
     assert last < 0.75 * first, (first, last)
     assert len(hist[-1].accuracy) == 3 and hist[-1].accept_length >= 1.0
     assert all(not torch.equal(p, before[n]) for n, p in d.named_parameters())
-    if head == "full":  # the target's head is shared, not trained
+    if head != "d2t":  # the target's head is shared, not trained
         assert d.lm_head is None and torch.equal(d.head_weight, target.lm_head.weight)
 
 
-def test_training_is_deterministic(target, data):
+def test_validation_is_the_exact_training_statistic(target, data):
+    """With the whole vocabulary as columns, training's per-pass top-1 agreement and chain estimate are
+    evaluate()'s exact ones."""
+    d = _draft(target, data, "full", seed=2)
+    states = D.compute_states(M.TargetTap(target, d.cfg.capture_layers), data, 64)
+    batch = D.batch_of(data, states, range(len(data)))
+    with torch.no_grad():
+        _, stats = L.ttt_loss(d, batch, 3, L.Objective.for_target(target))
+    got = L.evaluate(d, [batch], 3)
+    assert got["accuracy"] == pytest.approx(stats.accuracy) and got["accept_length"] == pytest.approx(
+        stats.accept_length
+    )
+    real = torch.arange(batch.input_ids.shape[1])[None, :] < batch.lengths[:, None]
+    want = target(batch.input_ids).logits.argmax(-1)  # right padding: the real positions are unaffected
+    assert batch.topk.shape[-1] == 8 and torch.equal(batch.topk[..., 0][real], want[real])
+
+
+def test_states_cache_resumes_and_checks_its_tokens(target, data, tmp_path, monkeypatch):
     tap = M.TargetTap(target, M.sglang_default_capture_layers(LAYERS))
+    first = D.compute_states(tap, data, 48, cache=tmp_path, chunk=3)
+    assert len(list(tmp_path.glob("chunk-*.pt"))) == 3  # 8 sequences in chunks of 3
+    real, calls = D._states_of, []
+    monkeypatch.setattr(D, "_states_of", lambda tap, seqs, *a: calls.append(len(seqs)) or real(tap, seqs, *a))
+    again = D.compute_states(tap, data, 48, cache=tmp_path, chunk=3)
+    assert calls == [] and all(torch.equal(getattr(first, f), getattr(again, f)) for f in ("aux", "hidden", "topk"))
+    changed = D.SelfDistillData([*data.sequences[:4], data.sequences[4].flip(0), *data.sequences[5:]], data.prompt_lens)
+    other = D.compute_states(tap, changed, 48, cache=tmp_path, chunk=3)
+    assert calls == [3]  # only the chunk holding the changed sequence is recomputed
+    rows = other.rows(4)
+    fresh = D.compute_states(tap, D.SelfDistillData(changed.sequences[4:5], [1]), 48)
+    torch.testing.assert_close(other.hidden[rows], fresh.hidden)
+
+
+def test_training_is_deterministic(target, data):
+    states = D.compute_states(M.TargetTap(target, M.sglang_default_capture_layers(LAYERS)), data, 48)
     runs = []
     for _ in range(2):
         d = _draft(target, data, "d2t", seed=3)
-        T.train_draft(d, tap, data, steps=3, batch_size=4, lr=1e-3, seq_len=48, ttt_steps=2, seed=3)
+        T.train_draft(
+            d, data, states, L.Objective.for_target(target), steps=3, batch_size=4, lr=1e-3, ttt_steps=2, seed=3
+        )
         runs.append(d.checkpoint_tensors())
     assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
 
@@ -254,7 +319,7 @@ def _train_cli(target_dir, data, out, head, tmp_path):
     data.save(tmp_path / "data.pt")  # a cached data file: no tokenizer or ShareGPT needed
     argv = ["--target", str(target_dir), "--out", str(out), "--data", str(tmp_path / "data.pt"), "--head", head]
     argv += "--draft-vocab 128 --steps 4 --batch-size 4 --seq-len 48 --ttt-steps 3 --device cpu".split()
-    argv += "--save-dtype float32 --log-every 2".split()
+    argv += "--save-dtype float32 --log-every 2 --val 0".split()
     assert _train_eagle3(argv) == 0
 
 
@@ -401,7 +466,8 @@ def test_sglang_loads_the_checkpoint_and_computes_the_same_draft(target, data, t
     for head in ("d2t", "full"):
         d = _draft(target, data, head, seed=1)
         tap = M.TargetTap(target, d.cfg.capture_layers)
-        T.train_draft(d, tap, data, steps=2, batch_size=4, lr=1e-3, seq_len=48, ttt_steps=2, seed=1)  # not the init
+        states = D.compute_states(tap, data, 48)
+        T.train_draft(d, data, states, L.Objective.for_target(target), steps=2, batch_size=4, lr=1e-3, ttt_steps=2)
         C.save_checkpoint(d, tmp_path / head / "ckpt", torch.float32)
         aux, _ = tap(ids[None])
         inputs = {"embed": target.model.embed_tokens.weight.detach(), "head": target.lm_head.weight.detach()}
@@ -447,6 +513,7 @@ def test_gemma3_270m_cli_end_to_end(tmp_path):
     argv = ["--target", "gemma3-270m", "--out", str(out), "--data", str(tmp_path / "data.pt")]
     argv += "--head d2t --draft-vocab 32768 --conversations 2 --prompt-tokens 48 --max-new-tokens 6".split()
     argv += "--steps 2 --batch-size 2 --seq-len 64 --ttt-steps 2 --device cpu --log-every 0".split()
+    argv += ["--source", "generated", "--val", "0", "--states", str(tmp_path / "states")]
     assert _train_eagle3(argv) == 0
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 8, 14]  # capture [2, 9, 15] of 18

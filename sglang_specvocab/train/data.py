@@ -2,7 +2,9 @@
 
 ``SelfDistillData`` holds prompt + response token ids (prompt first), saved in one ``.pt`` file
 (``DATA_FORMAT``) so a run reuses what an earlier one generated; ``hot_vocabulary`` picks a d2t
-draft's vocabulary (the most frequent target ids).
+draft's vocabulary (the most frequent target ids). ``compute_states`` runs the target once over
+the data and keeps what training needs of it (``TargetStates``: captured features, final hidden
+states, top-K ids), cached in chunks; ``batch_of`` assembles a training ``Batch`` from both.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from pathlib import Path
 
 import torch
 
+from ..cache import weights_key
 from ..errors import SpecVocabError
 from ..vocab_data import load_frequency_ids
+from .model import TargetTap
 
 DATA_FORMAT = "sglang-specvocab/eagle3-self-distill/1"
 
@@ -149,3 +153,142 @@ def hot_vocabulary(
     else:
         raise ValueError("hot_vocabulary needs freq_path or data")
     return ids.to(torch.int64).sort().values
+
+
+@dataclass
+class Batch:
+    """Sequences and what the target computed on them (see :class:`TargetStates`)."""
+
+    input_ids: torch.Tensor  # [B, T], right-padded
+    lengths: torch.Tensor  # [B]
+    prompt_lens: torch.Tensor  # [B]
+    aux: torch.Tensor  # [B, T, k * hidden]: the captured features
+    hidden: torch.Tensor  # [B, T, hidden]: the target's final normed hidden states
+    topk: torch.Tensor  # [B, T, K]: the target's top-K ids over its whole vocabulary, best first
+
+    def to(self, device) -> Batch:
+        return Batch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+
+
+@dataclass
+class TargetStates:
+    """What the target computes on every training sequence (cut to ``seq_len``), flat over sequences:
+    the captured features (``aux``, bfloat16), its final normed hidden states (``hidden``, from which
+    the teacher logits over any columns are one matmul) and its top-K ids over the whole vocabulary
+    (``topk``; column 0 is its greedy choice). Computing them is most of a training run's target
+    work, so they are cached and reused across runs (and by ranker/router training)."""
+
+    aux: torch.Tensor  # [N, k * hidden]
+    hidden: torch.Tensor  # [N, hidden]
+    topk: torch.Tensor  # [N, K] int32
+    offsets: torch.Tensor  # [S + 1] int64: sequence s is rows offsets[s]:offsets[s+1]
+    meta: dict = field(default_factory=dict)
+
+    def rows(self, i: int) -> slice:
+        return slice(int(self.offsets[i]), int(self.offsets[i + 1]))
+
+
+@torch.no_grad()
+def _states_of(tap: TargetTap, seqs: list[torch.Tensor], topk: int, batch_size: int, bar) -> dict:
+    """Flat states of ``seqs`` (in their order), batching similar lengths."""
+    model = tap.model
+    head = model.get_output_embeddings().weight
+    lens = [len(x) for x in seqs]
+    offsets = torch.tensor([0, *lens], dtype=torch.int64).cumsum(0)
+    n, d = int(offsets[-1]), model.config.hidden_size
+    aux = torch.empty(n, len(tap.layers) * d, dtype=torch.bfloat16)
+    hidden = torch.empty(n, d, dtype=torch.float32)
+    top = torch.empty(n, topk, dtype=torch.int32)
+    order = sorted(range(len(lens)), key=lambda i: -lens[i])
+    device = head.device
+    for s in range(0, len(order), batch_size):
+        idx = order[s : s + batch_size]
+        width = lens[idx[0]]
+        ids = torch.zeros(len(idx), width, dtype=torch.int64)
+        mask = torch.zeros_like(ids)
+        for r, i in enumerate(idx):
+            ids[r, : lens[i]] = seqs[i]
+            mask[r, : lens[i]] = 1
+        a, h = tap.states(ids.to(device), mask.to(device))
+        for r, i in enumerate(idx):
+            rows = slice(int(offsets[i]), int(offsets[i + 1]))
+            hr = h[r, : lens[i]]
+            aux[rows] = a[r, : lens[i]].to(torch.bfloat16).cpu()
+            hidden[rows] = hr.float().cpu()
+            top[rows] = (
+                torch.cat([(c @ head.T).topk(topk, dim=-1).indices for c in hr.split(256)]).to(torch.int32).cpu()
+            )
+            bar.update(lens[i])
+    return {"aux": aux, "hidden": hidden, "topk": top, "lens": torch.tensor(lens)}
+
+
+def compute_states(
+    tap: TargetTap,
+    data: SelfDistillData,
+    seq_len: int,
+    *,
+    topk: int = 8,
+    batch_size: int = 4,
+    cache: str | Path | None = None,
+    chunk: int = 32,
+    progress: bool = False,
+) -> TargetStates:
+    """Run the target over every sequence of ``data`` cut to ``seq_len`` and keep its :class:`TargetStates`.
+
+    With ``cache`` (a folder), the states are kept there in chunks of ``chunk`` sequences, each
+    checked against its token ids when read: an interrupted run resumes, and a larger data set
+    whose first sequences are the same (more conversations of the same source) reuses them."""
+    from tqdm import tqdm  # the lab extra (progress bars)
+
+    seqs = [x[:seq_len] for x in data.sequences]
+    bar = tqdm(total=sum(map(len, seqs)), desc="target states", unit="tok", unit_scale=True, disable=not progress)
+    parts = []
+    for c in range(0, len(seqs), chunk):
+        part = seqs[c : c + chunk]
+        key = weights_key(torch.cat(part), topk=topk, layers=tap.layers, style=tap.style, seq_len=seq_len)
+        path = None if cache is None else Path(cache) / f"chunk-{c // chunk:05d}.pt"
+        got = None
+        if path is not None and path.is_file():
+            try:
+                got = torch.load(path, weights_only=True)
+            except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError):  # damaged: recompute
+                got = None
+            if got is not None and got.get("key") != key:
+                got = None
+        if got is None:
+            got = _states_of(tap, part, topk, batch_size, bar)
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(path.name + ".tmp")
+                torch.save({**got, "key": key}, tmp)
+                tmp.replace(path)
+        else:
+            bar.update(int(got["lens"].sum()))
+        parts.append(got)
+    bar.close()
+    lens = torch.cat([p["lens"] for p in parts]) if parts else torch.zeros(0, dtype=torch.int64)
+    d = tap.model.config.hidden_size
+    meta = {"seq_len": seq_len, "capture_layers": tap.layers, "capture_style": tap.style, "topk": topk}
+    return TargetStates(
+        torch.cat([p["aux"] for p in parts]) if parts else torch.zeros(0, len(tap.layers) * d, dtype=torch.bfloat16),
+        torch.cat([p["hidden"] for p in parts]) if parts else torch.zeros(0, d),
+        torch.cat([p["topk"] for p in parts]) if parts else torch.zeros(0, topk, dtype=torch.int32),
+        torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]),
+        meta,
+    )
+
+
+def batch_of(data: SelfDistillData, states: TargetStates, idx: Sequence[int], pad_token_id: int = 0) -> Batch:
+    """The sequences ``idx`` (cut to the states' ``seq_len``), right-padded, with their target states."""
+    rows = [states.rows(i) for i in idx]
+    lens = [r.stop - r.start for r in rows]
+    b, t = len(idx), max(lens)
+    ids = torch.full((b, t), pad_token_id, dtype=torch.int64)
+    aux = torch.zeros(b, t, states.aux.shape[1], dtype=states.aux.dtype)
+    hidden = torch.zeros(b, t, states.hidden.shape[1], dtype=states.hidden.dtype)
+    topk = torch.zeros(b, t, states.topk.shape[1], dtype=torch.int64)
+    for r, (i, rr, n) in enumerate(zip(idx, rows, lens, strict=True)):
+        ids[r, :n] = data.sequences[i][:n]
+        aux[r, :n], hidden[r, :n], topk[r, :n] = (states.aux[rr], states.hidden[rr], states.topk[rr])
+    prompt_lens = torch.tensor([min(data.prompt_lens[i], n) for i, n in zip(idx, lens, strict=True)])
+    return Batch(ids, torch.tensor(lens), prompt_lens, aux, hidden, topk)

