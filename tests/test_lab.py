@@ -67,6 +67,8 @@ def test_lab_refuses_a_capacity_larger_than_the_vocabulary(tiny_checkpoint, tmp_
     (["--config", "nope.yaml"], "cannot read config file nope.yaml"),
     (["--config", "configs/full.yaml", "--model", "/nonexistent"], "not 'gemma3-270m' and not a directory"),
     (["--config", "configs/full.yaml", "--draft-layers", "x"], "--draft-layers = 'x' is invalid"),
+    (["--config", "configs/full.yaml", "--draft", "eagle3"], "--draft = 'eagle3' is invalid"),
+    (["--config", "configs/full.yaml", "--draft", "eagle3:/nonexistent"], "EAGLE-3 draft /nonexistent: cannot read"),
     (["--config", "configs/full.yaml", "--max-new-tokens", "0"], "argument --max-new-tokens: must be at least 1"),
     (["--config", "configs/full.yaml", "--topk", "0"], "argument --topk: must be at least 1"),
     (["--config", "configs/full.yaml", "--questions", "/nonexistent.jsonl"], "cannot read questions file"),
@@ -75,6 +77,38 @@ def test_lab_argument_errors(args, piece, capsys, tmp_path):
     assert main(["lab", *args, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and piece in err, err
+
+
+def test_lab_with_an_eagle3_draft(tiny_checkpoint, tmp_path, monkeypatch):
+    """--draft eagle3:DIR runs the reference decoder with an EAGLE-3 draft (both head kinds); without
+    --draft, the full-vocabulary draft the trainer leaves in the cache for the model is the default."""
+    from transformers import AutoModelForCausalLM
+
+    from sglang_specvocab.train import checkpoint as C
+    from sglang_specvocab.train import model as M
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SGLANG_SPECVOCAB_CACHE", str(cache))
+    full = cache / "drafts" / f"{tiny_checkpoint.name}-eagle3-full"
+    for path, dv in ((full, None), (tmp_path / "d2t", 128)):
+        cfg = M.Eagle3Config.for_target(model, draft_vocab_size=dv, capture_layers=[1, 2, 3])
+        hot = None if dv is None else torch.arange(0, 2 * dv, 2)
+        C.save_checkpoint(M.build_draft(model, cfg, hot), path, torch.float32)
+    cfg = tmp_path / "small-window.yaml"
+    cfg.write_text("policy: window\ncapacity: 64\n")
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"category": "qa", "turns": ["Why?"]}\n{"category": "math", "turns": ["1+1?", "2+2?"]}\n')
+    common = ["lab", "--config", str(cfg), "--model", str(tiny_checkpoint), "--questions", str(questions),
+              "--max-new-tokens", "8", "--no-progress"]
+    for draft, name in ((None, "auto"), (f"eagle3:{tmp_path / 'd2t'}", "d2t")):
+        out = tmp_path / name
+        assert main([*common, "--out", str(out), *(["--draft", draft] if draft else [])]) == 0
+        result = json.loads((out / "lab.json").read_text())
+        assert result["lossless"] is True
+        assert result["draft"] == f"EAGLE-3 draft {full if draft is None else tmp_path / 'd2t'}"
+        dense = next(r for r in result["rows"] if r["config"] == "full" and r["category"] == "overall")
+        assert dense["mean_set_size"] == (result["vocab_size"] if draft is None else 128)
 
 
 def test_question_files(tmp_path):

@@ -72,11 +72,20 @@ class CausalLM:
         # rejected draft; sliding-window attention is still applied by the model's masks.
         return DynamicCache()
 
+    @property
+    def head_size(self) -> int:
+        """Rows of the draft head (the whole vocabulary)."""
+        return self.vocab_size
+
     @torch.no_grad()
-    def hidden(self, input_ids: torch.Tensor, cache) -> torch.Tensor:
-        """Final (normed) hidden states ``[B, n, d]`` of ``input_ids[B, n]``, appended to ``cache``."""
-        out = self.body(input_ids=input_ids, past_key_values=cache, use_cache=True)
-        return out.last_hidden_state
+    def hidden(self, input_ids: torch.Tensor, cache, tap=None):
+        """Final (normed) hidden states ``[B, n, d]`` of ``input_ids[B, n]``, appended to ``cache``;
+        with ``tap`` (an EAGLE-3 ``TargetTap`` of this model), also the captured features."""
+        if tap is None:
+            return self.body(input_ids=input_ids, past_key_values=cache, use_cache=True).last_hidden_state
+        with tap.capturing() as collect:
+            out = self.body(input_ids=input_ids, past_key_values=cache, use_cache=True, output_hidden_states=True)
+            return out.last_hidden_state, collect(out.hidden_states)
 
     @torch.no_grad()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -91,6 +100,59 @@ class CausalLM:
     def topk_ids(self, hidden: torch.Tensor, k: int, chunk: int = 256) -> torch.Tensor:
         """Top-k token ids ``[n, k]`` after each of ``hidden[n, d]``, in chunks (no ``[n, V]`` tensor)."""
         return torch.cat([self.logits(h).topk(k, dim=-1).indices for h in hidden.split(chunk)])
+
+
+class Eagle3LM:
+    """An EAGLE-3 draft (SGLang's ``LlamaForCausalLMEagle3`` checkpoint format) as the decoder drives it.
+
+    Draft extend: the committed positions, each with the next token and the target's captured
+    features there; draft steps: the proposed token with the draft's own previous pre-norm
+    output. ``weight`` is the head in target-id space: the target's own head for a
+    full-vocabulary draft; for a d2t draft its rows at the hot ids and zeros elsewhere, with
+    ``in_vocab`` marking the ids it can propose (the others get ``-inf``).
+    """
+
+    def __init__(self, module, name: str | None = None) -> None:
+        self.module = module.eval()
+        cfg = module.cfg
+        self.capture_layers = list(cfg.capture_layers)
+        self.vocab_size = cfg.vocab_size
+        self.embedding = module.embed_tokens
+        self.softcap = None  # SGLang's Llama head has no soft-capping
+        if module.hot_ids is None:
+            self.weight, self.in_vocab = module.target_head, None
+            self.head_size = cfg.vocab_size
+        else:
+            w = module.lm_head.weight.detach()
+            self.weight = w.new_zeros(cfg.vocab_size, w.shape[1]).index_copy_(0, module.hot_ids, w)
+            self.in_vocab = torch.zeros(cfg.vocab_size, dtype=torch.bool).index_fill_(0, module.hot_ids, True)
+            self.head_size = len(module.hot_ids)
+        self.name = name or f"EAGLE-3 draft ({cfg.head} head)"
+
+    @classmethod
+    def load(cls, path, target_model) -> Eagle3LM:
+        from ..train.checkpoint import load_checkpoint
+
+        return cls(load_checkpoint(path, target_model), name=f"EAGLE-3 draft {path}")
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache()
+
+    def extend(self, tokens: torch.Tensor, aux: torch.Tensor, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft extend of ``tokens [n]`` with the target's features ``aux [n, k*d]`` of the positions
+        before them: (normed, pre-norm) hidden states ``[n, d]``."""
+        start = cache.get_seq_length()
+        pos = torch.arange(start, start + len(tokens))
+        pre, normed = self.module.decode(tokens[None], aux[None].float(), pos, cache)
+        return normed[0], pre[0]
+
+    def step(self, tokens: torch.Tensor, pre: torch.Tensor, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """One draft step of beams ``tokens [B]`` fed their parents' pre-norm outputs ``pre [B, d]``."""
+        pos = torch.tensor([cache.get_seq_length()])
+        out, normed = self.module.decode(tokens[:, None], pre[:, None], pos, cache)
+        return normed[:, 0], out[:, 0]
 
 
 def _prompt_tensor(prompt_ids: Sequence[int]) -> torch.Tensor:
@@ -179,7 +241,7 @@ class SpeculativeDecoder:
     def __init__(
         self,
         target: CausalLM,
-        draft: CausalLM,
+        draft: CausalLM | Eagle3LM,
         config: PolicyConfig,
         shape: DraftShape = DraftShape(),
         *,
@@ -195,6 +257,16 @@ class SpeculativeDecoder:
         if cap is not None and shape.topk > cap:
             raise SpecVocabError(f"draft topk = {shape.topk} is larger than the set capacity {cap} of {config.source}")
         align = getattr(config, "align", None)
+        self.eagle3 = isinstance(draft, Eagle3LM)
+        self.tap = None
+        if self.eagle3:
+            from ..train.model import TargetTap
+
+            if align is not None:
+                raise SpecVocabError(
+                    f"{config.source}: align (online LoRA) needs a Hugging Face draft, not an EAGLE-3 draft"
+                )
+            self.tap = TargetTap(target.model, draft.capture_layers)
         self.aligner = OnlineLoRA(draft, align) if align is not None else None
         if self.aligner is not None:
             draft = self.aligner.draft  # a private LoRA'd copy: the target stays untouched
@@ -225,23 +297,33 @@ class SpeculativeDecoder:
 
         pol.on_reset(rows)
         self.head.refresh(rows)
-        hidden = self.target.hidden(prompt, tcache)[0]
+        if self.eagle3:
+            hidden, aux = self.target.hidden(prompt, tcache, self.tap)
+            hidden, aux = hidden[0], aux[0]
+        else:
+            hidden = self.target.hidden(prompt, tcache)[0]
         topk = self.target.topk_ids(hidden, pol.prefill_topk)[None] if pol.prefill_topk else None
         pol.on_prefill(rows, prompt, topk)
         self.head.refresh(rows)
-        self.draft.hidden(prompt, dcache)
         root = int(self.target.logits(hidden[-1]).argmax())
 
         gen = Generation(tokens=[root])
-        pending = [root]  # committed tokens the draft has not seen; the last is the root
+        if self.eagle3:
+            # SGLang's draft extend after prefill: prompt positions, each with the next token (the
+            # root last) and the target's features there. ``pending_aux[i]`` belongs to the
+            # position before ``pending[i]``.
+            pending, pending_aux = list(prompt_ids[1:]) + [root], aux
+        else:
+            self.draft.hidden(prompt, dcache)
+            pending, pending_aux = [root], None  # committed tokens the draft has not seen; the last is the root
         late: int | None = None  # ranker policies: a bonus token to check at the next round
         while not self._finished(gen.tokens, max_new_tokens):
-            set_size = self.target.vocab_size if pol.dense else int(pol.table.cnt[self.SLOT])
-            tree, late_hit = self._draft_tree(pending, dcache, late)
+            set_size = self.draft.head_size if pol.dense else int(pol.table.cnt[self.SLOT])
+            tree, late_hit = self._draft_tree(pending, dcache, late, pending_aux)
             if late_hit is not None:
                 gen.rounds[-1].in_set += late_hit
                 gen.rounds[-1].checked += 1
-            accepted, bonus, verified_logits = self._verify(root, tree, tcache)
+            accepted, bonus, verified_logits, verified_aux = self._verify(root, tree, tcache)
             committed = self._cut(accepted + [bonus], gen.tokens, max_new_tokens)
             committed_t = torch.tensor([committed])
             in_set, checked, late = len(committed), len(committed), None
@@ -250,11 +332,13 @@ class SpeculativeDecoder:
                 # against the set its position gets at the next round (from the same hidden state).
                 set_size = sum(n for _, n in self._sets) / len(self._sets)
                 checked = min(len(committed), len(self._sets))
-                in_set = sum(int(t in self._sets[j][0]) for j, t in enumerate(committed[:checked]))
+                in_set = sum(int(t in self._sets[j][0] and self._drafts(t)) for j, t in enumerate(committed[:checked]))
                 if checked < len(committed):
                     late = len(accepted)
             elif not pol.dense:
-                in_set = int(pol.table.contains(rows, committed_t).sum())
+                in_set = int((pol.table.contains(rows, committed_t)[0] & self._in_vocab(committed_t[0])).sum())
+            else:
+                in_set = int(self._in_vocab(committed_t[0]).sum())
             vtopk = verified_logits.topk(pol.verify_topk, dim=-1).indices[None] if pol.verify_topk else None
             pol.on_verify(rows, torch.tensor([[root] + tree.tokens]), vtopk, committed_t)
             self.head.refresh(rows)
@@ -262,7 +346,7 @@ class SpeculativeDecoder:
                 self.aligner.update(dcache, root, accepted, verified_logits)
             gen.rounds.append(RoundStats(set_size, len(accepted), len(committed), in_set, checked))
             gen.tokens.extend(committed)
-            pending, root = accepted + [bonus], bonus
+            pending, root, pending_aux = accepted + [bonus], bonus, verified_aux
         gen.tokens = gen.tokens[:max_new_tokens]
         gen.seconds = time.perf_counter() - start
         return gen
@@ -276,6 +360,14 @@ class SpeculativeDecoder:
             if t in self.eos:
                 return new[: i + 1]
         return new
+
+    def _in_vocab(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Which of ``tokens`` the draft head can propose (a d2t draft: its own vocabulary)."""
+        mask = getattr(self.draft, "in_vocab", None)
+        return torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask[tokens]
+
+    def _drafts(self, token: int) -> bool:
+        return bool(self._in_vocab(torch.tensor([token]))[0])
 
     def _select(self, step: int, hidden: torch.Tensor, tokens: torch.Tensor) -> None:
         """Ranker policies choose the set of draft step ``step`` from the beams' hidden states."""
@@ -292,13 +384,24 @@ class SpeculativeDecoder:
             self._select(step, hidden, tokens)
         slots = torch.full((hidden.shape[0],), self.SLOT, dtype=torch.int32)
         out = self.head(hidden, slots)
-        out.logits = torch.log_softmax(out.logits, dim=-1)
+        mask = getattr(self.draft, "in_vocab", None)
+        if mask is not None:  # a d2t draft scores only its own vocabulary
+            cols = torch.arange(mask.shape[0]) if out.ids is None else out.ids[out.row_to_slot.long()]
+            out.logits = out.logits.masked_fill(~((cols >= 0) & mask[cols.clamp(min=0)]), float("-inf"))
+        # A row with nothing it can propose is all -inf: its tokens stay out of the tree.
+        out.logits = torch.log_softmax(out.logits, dim=-1).nan_to_num(nan=float("-inf"))
         return out.topk(k)
 
-    def _draft_tree(self, pending: list[int], dcache, late: int | None = None) -> tuple[_Tree, int | None]:
+    def _draft_tree(
+        self, pending: list[int], dcache, late: int | None = None, aux: torch.Tensor | None = None
+    ) -> tuple[_Tree, int | None]:
         """The round's draft tree, and whether the last round's late bonus (at step ``late``) was in its set."""
         steps, k = self.shape.steps, self.shape.topk
-        hs = self.draft.hidden(torch.tensor([pending]), dcache)[0]
+        if self.eagle3:
+            hs, pre = self.draft.extend(torch.tensor(pending), aux, dcache)
+            state = pre[-1:]  # the draft's own hidden state, fed to its next step
+        else:
+            hs = self.draft.hidden(torch.tensor([pending]), dcache)[0]
         self._sets = []
         late_hit = None
         if late is not None:  # the hidden state before the last round's bonus token predicted it
@@ -313,7 +416,10 @@ class SpeculativeDecoder:
         for step in range(1, steps):
             if step == 1 and k > 1:
                 dcache.batch_repeat_interleave(k)
-            h = self.draft.hidden(beam_tokens[:, None], dcache)[:, -1]
+            if self.eagle3:
+                h, state = self.draft.step(beam_tokens, state.expand(len(beam_tokens), -1), dcache)
+            else:
+                h = self.draft.hidden(beam_tokens[:, None], dcache)[:, -1]
             scores, tokens = self._draft_logprobs(h, beam_tokens, step, k)
             cand = (beam_scores[:, None] + scores).reshape(-1)
             first = len(node_tok)
@@ -324,6 +430,8 @@ class SpeculativeDecoder:
             best = torch.sort(cand, descending=True, stable=True).indices[:k]
             if k > 1:
                 dcache.batch_select_indices(best // k)
+                if self.eagle3:
+                    state = state[best // k]
             beam_nodes = [first + int(i) for i in best]
             beam_scores, beam_tokens = cand[best], tokens.reshape(-1)[best]
         if k > 1 and steps > 1:
@@ -341,8 +449,9 @@ class SpeculativeDecoder:
         )
         return tree, late_hit
 
-    def _verify(self, root: int, tree: _Tree, tcache) -> tuple[list[int], int, torch.Tensor]:
-        """Greedy verification of every root-to-leaf path; returns (accepted, bonus, logits at the accepted path)."""
+    def _verify(self, root: int, tree: _Tree, tcache):
+        """Greedy verification of every root-to-leaf path; returns (accepted, bonus, logits at the
+        accepted path, and for an EAGLE-3 draft the target's features there, else None)."""
         inner = set(tree.parents)
         paths = []
         for leaf in (i for i in range(len(tree.tokens)) if i not in inner):
@@ -357,7 +466,12 @@ class SpeculativeDecoder:
         base = tcache.get_seq_length()
         if len(paths) > 1:
             tcache.batch_repeat_interleave(len(paths))
-        logits = self.target.logits(self.target.hidden(batch, tcache))
+        aux = None
+        if self.eagle3:
+            hidden, aux = self.target.hidden(batch, tcache, self.tap)
+        else:
+            hidden = self.target.hidden(batch, tcache)
+        logits = self.target.logits(hidden)
         pred = logits.argmax(-1)
         match = pred[:, :width] == batch[:, 1:]
         lengths = torch.tensor([len(p) for p in paths])
@@ -368,7 +482,7 @@ class SpeculativeDecoder:
         if len(paths) > 1:
             tcache.batch_select_indices(torch.tensor([best]))
         _trim(tcache, base + 1 + n)
-        return paths[best][:n], int(pred[best, n]), logits[best, : n + 1]
+        return paths[best][:n], int(pred[best, n]), logits[best, : n + 1], None if aux is None else aux[best, : n + 1]
 
 
 @torch.no_grad()

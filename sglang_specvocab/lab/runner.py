@@ -17,11 +17,12 @@ from pathlib import Path
 import torch
 
 from .. import __version__
+from ..cache import cache_dir
 from ..config import PolicyConfig
 from ..errors import SpecVocabError
 from ..policies import load_config, parse_config
 from ..prompts import DEFAULT_PROMPTS, format_prompt, load_questions
-from .decoder import CausalLM, DraftShape, Generation, SpeculativeDecoder
+from .decoder import CausalLM, DraftShape, Eagle3LM, Generation, SpeculativeDecoder
 from .models import GEMMA3_270M, load_model
 
 FULL = "full"
@@ -32,11 +33,27 @@ class LabSettings:
     configs: list[str]
     model: str = GEMMA3_270M
     draft_layers: int | None = 12  # self-draft depth; None: the draft is the target itself
+    eagle3: str | None = None  # an EAGLE-3 draft directory (SGLang's format); replaces the self-draft
     shape: DraftShape = field(default_factory=DraftShape)
     max_new_tokens: int = 48
     questions: str | None = None
     per_category: int | None = None
     command: str = ""
+
+
+def trained_draft(model: str) -> Path | None:
+    """The EAGLE-3 draft ``sglang-specvocab train-eagle3 --head full`` leaves in the cache for
+    ``model`` (the lab's default draft when it exists), else None."""
+    path = cache_dir() / "drafts" / f"{Path(model).name}-eagle3-full"
+    return path if (path / "config.json").is_file() else None
+
+
+def draft_label(settings: LabSettings) -> str:
+    if settings.eagle3 is not None:
+        return f"EAGLE-3 draft {settings.eagle3}"
+    if settings.draft_layers is None:
+        return "target"
+    return f"self-draft, first {settings.draft_layers} layers"
 
 
 def _named_configs(paths: list[str]) -> list[tuple[str, PolicyConfig]]:
@@ -69,11 +86,20 @@ def run_lab(settings: LabSettings, progress: bool = True) -> dict:
 
     named = _named_configs(settings.configs)  # bad configs fail before the model loads
     questions = load_questions(settings.questions, settings.per_category)
+    if settings.eagle3 is not None:
+        from ..train.checkpoint import read_checkpoint
+
+        read_checkpoint(settings.eagle3)  # a missing or foreign draft fails before the model loads
     lm = load_model(settings.model)
     for _, cfg in named:
         cfg.check_vocab(lm.vocab_size, settings.model)
     target = CausalLM(lm.model, name=settings.model)
-    draft = target if settings.draft_layers is None else CausalLM(lm.model, num_layers=settings.draft_layers)
+    if settings.eagle3 is not None:
+        draft = Eagle3LM.load(settings.eagle3, lm.model)
+    else:
+        draft = target if settings.draft_layers is None else CausalLM(lm.model, num_layers=settings.draft_layers)
+    if progress:
+        print(f"[lab] draft: {draft_label(settings)}", file=sys.stderr)
     decoders = {
         name: SpeculativeDecoder(target, draft, cfg, settings.shape, eos_token_ids=lm.eos_token_ids)
         for name, cfg in named
@@ -116,7 +142,7 @@ def run_lab(settings: LabSettings, progress: bool = True) -> dict:
         "rows": rows,
         "model": settings.model,
         "vocab_size": lm.vocab_size,
-        "draft": "target" if settings.draft_layers is None else f"self-draft, first {settings.draft_layers} layers",
+        "draft": draft_label(settings),
         "draft_shape": {
             "steps": settings.shape.steps,
             "topk": settings.shape.topk,
