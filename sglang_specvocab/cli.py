@@ -367,7 +367,7 @@ most frequent tokens (the shipped ShareGPT frequency table for gemma3-270m, othe
 over the training responses), initialised from the target's head rows, saved with d2t/t2d.
 
 Output: DIR/config.json, DIR/model.safetensors and DIR/training.json (the command, loss and
-validation curves, timings). The default DIR is the
+validation curves, timings, machine; `sglang-specvocab report-eagle3` tabulates and plots them). The default DIR is the
 package cache's drafts/TARGET-eagle3-full (or -d2tNk), where the lab finds its default draft. Serve it with
 
     python -m sglang.launch_server --model-path TARGET --speculative-algorithm EAGLE3 \\
@@ -484,6 +484,26 @@ def _int_list_any(text: str) -> list[int]:
 
 def _run_train_eagle3(args) -> int:
     from .train.train import run  # heavy: transformers
+
+    return run(args)
+
+
+def _add_report_eagle3(sub) -> None:
+    p = sub.add_parser(
+        "report-eagle3",
+        help="the training record of EAGLE-3 drafts (train-eagle3's training.json) as JSON, Markdown and a plot",
+        description="Reads DRAFT/training.json of each draft and writes OUT.json, OUT.md (command, data, time, "
+        "machine, versions, validation accept length per check) and OUT.png (loss per step, validation accept "
+        "length). Example: sglang-specvocab report-eagle3 ~/.cache/sglang_specvocab/drafts/gemma3-270m-eagle3-full "
+        "--out benchmarks/eagle3-gemma3-270m-training",
+    )
+    p.add_argument("drafts", nargs="+", type=Path, metavar="DRAFT", help="draft directories with a training.json")
+    p.add_argument("--out", required=True, help="output path without extension")
+    p.set_defaults(run=_run_report_eagle3)
+
+
+def _run_report_eagle3(args) -> int:
+    from .train.report import run  # heavy: matplotlib
 
     return run(args)
 
@@ -1124,6 +1144,7 @@ def parser() -> argparse.ArgumentParser:
         _add_train_ranker,
         _add_train_router,
         _add_train_eagle3,
+        _add_report_eagle3,
         _add_convert_gemma3,
     ):
         add(sub)

@@ -17,6 +17,7 @@ SUBCOMMANDS = {  # subcommand -> an option its help must list
     ("train-ranker",): "--rank",
     ("train-router",): "--top-l",
     ("train-eagle3",): "--ttt-steps",
+    ("report-eagle3",): "DRAFT",
     ("convert-gemma3",): "--chat-template",
     ("bench", "kernels"): "--time-budget-s",
     ("bench", "specbench"): "--limit-per-category",

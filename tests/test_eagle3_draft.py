@@ -338,7 +338,24 @@ def test_cli_writes_an_sglang_checkpoint(target_dir, data, tmp_path, head, capsy
     assert cfg["draft_vocab_size"] == (None if head == "full" else 128)
     names = set(load_file(out / "model.safetensors"))
     assert names == set(expected_checkpoint_names(head))
-    assert json.loads((out / "training.json").read_text())["args"]["head"] == head
+    record = json.loads((out / "training.json").read_text())
+    assert record["args"]["head"] == head and len(record["loss"]) == 4
+    assert record["command"].startswith("sglang-specvocab train-eagle3 ") and record["machine"]["device"] == "cpu"
+
+
+def test_report_tabulates_and_plots_the_training_record(target_dir, data, tmp_path, capsys):
+    out = tmp_path / "draft"
+    _train_cli(target_dir, data, out, "full", tmp_path)
+    record = json.loads((out / "training.json").read_text())
+    assert main(["report-eagle3", str(out), "--out", str(tmp_path / "rep" / "r")]) == 0
+    rep = json.loads((tmp_path / "rep" / "r.json").read_text())
+    assert rep["drafts"][0]["loss"] == record["loss"] and rep["drafts"][0]["machine"] == record["machine"]
+    md = (tmp_path / "rep" / "r.md").read_text()
+    assert record["command"] in md and f"{record['sequences']} sequences" in md
+    assert (tmp_path / "rep" / "r.png").stat().st_size > 0
+    capsys.readouterr()
+    assert main(["report-eagle3", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
+    assert "no readable training.json from train-eagle3" in capsys.readouterr().err
 
 
 def expected_checkpoint_names(head):

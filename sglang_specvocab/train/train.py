@@ -28,6 +28,7 @@ from .checkpoint import load_into, save_checkpoint
 from .data import SelfDistillData, TargetStates, batch_of, build_data, compute_states, hot_vocabulary
 from .loss import Objective, StepStats, evaluate, ttt_loss
 from .model import Eagle3Config, Eagle3Draft, TargetTap, build_draft, capture_layers_from_ids, init_from_target
+from .report import machine
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -390,6 +391,8 @@ def run(args) -> int:
         on_step=validate,
     )
     train_seconds, train_cpu = time.perf_counter() - t0, time.process_time() - c0
+    import transformers  # heavy: already loaded with the target
+
     k = max(1, len(history) // 10)
     first = sum(h.loss for h in history[:k]) / k
     last = sum(h.loss for h in history[-k:]) / k
@@ -421,7 +424,12 @@ def run(args) -> int:
         "train_seconds": round(train_seconds, 1),
         "train_cpu_seconds": round(train_cpu, 1),
         "threads": torch.get_num_threads(),
-        "versions": {"torch": torch.__version__, "python": sys.version.split()[0]},
+        "machine": {**machine(), "device": str(device)},
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": sys.version.split()[0],
+        },
     }
     try:
         out = save_checkpoint(draft, args.out, DTYPES[args.save_dtype], extra)
