@@ -4,7 +4,8 @@
 ``run`` (the command): the training text (ShareGPT conversations, or the target's greedy answers)
 and the target's states on it are computed once and cached (``data``), a draft as wide as the
 target is built (``model``) and trained on the training-time-test loss (``loss``) with held-out
-validation, then saved as SGLang loads it (``checkpoint``). ``sglang-specvocab train-eagle3 --help`` describes the options.
+validation, then saved as SGLang loads it (``checkpoint``). ``sglang-specvocab train-eagle3 --help``
+describes the options.
 """
 
 from __future__ import annotations
@@ -292,7 +293,8 @@ def run(args) -> int:
         args.dtype = "bfloat16" if args.device == "cuda" else "float32"
     if args.val > args.skip:
         raise SpecVocabError(
-            f"--val = {args.val} is invalid: the held-out prompts come from the first --skip ({args.skip}) conversations"
+            f"--val = {args.val} is invalid: the held-out prompts come from the first --skip "
+            f"({args.skip}) conversations"
         )
     if args.out is None:
         size = "" if args.head == "full" else f"{args.draft_vocab // 1024}k"
