@@ -7,9 +7,9 @@ import pytest
 import torch
 from helpers import tiny_llama
 
+from sglang_specvocab.errors import SpecVocabError
 from sglang_specvocab.lab.decoder import CausalLM, DraftShape, Eagle3LM, SpeculativeDecoder, greedy_generate
 from sglang_specvocab.policies import parse_config
-from sglang_specvocab.errors import SpecVocabError
 from sglang_specvocab.train import checkpoint as C
 from sglang_specvocab.train import data as D
 from sglang_specvocab.train import loss as L

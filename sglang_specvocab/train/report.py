@@ -131,7 +131,8 @@ def plot(runs: list[dict], path: Path) -> None:
     ax2.set(xlabel="step", ylabel=f"accept length (greedy chain of {chain})", title="held-out target answers")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # no validation: nothing to label on the right
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
