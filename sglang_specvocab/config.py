@@ -23,6 +23,10 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+#: The union head's default columns, as a multiple of the set capacity (see ``PolicyConfig.union_columns``).
+UNION_CAPACITY_FACTOR = 16
+
+
 class HeadSection(Section):
     """How the draft head computes logits over the sets (every policy accepts a ``head:`` block)."""
 
@@ -32,7 +36,25 @@ class HeadSection(Section):
     mode: Literal["fused", "packed"] = Field(
         "fused",
         description="fused: gather each request's rows in the head kernel; packed: keep them in a per-request "
-        "buffer updated after each set change (context policies only)",
+        "buffer updated after each set change (context policies only; the lab's MicroSpec ablation, refused by "
+        "the server)",
+    )
+    batch: Literal["auto", "per-request", "union", "stock"] = Field(
+        "auto",
+        description="how a batch is scored: per-request (each request over its own set), union (the batch's "
+        "deduplicated union in one pass), stock (the draft's own dense head, as EAGLE3), auto (per batch size, "
+        "the cheapest of them by the cost model)",
+    )
+    union_capacity: int | None = Field(
+        None,
+        ge=1,
+        description="columns of the union head, fixed at start-up (default: 16 x capacity, at most the draft "
+        "head's rows); ids past it are dropped from that call's union, highest ids first",
+    )
+    union_view: Literal["own", "all"] = Field(
+        "own",
+        description="union head: own (each row scores only its own request's set, as per-request) or all (every "
+        "row sees the whole union)",
     )
 
 
@@ -81,13 +103,47 @@ class PolicyConfig(Section):
         return []
 
     def check_vocab(self, vocab_size: int, model_name: str = "the model") -> None:
-        """Refuse a capacity the model's vocabulary cannot fill."""
+        """Refuse a capacity (and a union head) the model's vocabulary cannot fill."""
         cap = self.table_capacity
         if cap is not None and cap > vocab_size:
             raise ConfigError(
                 f"{self.source}: capacity = {cap} is invalid: must be at most the vocabulary size "
                 f"{vocab_size} of {model_name}"
             )
+        uc = self.head.union_capacity
+        if uc is not None and cap is not None and uc > vocab_size:
+            raise ConfigError(
+                f"{self.source}: head.union_capacity = {uc} is invalid: must be at most the vocabulary size "
+                f"{vocab_size} of {model_name} (a union holds distinct ids of its rows)"
+            )
+
+    def check_head(self) -> None:
+        """The head options this policy can use, checked once the config is complete (``parse_config``)."""
+        head, cap = self.head, self.table_capacity
+        if cap is None and head.batch in ("per-request", "union"):
+            raise ConfigError(
+                f"{self.source}: head.batch = {head.batch!r} is invalid for policy '{self.policy}', which has no "
+                "candidate sets (the whole vocabulary): use head.batch: auto or stock"
+            )
+        if head.mode == "packed" and head.batch in ("union", "stock"):
+            raise ConfigError(
+                f"{self.source}: head.batch = {head.batch!r} is invalid with head.mode = 'packed', whose rows are "
+                "packed per request: use head.batch: per-request (or auto), or head.mode: fused"
+            )
+        if cap is not None and head.union_capacity is not None and head.union_capacity < cap:
+            raise ConfigError(
+                f"{self.source}: head.union_capacity = {head.union_capacity} is invalid: must be at least the "
+                f"capacity {cap} (one request's set must fit the union)"
+            )
+
+    def union_columns(self, head_rows: int) -> int | None:
+        """Columns of the union head for a draft head of ``head_rows`` rows (None without sets)."""
+        cap = self.table_capacity
+        if cap is None:
+            return None
+        if self.head.union_capacity is not None:
+            return self.head.union_capacity
+        return max(cap, min(UNION_CAPACITY_FACTOR * cap, head_rows))
 
 
 # --- error messages -------------------------------------------------------------------------

@@ -1,42 +1,104 @@
-"""The dynamic draft head: logits over each row's candidate set, top-k as token ids.
+"""The dynamic draft head: one implementation for the server and the lab.
 
-``DraftHead(weight, table)`` computes compact logits ``[M, W]`` for M hidden rows, row m over
-the set of slot ``row_to_slot[m]``; with no table (the ``full`` policy) it is the dense head
-over the whole vocabulary, where a column is its token id.
+``DraftHead(weight, table, ...)(hidden, rows)`` scores ``N = bs * n`` hidden rows, request-major (``n`` consecutive
+rows per request, ``rows[b]`` the table slot of request b), and returns a ``HeadOutput``: fp32 logits and the map from
+their columns to target token ids. ``HeadOutput.topk`` is the one top-k: value descending, then column ascending
+(columns run in ascending token id, so the lower id first); an entry of value ``-inf`` (only when k exceeds a row's
+live columns) is the table's fallback id. Logit scale then softcapping (Gemma-2 style, monotonic) apply to live
+columns only: a dead column stays ``-inf``.
 
-Two modes (``head.mode``): ``fused`` gathers each request's candidate rows of the LM head
-inside the logits kernel; ``packed`` (MicroSpec's asynchronous gathering) keeps them in a
-per-request buffer ``[R, W, d]`` that ``refresh(rows)`` brings up to date after each set
-change, copying only the rows that entered, on a side CUDA stream. The head waits for that
-copy just before it runs; a caller that replays the head inside a CUDA graph calls ``wait()``
-before the replay instead (a graph cannot wait on an event recorded outside it).
+How a batch is scored (``head.batch``; ``auto`` picks per (bs, n) with ``headcost.choose``, a pure function of
+shapes, so once per CUDA-graph batch bucket):
+
+- ``per-request``: row m over the set of its request (``indexed_logits``; columns = the set's ``W`` ids);
+- ``union``: the batch's deduplicated union of sets, built on the device with static shapes (a bitmap over the
+  vocabulary, a prefix sum, a compaction into ``C`` columns in ascending id; ids past ``C`` are dropped from that
+  call's union, the highest first, and ``union_overflow`` counts such calls), scored once for all rows: by the indexed
+  kernel with the whole batch on one slot (reads only the live union rows) or, ``union-gemm``, gathered and multiplied
+  by one dense GEMM. With ``union_view: own`` (default) each row is then masked to its own request's set, so its
+  logits and top-k are those of ``per-request``; with ``all`` every row sees the whole union;
+- ``stock``: the draft's own dense head over all its rows (what EAGLE3 runs); the dense policy ``full`` always.
+
+Vocabulary spaces. Table ids are target ids. A d2t draft's head row of id i is ``t2d[i]`` (``hot_token_id`` is the
+d2t map), a tensor-parallel rank holds the rows ``shard = (start, end)``: ``head_row_map`` maps ids to local rows, -1
+where this rank (or the draft) has none. The set rows of the batch are mapped once per call (``[bs, W]``) and keep
+their request's slot, so the kernel reads a request's rows once for all its hidden rows; an id with no local row is
+a dead column (a negative id). With ``group`` (tp_size > 1) the top-k is a local top-k merged across ranks.
+
+``head.mode: packed`` (the lab's MicroSpec ablation; the server refuses it) keeps each request's rows in a buffer
+``[R, W, d]`` that ``refresh(rows)`` updates after each set change, copying only the rows that entered, on a side CUDA
+stream; the head waits for that copy just before it runs (a caller replaying the head in a CUDA graph calls
+``wait()`` before the replay instead). It is always per request.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from . import ops
+from . import headcost, ops
+from .ops.topk import NEG_INF, head_row_map, local_topk, merge_topk, row_slots
 from .table import CandidateTable
+
+BATCH_MODES = ("auto", "per-request", "union", "stock")  # the config's head.batch
+PLANS = headcost.MODES  # what a call runs; "union" is either union plan (the cost model picks), a plan name forces it
+UNION_VIEWS = ("own", "all")
 
 
 @dataclass
 class HeadOutput:
     """Logits of one head call and how to read their columns as token ids."""
 
-    logits: torch.Tensor  # fp32 [M, W] (compact) or [M, V] (dense); -inf past a row's count
-    ids: torch.Tensor | None  # the column -> token id map [R, W]; None when dense
-    row_to_slot: torch.Tensor | None  # int32 [M]; None when dense
-    fallback_id: int = 0  # the token of a column past a row's count (packed ids hold -1 there)
+    logits: torch.Tensor  # fp32 [N, width]: this rank's columns, -inf where dead
+    col_ids: torch.Tensor | None  # target id of each (global) column: [width] shared, or [rows, width] per map row
+    col_row: torch.Tensor | None = None  # int64 [N]: the row of a 2-D col_ids for each logits row
+    fallback_id: int = 0  # the token of a -inf entry
+    col_offset: int = 0  # global column of local column 0 (a stock head's TP shard)
+    group: Any = None  # process group of the top-k merge (tp_size > 1)
+    tp_size: int = 1
+
+    def tokens(self, cols: torch.Tensor) -> torch.Tensor:
+        """int64 target ids of global columns ``cols [N, k]`` (-1 where a column has no token)."""
+        cols = cols.long()
+        if self.col_ids is None:
+            return cols
+        if self.col_ids.dim() == 1:
+            return self.col_ids.long()[cols]
+        width = self.col_ids.shape[1]
+        flat = self.col_ids.reshape(-1)
+        return flat[self.col_row.long()[:, None] * width + cols].long()
 
     def topk(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(values ``[M, k]``, token ids int64 ``[M, k]``), best first."""
-        if self.ids is None:
-            return self.logits.topk(k, dim=1)
-        values, tokens = ops.compact_topk(self.logits, self.ids, self.row_to_slot, k)
-        return values, torch.where(tokens >= 0, tokens, self.fallback_id)
+        """(values fp32 ``[N, k]``, token ids int64 ``[N, k]``), best first, identical on every rank."""
+        values, tokens, _ = self.topk_lse(k)
+        return values, tokens
+
+    def topk_lse(self, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``topk`` and the logsumexp ``[N]`` of each row's logits (over all ranks)."""
+        values, cols, lse = local_topk(self.logits, k)
+        if self.col_offset:
+            cols = cols + self.col_offset
+        if self.tp_size > 1:
+            values, cols, lse = merge_topk(values, cols, lse, k, self.group)
+        tokens = self.tokens(cols)
+        dead = torch.isneginf(values) | (tokens < 0)
+        return values, torch.where(dead, self.fallback_id, tokens), lse
+
+    def topk_logprobs(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probabilities over the row's live columns ``[N, k]``, token ids): -inf for a -inf entry."""
+        values, tokens, lse = self.topk_lse(k)
+        return torch.where(torch.isneginf(values), NEG_INF, values - lse[:, None]), tokens
+
+    def topk_probs(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(probabilities over the row's live columns ``[N, k]``, token ids): 0 for a -inf entry."""
+        logp, tokens = self.topk_logprobs(k)
+        return torch.exp(logp), tokens
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
 class DraftHead:
@@ -46,31 +108,115 @@ class DraftHead:
         table: CandidateTable | None,
         *,
         logit_softcap: float | None = None,
+        logit_scale: float | None = None,
         kernel: str = "auto",
         mode: str = "fused",
+        batch: str = "auto",
+        union_capacity: int | None = None,
+        union_view: str = "own",
+        hot_token_id: torch.Tensor | None = None,
+        target_vocab_size: int | None = None,
+        shard: tuple[int, int] | None = None,
+        group: Any = None,
+        tp_size: int = 1,
+        costs: headcost.HeadCosts | None = None,
+        union_sizes: headcost.UnionSizes | None = None,
     ):
+        """``weight``: this rank's head rows ``[H_local, d]`` (a shard may end in padding rows); ``table``: the
+        candidate sets (None: the dense policy); ``hot_token_id``: the d2t map of a reduced-vocabulary draft (None: a
+        full-vocabulary head); ``target_vocab_size``: the table's id space (default: the head's rows); ``shard``: the
+        global rows ``[start, end)`` this rank holds (None: all); ``union_capacity``: the union's columns (default
+        16 x the set capacity, at most the head's rows); ``costs``/``union_sizes``: the cost model (default: the
+        shipped constants for this device and the lab's union sizes)."""
         if mode not in ("fused", "packed"):
             raise ValueError(f"DraftHead: mode = {mode!r} is invalid: must be 'fused' or 'packed'")
-        if mode == "packed" and table is None:
-            raise ValueError("DraftHead: mode 'packed' needs a candidate table (the dense head has no sets)")
-        self.weight = weight
-        self.table = table
-        self.logit_softcap = logit_softcap
-        self.mode = mode
+        if batch not in BATCH_MODES + PLANS:
+            valid = ", ".join(dict.fromkeys(BATCH_MODES + PLANS))
+            raise ValueError(f"DraftHead: batch = {batch!r} is invalid: must be one of {valid}")
+        if union_view not in UNION_VIEWS:
+            raise ValueError(f"DraftHead: union_view = {union_view!r} is invalid: must be 'own' or 'all'")
+        if table is None and (mode == "packed" or batch not in ("auto", "stock")):
+            raise ValueError(
+                f"DraftHead: mode {mode!r} / batch {batch!r} need a candidate table (the dense head has none)"
+            )
+        self.weight, self.table = weight, table
+        self.logit_softcap, self.logit_scale = logit_softcap, logit_scale
+        self.mode, self.batch, self.union_view = mode, batch, union_view
+        self.group, self.tp_size = group, tp_size
+        dev = weight.device
+        # H: the draft head's rows over all ranks; V: the table's id space.
+        if hot_token_id is not None:
+            self.head_rows = int(hot_token_id.numel())
+        else:
+            self.head_rows = int(target_vocab_size or (shard[1] if shard is not None else weight.shape[0]))
+        self.vocab_size = int(target_vocab_size or self.head_rows)
+        self.start, self.end = shard if shard is not None else (0, int(weight.shape[0]))
+        self.row_map = head_row_map(self.vocab_size, hot_token_id=hot_token_id, shard=shard, device=dev)
+        # Stock columns are global head rows; their tokens: the d2t map, or the row itself.
+        self.stock_ids = None if hot_token_id is None else hot_token_id.to(device=dev, dtype=torch.long).flatten()
+        self.costs = costs or headcost.costs_for(_device_name(dev))
+        self.union_sizes = union_sizes or headcost.shipped_union_sizes()
+        self.union_overflow = torch.zeros((), dtype=torch.int64, device=dev)  # calls whose union passed C
+        self._plans: dict[tuple[int, int], str] = {}
+        self.last_mode: str | None = None
+        self._union_ids: torch.Tensor | None = None
         if table is None:
+            self.capacity = 0
             return
-        self._logits = ops.implementation(
-            kernel, weight.device, "indexed_logits" if mode == "fused" else "packed_logits"
+        self.capacity = table.capacity
+        C = union_capacity or max(self.capacity, min(16 * self.capacity, self.head_rows))
+        if C < self.capacity:
+            raise ValueError(f"DraftHead: union_capacity = {C} must be at least the set capacity {self.capacity}")
+        self.union_capacity = min(C, self.vocab_size)
+        self._indexed = ops.implementation(kernel, dev, "indexed_logits")
+        if mode == "fused":
+            self._logits = self._indexed
+            return
+        if self.row_map is not None:
+            raise ValueError("DraftHead: mode 'packed' needs a full-vocabulary head on one rank")
+        self._logits = ops.implementation(kernel, dev, "packed_logits")
+        R, W, d = table.num_rows, table.capacity, weight.shape[1]
+        self.packed = weight.new_zeros((R, W, d))
+        self.packed_ids = torch.full((R, W), -1, dtype=torch.int32, device=dev)
+        self._pack = ops.implementation(ops.update_backend(kernel), dev, "pack_update")
+        on_gpu = dev.type == "cuda"
+        self._stream = torch.cuda.Stream(dev) if on_gpu else None
+        self._ready = torch.cuda.Event() if on_gpu else None
+        self.refresh(torch.arange(R, device=dev))
+
+    # --- the choice ---------------------------------------------------------------------------------
+
+    def shape(self, bs: int, n: int) -> headcost.Shape:
+        """The static shapes of a call with ``bs`` requests of ``n`` rows (what the cost model sees)."""
+        return headcost.Shape(
+            bs=bs,
+            n=n,
+            W=self.capacity,
+            d=int(self.weight.shape[1]),
+            H=int(self.weight.shape[0]),
+            V=self.vocab_size,
+            C=getattr(self, "union_capacity", 0),
+            elem=self.weight.element_size(),
+            mapped=self.row_map is not None,
         )
-        if mode == "packed":
-            R, W, d = table.num_rows, table.capacity, weight.shape[1]
-            self.packed = weight.new_zeros((R, W, d))
-            self.packed_ids = torch.full((R, W), -1, dtype=torch.int32, device=weight.device)
-            self._pack = ops.implementation(ops.update_backend(kernel), weight.device, "pack_update")
-            on_gpu = weight.device.type == "cuda"
-            self._stream = torch.cuda.Stream(weight.device) if on_gpu else None
-            self._ready = torch.cuda.Event() if on_gpu else None
-            self.refresh(torch.arange(R, device=weight.device))
+
+    def plan(self, bs: int, n: int) -> str:
+        """The plan of a call with ``bs`` requests of ``n`` rows (one of ``PLANS``): shapes only, cached."""
+        mode = self._plans.get((bs, n))
+        if mode is None:
+            if self.table is None:
+                mode = "stock"
+            elif self.mode == "packed":
+                mode = "per-request"
+            elif self.batch in PLANS:
+                mode = self.batch
+            else:
+                allowed = headcost.UNION_MODES if self.batch == "union" else headcost.MODES
+                mode = headcost.choose(self.shape(bs, n), self.costs, self.union_sizes, allowed)
+            self._plans[(bs, n)] = mode
+        return mode
+
+    # --- packed mode ----------------------------------------------------------------------------------
 
     def refresh(self, rows: torch.Tensor) -> None:
         """After the sets of ``rows`` changed: bring their packed rows up to date (packed mode)."""
@@ -93,21 +239,114 @@ class DraftHead:
         if self.mode == "packed" and self._ready is not None:
             torch.cuda.current_stream(self.weight.device).wait_event(self._ready)
 
-    def __call__(self, hidden: torch.Tensor, row_to_slot: torch.Tensor) -> HeadOutput:
-        hidden = hidden.to(self.weight.dtype)
-        if self.table is None:
-            out = HeadOutput((hidden @ self.weight.T).float(), None, None)
+    # --- scoring --------------------------------------------------------------------------------------
+
+    def __call__(self, hidden: torch.Tensor, rows: torch.Tensor, weight: torch.Tensor | None = None) -> HeadOutput:
+        """Score ``hidden [bs * n, d]`` (request-major) for the requests in table slots ``rows [bs]``.
+
+        ``weight``: the head's weight if it is not the one given at construction (the server passes its module's)."""
+        weight = self.weight if weight is None else weight
+        bs, N = rows.shape[0], hidden.shape[0]
+        if N and (bs == 0 or N % bs):
+            raise ValueError(
+                f"DraftHead: {N} hidden rows do not split evenly over {bs} requests (rows must be request-major)"
+            )
+        mode = self.plan(max(bs, 1), N // bs if N else 1)
+        self.last_mode = mode
+        hidden = hidden.to(weight.dtype)
+        if mode == "stock":
+            logits = self._stock(hidden, weight)
+        elif mode == "per-request":
+            logits = self._per_request(hidden, weight, rows)
         else:
-            slot = row_to_slot.to(torch.int32)
-            t = self.table
-            if self.mode == "fused":
-                logits = self._logits(hidden, self.weight, t.ids, t.cnt, slot)
-                out = HeadOutput(logits, t.ids, slot, t.fallback_id)
-            else:
-                if not (hidden.is_cuda and torch.cuda.is_current_stream_capturing()):
-                    self.wait()
-                out = HeadOutput(self._logits(hidden, self.packed, t.cnt, slot), self.packed_ids, slot, t.fallback_id)
-        if self.logit_softcap:  # Gemma-2 style soft-capping: monotonic, so top-k is unchanged
+            logits = self._union(hidden, weight, rows, gemm=mode == "union-gemm")  # union-indexed or union-gemm
+        if self.logit_scale is not None:
+            logits = logits.mul_(self.logit_scale)
+        if self.logit_softcap:
             c = self.logit_softcap
-            out.logits = torch.tanh(out.logits / c) * c
+            logits = torch.where(torch.isneginf(logits), logits, torch.tanh(logits / c) * c)
+        return self.output(logits, rows)
+
+    def output(self, logits: torch.Tensor, rows: torch.Tensor) -> HeadOutput:
+        """The column map of logits from the last call (its mode), for ``rows`` (request-major, any rows per request:
+        the server's draft extend keeps one row per request of a call that scored several)."""
+        mode = self.last_mode
+        if mode is None:
+            raise RuntimeError("DraftHead.output: no head call yet (the logits' mode is unknown)")
+        fallback = self.table.fallback_id if self.table is not None else 0
+        common = {"fallback_id": fallback, "group": self.group, "tp_size": self.tp_size}
+        if mode == "stock":
+            out = HeadOutput(logits, self.stock_ids, col_offset=self.start, **common)
+        elif mode == "per-request":
+            ids = self.packed_ids if self.mode == "packed" else self.table.ids
+            out = HeadOutput(logits, ids, row_slots(rows, logits.shape[0]).long(), **common)
+        else:
+            out = HeadOutput(logits, self._union_ids, **common)
+        width = out.col_ids.shape[-1] if mode != "stock" else self.weight.shape[0]
+        if logits.shape[1] != width:
+            raise ValueError(f"DraftHead.output: logits have {logits.shape[1]} columns, the {mode} head {width}")
         return out
+
+    def _stock(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        logits = (hidden @ weight.T).float()
+        own = self.end - self.start
+        if own < weight.shape[0]:  # a TP shard's padding rows are no tokens
+            logits[:, own:] = NEG_INF
+        return logits
+
+    def _per_request(self, hidden: torch.Tensor, weight: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        t, N = self.table, hidden.shape[0]
+        if N == 0:
+            return torch.empty((0, t.capacity), dtype=torch.float32, device=hidden.device)
+        if self.mode == "packed":
+            if not (hidden.is_cuda and torch.cuda.is_current_stream_capturing()):
+                self.wait()
+            return self._logits(hidden, self.packed, t.cnt, row_slots(rows, N))
+        if self.row_map is None:
+            return self._logits(hidden, weight, t.ids, t.cnt, row_slots(rows, N))
+        # Map the batch's sets to local head rows once ([bs, W], -1 = no row here: a dead column); each request keeps
+        # its own slot in that mapped table, so its rows are read once for all its hidden rows.
+        r = rows.long()
+        loc = self.row_map[t.ids.index_select(0, r).long()]
+        local = torch.arange(r.shape[0], device=hidden.device, dtype=torch.int32)
+        return self._logits(hidden, weight, loc, t.cnt.index_select(0, r), row_slots(local, N))
+
+    def _union(self, hidden: torch.Tensor, weight: torch.Tensor, rows: torch.Tensor, gemm: bool) -> torch.Tensor:
+        t, N, dev = self.table, hidden.shape[0], hidden.device
+        V, C = self.vocab_size, self.union_capacity
+        r = rows.long()
+        bs, W = r.shape[0], t.capacity
+        ids = t.ids.index_select(0, r).long()
+        live = torch.arange(W, device=dev)[None, :] < t.cnt.index_select(0, r)[:, None]
+        at = torch.where(live, ids, V)  # dead entries mark the sink V
+        mark = torch.zeros(V + 1, dtype=torch.int32, device=dev).index_fill_(0, at.reshape(-1), 1)[:V]
+        pos = mark.cumsum(0) - 1  # union column of each marked id, in ascending id
+        total = pos[-1] + 1
+        keep = (mark > 0) & (pos < C)
+        union_ids = torch.full((C + 1,), -1, dtype=torch.long, device=dev)
+        union_ids.scatter_(0, torch.where(keep, pos, C), torch.arange(V, device=dev))  # the rest land on the sink C
+        union_ids = union_ids[:C]
+        self._union_ids = union_ids
+        self.union_overflow += (total > C).long()
+        if self.row_map is None:
+            loc = union_ids
+        else:
+            loc = torch.where(union_ids >= 0, self.row_map[union_ids.clamp(min=0)].long(), -1)
+        if N == 0:
+            return torch.empty((0, C), dtype=torch.float32, device=dev)
+        if gemm:
+            head = weight.index_select(0, loc.clamp(min=0))
+            logits = (hidden @ head.T).float().masked_fill_(loc[None, :] < 0, NEG_INF)
+        else:
+            count = total.clamp(1, C).to(torch.int32).reshape(1)
+            one_slot = torch.zeros(N, dtype=torch.int32, device=dev)  # the whole batch on one slot: rows read once
+            logits = self._indexed(hidden, weight, loc.to(torch.int32)[None, :], count, one_slot)
+        if self.union_view == "own":  # each row keeps the union columns of its own request's set
+            col = pos.index_select(0, at.reshape(-1).clamp(max=V - 1)).view(bs, W)
+            col = torch.where(live & (col < C), col, C)
+            member = torch.zeros((bs, C + 1), dtype=torch.bool, device=dev).scatter_(1, col, True)[:, :C]
+            logits.view(bs, N // bs, C).masked_fill_(~member[:, None, :], NEG_INF)
+        return logits
+
+
+__all__ = ["BATCH_MODES", "PLANS", "UNION_VIEWS", "DraftHead", "HeadOutput"]

@@ -82,6 +82,15 @@ class CandidateTable:
         self.cnt = torch.ones(num_rows, dtype=torch.int32, device=device)
         self._columns = torch.arange(capacity, device=device)  # made once: contains runs every verify round
 
+    @classmethod
+    def over(cls, ids: torch.Tensor, cnt: torch.Tensor, fallback_id: int = 0) -> CandidateTable:
+        """A table over existing tensors (shared, never copied): e.g. the server's head over the policy's table."""
+        if ids.dtype != torch.int32 or cnt.dtype != torch.int32 or ids.dim() != 2 or cnt.shape != ids.shape[:1]:
+            raise ValueError("CandidateTable.over: ids must be int32 [R, W] and cnt int32 [R]")
+        self = cls.__new__(cls)
+        self.fallback_id, self.ids, self.cnt = fallback_id, ids, cnt
+        return self
+
     @property
     def num_rows(self) -> int:
         return self.ids.shape[0]

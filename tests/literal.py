@@ -196,3 +196,32 @@ def runs_to_slots(lengths, num_slots, seed=0):
         slots += [s] * n
         prev = s
     return slots
+
+
+def literal_head_topk(hidden, weight, sets, rows, k, fallback, *, batch="per-request", tokens_of=None, keep=None):
+    """The head's top-k as stated, one row at a time in fp64: ``[(value, token)] * k`` per hidden row.
+
+    ``sets[s]``: the token ids of slot s's set; ``rows``: the requests' slots, request-major (len(hidden) // len(rows)
+    rows each). The row's candidates: its request's set (``per-request``, a union seen ``own``), the batch's union
+    (``union-all``) or every head row (``stock``). ``tokens_of[r]``: the token of head row r (default: r), and the
+    head row of a token is its index there (a token with none has no score). ``keep``: the tokens the union kept
+    (overflow drops the rest). Order: value descending, then token id ascending; past the candidates, (-inf, fallback).
+    """
+    tokens_of = list(range(len(weight))) if tokens_of is None else list(tokens_of)
+    row_of = {t: r for r, t in enumerate(tokens_of)}
+    n = len(hidden) // len(rows)
+    union = sorted(set().union(*(sets[int(s)] for s in rows)))
+    out = []
+    for m in range(len(hidden)):
+        own = sets[int(rows[m // n])]
+        cand = {"per-request": own, "union-own": own, "union-all": union, "stock": tokens_of}[batch]
+        if keep is not None and batch.startswith("union"):
+            cand = [t for t in cand if t in keep]
+        scored = []
+        for t in sorted(set(cand)):
+            if t in row_of:
+                scored.append((float(weight[row_of[t]].double() @ hidden[m].double()), t))
+        scored.sort(key=lambda p: (-p[0], p[1]))
+        scored += [(float("-inf"), fallback)] * max(0, k - len(scored))
+        out.append(scored[:k])
+    return out

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from sglang_specvocab import ConfigError
 from sglang_specvocab.cli import main
@@ -76,6 +77,16 @@ BAD = [
     ("- policy\n- window\n", ["must be a YAML mapping", "got list"]),
     ("", ["is empty", "policy"]),
     ("policy: [window\n", ["not valid YAML", "line 2"]),
+    # the head options: a head the policy cannot serve is refused, naming the key
+    ("policy: window\ncapacity: 8\nhead: {batch: ragged}\n", ["head.batch = 'ragged'", "'per-request'", "'union'"]),
+    ("policy: full\nhead: {batch: union}\n", ["head.batch = 'union' is invalid for policy 'full'", "auto or stock"]),
+    ("policy: full\nhead: {batch: per-request}\n", ["head.batch = 'per-request' is invalid for policy 'full'"]),
+    ("policy: window\ncapacity: 8\nhead: {mode: packed, batch: union}\n",
+     ["head.batch = 'union' is invalid with head.mode = 'packed'"]),
+    ("policy: window\ncapacity: 64\nhead: {union_capacity: 32}\n",
+     ["head.union_capacity = 32 is invalid: must be at least the capacity 64"]),
+    ("policy: window\ncapacity: 8\nhead: {union_capacity: 0}\n", ["head.union_capacity = 0", "greater than or equal to 1"]),
+    ("policy: window\ncapacity: 8\nhead: {union_view: mine}\n", ["head.union_view = 'mine'", "'own' or 'all'"]),
 ]
 
 
@@ -95,6 +106,24 @@ def test_capacity_larger_than_vocabulary(tmp_path):
     with pytest.raises(ConfigError, match=r"c\.yaml: capacity = 5000 is invalid: must be at most the vocabulary size 4096 of tiny"):
         cfg.check_vocab(4096, "tiny")
     cfg.check_vocab(5000, "exact")  # equal is fine
+    cfg = load_config(write(tmp_path, "policy: window\ncapacity: 64\nhead: {union_capacity: 5000}\n"))
+    with pytest.raises(ConfigError, match=r"head.union_capacity = 5000 is invalid: must be at most the vocabulary size 4096"):
+        cfg.check_vocab(4096, "tiny")
+
+
+def test_union_columns_default_to_sixteen_sets_within_the_head():
+    cfg = load_config_text("policy: window\ncapacity: 3072\n")
+    assert cfg.head.batch == "auto" and cfg.head.union_view == "own"
+    assert cfg.union_columns(262144) == 16 * 3072 and cfg.union_columns(32768) == 32768
+    assert cfg.union_columns(3072) == 3072
+    assert load_config_text("policy: window\ncapacity: 8\nhead: {union_capacity: 100}\n").union_columns(50) == 100
+    assert load_config_text("policy: full\n").union_columns(1000) is None
+
+
+def load_config_text(text):
+    from sglang_specvocab.policies import parse_config
+
+    return parse_config(yaml.safe_load(text), source="<text>")
 
 
 def test_unreadable_files(tmp_path):

@@ -1,12 +1,17 @@
-"""The head's torch reference: the definition the kernels are tested against."""
+"""The one head (``DraftHead``): its ops' torch reference, every batch mode against a literal statement, the union's
+overflow, the d2t/TP row map keeping request slots, softcapping, and the cost model's choice from shapes only."""
 
 import pytest
 import torch
-from literal import literal_logits
+from literal import literal_head_topk, literal_logits
 
+from sglang_specvocab import headcost
 from sglang_specvocab.head import DraftHead
-from sglang_specvocab.ops import compact_topk, indexed_logits
+from sglang_specvocab.ops import indexed_logits
+from sglang_specvocab.ops.topk import head_row_map, local_topk, row_slots, vocab_shard
 from sglang_specvocab.table import CandidateTable
+
+NEG_INF = float("-inf")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -42,47 +47,211 @@ def test_indexed_logits_matches_naive_loop(dtype):
     (dict(cnt=torch.tensor([1, 7, 1], dtype=torch.int32)), "cnt must be in \\[1, W=6\\]"),
     (dict(ids=torch.full((3, 6), 10, dtype=torch.int32)), "ids must be below V=10"),
     (dict(row_to_slot=torch.tensor([0, 3], dtype=torch.int32)), "row_to_slot must be in \\[0, R=3\\)"),
-])
+])  # fmt: skip
 def test_indexed_logits_refuses_bad_input(args, msg):
     base = dict(hidden=torch.zeros(2, 4), weight=torch.zeros(10, 4), ids=torch.zeros(3, 6, dtype=torch.int32),
-                cnt=torch.ones(3, dtype=torch.int32), row_to_slot=torch.zeros(2, dtype=torch.int32))
+                cnt=torch.ones(3, dtype=torch.int32), row_to_slot=torch.zeros(2, dtype=torch.int32))  # fmt: skip
     base.update(args)
     with pytest.raises(ValueError, match="indexed_logits: " + msg):
         indexed_logits(**base)
 
 
-def test_compact_topk_returns_token_ids_and_breaks_ties_by_column():
-    ids = torch.tensor([[0, 0, 0, 0], [40, 10, 30, 20]], dtype=torch.int32)
-    logits = torch.tensor([[1.0, 5.0, 5.0, 2.0], [0.5, 3.0, float("-inf"), float("-inf")]])
-    values, tokens = compact_topk(logits, ids, torch.tensor([1, 1], dtype=torch.int32), 3)
-    assert tokens.tolist() == [[10, 30, 20], [10, 40, 30]]
-    assert values[0].tolist() == [5.0, 5.0, 2.0] and values[1, 2] == float("-inf")
-    with pytest.raises(ValueError, match="k = 5 must be in \\[1, W=4\\]"):
-        compact_topk(logits, ids, torch.tensor([1, 1], dtype=torch.int32), 5)
+# --- the head against a literal statement ---------------------------------------------------------------
+
+V, D, R, W = 400, 12, 7, 24
+FALLBACK = 5
 
 
-def test_head_topk_is_the_best_of_each_rows_set():
-    g = torch.Generator().manual_seed(1)
-    V, d = 500, 16
-    weight = torch.randn(V, d, generator=g)
-    table = CandidateTable(4, 50)
-    sets = {1: torch.randperm(V, generator=g)[:50], 2: torch.randperm(V, generator=g)[:3], 3: torch.tensor([9])}
-    for r, s in sets.items():
-        table.assign(torch.tensor([r]), s[None])
-    hidden = torch.randn(6, d, generator=g)
-    slots = torch.tensor([1, 1, 2, 3, 2, 1])
-    _values, tokens = DraftHead(weight, table)(hidden, slots).topk(1)
-    for m in range(6):
-        s = sets[int(slots[m])]
-        best = s[(weight[s] @ hidden[m]).argmax()]
-        assert int(tokens[m, 0]) == int(best)
+def _case(seed=0, sizes=(1, W, 3, 9, W - 1, 2, 14)):
+    """Small-integer weights and hidden rows (every dot product exact in fp32, many ties) and a table whose sets
+    overlap (drawn from 120 ids) so the union is smaller than their sum."""
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randint(-2, 3, (V, D), generator=g).float()
+    table = CandidateTable(R, W, fallback_id=FALLBACK)
+    pool = torch.randperm(V, generator=g)[:120]
+    cands = torch.full((R, W), -1)
+    for r, n in enumerate(sizes):
+        cands[r, :n] = pool[torch.randperm(120, generator=g)[:n]]
+    table.assign(torch.arange(R), cands)
+    sets = {r: table.row(r) for r in range(R)}
+    rows = torch.tensor([3, 0, 6, 1, 4])  # request-major, the padding slot 0 included
+    hidden = torch.randint(-2, 3, (rows.numel() * 3, D), generator=g).float()
+    return weight, table, sets, rows, hidden
 
 
-def test_dense_head_is_the_full_matmul_and_softcap_is_monotonic():
+def _pairs(out, k):
+    values, tokens = out.topk(k)
+    return [list(zip(v, t)) for v, t in zip(values.tolist(), tokens.tolist(), strict=True)]
+
+
+@pytest.mark.parametrize("kernel", ["torch", "cuda"])  # cuda: the extension's C++ kernels on CPU tensors
+@pytest.mark.parametrize(
+    "batch,view,literal",
+    [
+        ("per-request", "own", "per-request"),
+        ("union-indexed", "own", "union-own"),
+        ("union-gemm", "own", "union-own"),
+        ("union-indexed", "all", "union-all"),
+        ("union-gemm", "all", "union-all"),
+        ("stock", "own", "stock"),
+    ],
+)
+@pytest.mark.parametrize("k", [1, 4, W])
+def test_every_batch_mode_equals_the_literal_topk(kernel, batch, view, literal, k):
+    weight, table, sets, rows, hidden = _case()
+    head = DraftHead(weight, table, kernel=kernel, batch=batch, union_view=view)
+    got = _pairs(head(hidden, rows), k)
+    assert head.last_mode == batch
+    assert got == literal_head_topk(hidden, weight, sets, rows, k, FALLBACK, batch=literal)
+
+
+def test_union_seen_own_is_per_request_and_no_wider_than_its_union():
+    weight, table, sets, rows, hidden = _case(seed=4)
+    per = DraftHead(weight, table, batch="per-request")(hidden, rows)
+    union = DraftHead(weight, table, batch="union-indexed")(hidden, rows)
+    want = sorted(set().union(*(sets[int(s)] for s in rows)))
+    assert union.col_ids[: len(want)].tolist() == want and bool((union.col_ids[len(want) :] == -1).all())
+    for k in (1, 5, W):
+        v1, t1, l1 = per.topk_lse(k)
+        v2, t2, l2 = union.topk_lse(k)
+        assert torch.equal(v1, v2) and torch.equal(t1, t2)
+        torch.testing.assert_close(l1, l2)  # over the same live logits (summed in another order)
+
+
+def test_union_overflow_keeps_the_lowest_ids_and_is_counted():
+    weight, table, sets, rows, hidden = _case(seed=2)
+    union = sorted(set().union(*(sets[int(s)] for s in rows)))
+    C = W + 3
+    assert len(union) > C
+    head = DraftHead(weight, table, batch="union-indexed", union_capacity=C)
+    out = head(hidden, rows)
+    assert out.col_ids.tolist() == union[:C] and int(head.union_overflow) == 1
+    k = 6
+    assert _pairs(out, k) == literal_head_topk(
+        hidden, weight, sets, rows, k, FALLBACK, batch="union-own", keep=set(union[:C])
+    )
+    # a request whose whole set was dropped: -inf entries, the fallback id, probability 0 (never NaN)
+    gone = [i for i, s in enumerate(rows.tolist()) if not set(sets[s]) & set(union[:C])]
+    probs, tokens = out.topk_probs(k)
+    assert bool(torch.isfinite(probs).all())
+    for i in gone:
+        assert bool((probs[i * 3 : i * 3 + 3] == 0).all()) and bool((tokens[i * 3 : i * 3 + 3] == FALLBACK).all())
+    head(hidden[:3], rows[:1])  # one request fits: not counted
+    assert int(head.union_overflow) == 1
+
+
+def test_softcap_and_scale_keep_dead_columns_dead():
+    weight, table, sets, rows, hidden = _case(seed=1)
+    plain = DraftHead(weight, table)(hidden, rows)
+    capped = DraftHead(weight, table, logit_softcap=2.0, logit_scale=0.5)(hidden, rows)
+    dead = torch.isneginf(plain.logits)
+    assert bool(dead.any()) and torch.equal(torch.isneginf(capped.logits), dead)
+    torch.testing.assert_close(capped.logits[~dead], torch.tanh(plain.logits[~dead] * 0.5 / 2.0) * 2.0)
+    k = 4
+    assert torch.equal(capped.topk(k)[1], plain.topk(k)[1])  # monotonic: the same tokens
+    logp, _ = capped.topk_logprobs(k)  # over live columns only: a row of one live id has log-prob 0
+    one = [i for i in range(hidden.shape[0]) if len(sets[int(rows[i // 3])]) == 1]
+    assert one and all(float(logp[i, 0]) == 0.0 for i in one)
+
+
+def test_dense_head_without_a_table_is_the_full_matmul():
     g = torch.Generator().manual_seed(2)
     weight, hidden = torch.randn(100, 8, generator=g), torch.randn(3, 8, generator=g)
-    plain = DraftHead(weight, None)(hidden, torch.zeros(3, dtype=torch.int32))
-    assert torch.allclose(plain.logits, hidden @ weight.T)
-    capped = DraftHead(weight, None, logit_softcap=2.0)(hidden, torch.zeros(3, dtype=torch.int32))
-    assert capped.logits.abs().max() <= 2.0
-    assert torch.equal(capped.topk(5)[1], plain.topk(5)[1])
+    head = DraftHead(weight, None)
+    out = head(hidden, torch.zeros(3, dtype=torch.int64))
+    assert head.last_mode == "stock" and torch.allclose(out.logits, hidden @ weight.T)
+    _, tokens = out.topk(5)
+    assert torch.equal(tokens, torch.sort(hidden @ weight.T, dim=1, descending=True, stable=True)[1][:, :5])
+
+
+def test_local_topk_order_is_value_then_column():
+    x = torch.tensor([[1.0, 5.0, 5.0, -0.0, 0.0, NEG_INF, 5.0, NEG_INF], [NEG_INF] * 8])
+    for k in range(1, 9):
+        v, c, _ = local_topk(x, k)
+        want_v, want_c = torch.sort(x, dim=1, descending=True, stable=True)
+        assert torch.equal(c, want_c[:, :k]) and torch.equal(v, want_v[:, :k]), k
+
+
+# --- d2t drafts and TP shards: the set rows mapped once, each request on its slot ------------------------
+
+
+def _previous_mapped_logits(hidden, weight, ids, cnt, slots, row_map):
+    """The head before: each hidden row its own slot (row_map through ids per row), -inf where no local row."""
+    loc = row_map[ids.index_select(0, slots.long()).long()]
+    out = indexed_logits(hidden, weight, loc.clamp(min=0), cnt.index_select(0, slots.long()),
+                         torch.arange(hidden.shape[0], dtype=torch.int32))  # fmt: skip
+    return out.masked_fill_(loc < 0, NEG_INF)
+
+
+@pytest.mark.parametrize("kernel", ["torch", "cuda"])
+@pytest.mark.parametrize("tp,rank", [(1, 0), (2, 0), (2, 1), (3, 2)])
+@pytest.mark.parametrize("space", ["full", "d2t"])
+def test_mapped_rows_keep_the_request_slot_and_give_the_previous_logits(kernel, tp, rank, space):
+    weight, table, _, rows, hidden = _case(seed=3)
+    g = torch.Generator().manual_seed(9)
+    if space == "d2t":
+        hot = torch.randperm(V, generator=g)[:150]  # draft row j is target id hot[j]; some set ids have no row
+        head_w = weight[hot]
+        table.ids[4, 2] = next(t for t in range(V) if t not in set(hot.tolist()))  # no draft row, inside the count
+    else:
+        hot, head_w = None, weight
+    H = head_w.shape[0]
+    start, end = vocab_shard(H, tp, rank)
+    per = vocab_shard(H, tp, 0)[1]
+    local = torch.zeros(per, D)  # SGLang's shard: its rows, then zero padding
+    local[: end - start] = head_w[start:end]
+    shard = (start, end) if tp > 1 else None
+    head = DraftHead(local, table, kernel=kernel, batch="per-request", hot_token_id=hot, target_vocab_size=V,
+                     shard=shard, tp_size=1)  # fmt: skip
+    out = head(hidden, rows)
+    slots = row_slots(rows, hidden.shape[0])
+    row_map = head_row_map(V, hot_token_id=hot, shard=shard)
+    if row_map is None:
+        row_map = torch.arange(V, dtype=torch.int32)
+    want = _previous_mapped_logits(hidden, local, table.ids, table.cnt, slots, row_map)
+    assert torch.equal(out.logits, want)
+    assert torch.equal(head(hidden[:3], rows[:1]).logits, want[:3])  # one request's branches on its one slot
+    # the same top-k (one rank: k above a row's live columns gives the fallback id)
+    k = 6
+    values, tokens = out.topk(k)
+    v2, c2 = torch.sort(want, dim=1, descending=True, stable=True)
+    t2 = table.ids.index_select(0, slots.long()).long().gather(1, c2[:, :k])
+    assert torch.equal(values, v2[:, :k])
+    assert torch.equal(tokens, torch.where(torch.isneginf(v2[:, :k]), FALLBACK, t2))
+
+
+# --- the cost model's choice ------------------------------------------------------------------------------
+
+
+def test_auto_plan_runs_on_meta_and_is_a_function_of_shapes():
+    """No tensor value is read (meta tensors have none), and two heads of the same shapes choose alike."""
+    table = CandidateTable(9, 64, device="meta")
+    weight = torch.zeros(5000, 32, device="meta", dtype=torch.bfloat16)
+    a, b = DraftHead(weight, table), DraftHead(weight, table)
+    for bs, n in [(1, 1), (1, 4), (4, 1), (8, 4), (8, 1)]:
+        out = a(torch.zeros(bs * n, 32, device="meta"), torch.zeros(bs, dtype=torch.int64, device="meta"))
+        assert out.logits.device.type == "meta" and out.topk(3)[1].shape == (bs * n, 3)
+        assert a.last_mode == b.plan(bs, n) == headcost.choose(a.shape(bs, n), a.costs, a.union_sizes)
+
+
+@pytest.mark.parametrize("costs", [headcost.fallback_costs(), *headcost.shipped_costs()])
+def test_auto_is_never_slower_than_stock_by_the_model(costs):
+    sizes = headcost.shipped_union_sizes()
+    for d in (640, 4096, 5120):
+        for H in (32768, 128256, 262144):
+            for W in (1024, 3072):
+                for bs in (1, 8, 32, 64, 128):
+                    for n in (1, 4, 10):
+                        s = headcost.Shape(bs, n, W, d, H, max(H, 128256), min(16 * W, H), mapped=H == 32768)
+                        times = headcost.predict(s, costs, sizes)
+                        assert times[headcost.choose(s, costs, sizes)] <= times["stock"]
+    # no sets: the dense head
+    assert headcost.choose(headcost.Shape(8, 1, 0, 64, 1000, 1000, 0), costs, sizes) == "stock"
+
+
+def test_fallback_costs_pick_by_bytes():
+    c, sizes = headcost.fallback_costs(), headcost.DISJOINT
+    small = headcost.Shape(1, 1, 3072, 4096, 128256, 128256, 49152)
+    big = headcost.Shape(128, 1, 3072, 4096, 32768, 128256, 32768)
+    assert headcost.choose(small, c, sizes) == "per-request"
+    assert headcost.choose(big, c, sizes) == "stock"  # disjoint sets: 128 x 3072 rows > 32k

@@ -1,7 +1,8 @@
 """The compact draft logits processor fed SGLang's own objects: a real ``LlamaForCausalLMEagle3``
 (its ``LogitsProcessor`` and ``ParallelLMHead``), real ``ForwardBatch``es in decode, extend,
 draft-extend and idle modes; compact logits equal the torch reference head and the top-k token
-ids equal ``DraftHead(...)(...).topk(k)``, for a full-vocabulary head and a d2t draft.
+ids equal ``DraftHead(...)(...).topk(k)``, for a full-vocabulary head and a d2t draft, in every ``head.batch``
+mode.
 
 SGLang runs in a child process (it initialises torch.distributed and stubs torchvision and vllm,
 as tests/test_eagle3_draft.py does)."""
@@ -110,8 +111,6 @@ _CHILD = CHILD_PREAMBLE + textwrap.dedent(
             res["decode_hidden"] = o.hidden_states
             for k in (1, 3, 16):
                 res["topk", k] = proc.draft_topk(o.next_token_logits, k, rpi)
-                cols = torch.sort(o.next_token_logits, dim=1, descending=True, stable=True)[1][:, :k]
-                res["token_ids", k] = proc.token_ids(cols, rpi)
             # Prefill draft-extend: extend mode, logits at each request's last row.
             lens = torch.tensor([2, 4, 1, 3, 2, 2])
             order = torch.cumsum(lens, 0) - 1
@@ -139,6 +138,19 @@ _CHILD = CHILD_PREAMBLE + textwrap.dedent(
             if space == "d2t":
                 res["in_vocab"] = proc.in_draft_vocab(torch.arange(-1, inp["V"] + 1))
             out[space, softcap] = res
+        # Every batch mode through the processor (head.batch), the decode rows and the eager draft extend's
+        # select_index rows (logits of several rows per request, then one row each).
+        for mode in ("union-indexed", "union-gemm", "stock"):
+            model = draft(space)
+            kw = dict(kernel="torch", fallback_id=inp["fallback_" + space], batch=mode)
+            if space == "d2t":
+                kw.update(hot_token_id=model.hot_token_id, target_vocab_size=inp["V"])
+            proc = L.install(model, table["ids"], table["cnt"], **kw)
+            h, rpi = inp["hidden"], inp["rpi"]
+            o = proc(None, h, model.lm_head, batch(ForwardMode.DECODE, h.shape[0], rpi))
+            got = {k: proc.draft_topk(o.next_token_logits, k, rpi) for k in (1, 3)}
+            got["select"] = proc.draft_topk(o.next_token_logits[1::2], 3, rpi)
+            out[space, mode] = got
     torch.save(out, sys.argv[3])
     """
 )
@@ -192,10 +204,15 @@ def _table(inp, space):
     return t
 
 
-def _reference(inp, space, hidden, slots, softcap=None):
-    """DraftHead over the target-space weight (for d2t, the draft rows sit at their target ids)."""
+def _reference(inp, space, hidden, rpi, softcap=None, batch="per-request"):
+    """DraftHead over the target-space weight (for d2t, the draft rows sit at their target ids), or for the stock
+    mode the draft's own head."""
+    if batch == "stock" and space == "d2t":
+        head = DraftHead(inp["head_d2t"], _table(inp, space), kernel="torch", batch=batch, hot_token_id=inp["hot"],
+                         target_vocab_size=V)  # fmt: skip
+        return head(hidden, rpi)
     weight = inp["weight"]
-    return DraftHead(weight, _table(inp, space), kernel="torch", logit_softcap=softcap)(hidden, slots)
+    return DraftHead(weight, _table(inp, space), kernel="torch", logit_softcap=softcap, batch=batch)(hidden, rpi)
 
 
 def _slots(rpi, n):
@@ -224,13 +241,13 @@ def test_compact_logits_equal_the_reference_head(sglang_run, space, softcap):
     h, rpi = inp["hidden"], inp["rpi"]
     t = _table(inp, space)
     slots = _slots(rpi, h.shape[0])
-    ref = _reference(inp, space, h, slots, softcap)
+    ref = _reference(inp, space, h, rpi, softcap)
     for mode in ("decode", "draft_extend"):
         _check_compact(res[mode], ref.logits, t, slots)
     torch.testing.assert_close(res["decode_hidden"], h)  # hidden-state capture is SGLang's, untouched
     # Extend: one row a request (the last of its prompt rows).
     s1 = _slots(rpi, rpi.shape[0])
-    _check_compact(res["extend"], _reference(inp, space, h[::2], s1, softcap).logits, t, s1)
+    _check_compact(res["extend"], _reference(inp, space, h[::2], rpi, softcap).logits, t, s1)
     # The padded request (slot 0) gets its fallback set: one live column, never an all -inf row.
     pad_rows = (slots == 0).nonzero().flatten()
     assert bool(torch.isfinite(res["decode"][pad_rows, 0]).all())
@@ -253,17 +270,34 @@ def test_compact_logits_equal_the_reference_head(sglang_run, space, softcap):
 def test_topk_token_ids_equal_draft_head_topk(sglang_run, space, k):
     inp, out = sglang_run
     h, rpi = inp["hidden"], inp["rpi"]
-    slots = _slots(rpi, h.shape[0])
-    ref = _reference(inp, space, h, slots)
+    ref = _reference(inp, space, h, rpi)
     _values, tokens = ref.topk(k)
     probs, got_tokens = out[space, None]["topk", k]
     assert torch.equal(got_tokens, tokens)
-    assert torch.equal(out[space, None]["token_ids", k], tokens)
     torch.testing.assert_close(
         probs, torch.softmax(ref.logits, 1).gather(1, ref.logits.sort(dim=1, descending=True, stable=True)[1][:, :k])
     )
     if space == "d2t":
         assert bool(torch.isin(got_tokens, inp["hot"]).all())  # only draft-vocabulary ids come back
+
+
+@pytest.mark.parametrize("space", ["full", "d2t"])
+@pytest.mark.parametrize("mode", ["union-indexed", "union-gemm", "stock"])
+def test_every_batch_mode_through_the_processor(sglang_run, space, mode):
+    """The processor's draft top-k in each head.batch mode equals the head's own, also for rows kept from a call
+    that scored several rows per request (the eager draft extend's select_index)."""
+    inp, out = sglang_run
+    h, rpi = inp["hidden"], inp["rpi"]
+    ref = _reference(inp, space, h, rpi, batch=mode)
+    got = out[space, mode]
+    for k in (1, 3):
+        probs, tokens = got[k]
+        want_p, want_t = ref.topk_probs(k)
+        assert torch.equal(tokens, want_t)
+        torch.testing.assert_close(probs, want_p)
+    want_p, want_t = ref.topk_probs(3)  # the kept rows' top-k are those rows' own
+    assert torch.equal(got["select"][1], want_t[1::2])
+    torch.testing.assert_close(got["select"][0], want_p[1::2])
 
 
 @pytest.mark.parametrize("space", ["full", "d2t"])

@@ -325,6 +325,22 @@ def test_bad_configs_are_refused(sg, tmp_path, monkeypatch):
             ["lowrank.ranker = 'r.pt' is invalid", "is not a file"],
         ),
         (argv(sg, draft="target"), ["needs an EAGLE-3 draft", "LlamaForCausalLM"]),
+        # head options the server cannot honour, named by their key
+        (
+            argv(sg, config=_write(tmp_path / "packed.yaml", "policy: window\ncapacity: 8\nhead: {mode: packed}\n")),
+            ["packed.yaml: head.mode = 'packed' is invalid for the server", "use head.mode: fused"],
+        ),
+        (
+            argv(
+                sg,
+                config=_write(
+                    tmp_path / "wide.yaml",
+                    f"policy: window\ncapacity: 8\nhead: {{union_capacity: {DRAFT_VOCAB + 1}}}\n",
+                ),
+                draft="draft-d2t",
+            ),
+            [f"head.union_capacity = {DRAFT_VOCAB + 1} is invalid: must be at most the vocabulary size {DRAFT_VOCAB}"],
+        ),
     ]
     for args, parts in cases:
         msg = refusal(args)

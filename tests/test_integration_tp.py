@@ -1,9 +1,9 @@
 """Tensor parallelism of the compact draft head: two gloo processes each hold half of the head
 (SGLang's ParallelLMHead layout); the local top-k and the merge give exactly the one-process
-top-k (values, token ids, tie order, probabilities), identically on every rank.
+top-k (values, token ids, tie order, probabilities), identically on every rank, for every batch
+mode of the head (per request, the union by either scorer, the stock dense head).
 
-Torch only (``sglang_specvocab.ops.topk``): neither the processes nor this module import SGLang."""
-
+Torch only (``sglang_specvocab.head``): neither the processes nor this module import SGLang."""
 
 import torch
 import torch.distributed as dist
@@ -14,6 +14,7 @@ from sglang_specvocab.ops import topk as L
 
 V, D, R, W = 1000, 16, 7, 24
 KS = (1, 3, 8, W)
+BATCHES = ("per-request", "union-indexed", "union-gemm", "stock")
 HOT = 300  # the d2t draft's vocabulary
 NEG_INF = float("-inf")
 
@@ -50,12 +51,12 @@ def _case(space: str):
     return weight, head, hot, table, hidden, rpi
 
 
-def _reference(space: str, k: int):
+def _reference(space: str, k: int, batch: str):
+    """The one-process head over the whole draft head."""
     from sglang_specvocab.head import DraftHead
 
-    weight, _, _, table, hidden, rpi = _case(space)
-    slots = L.row_slots(rpi, hidden.shape[0])
-    out = DraftHead(weight, table, kernel="torch")(hidden, slots)
+    _, head, hot, table, hidden, rpi = _case(space)
+    out = DraftHead(head, table, kernel="torch", batch=batch, hot_token_id=hot, target_vocab_size=V)(hidden, rpi)
     values, tokens = out.topk(k)
     _, cols = torch.sort(out.logits, dim=1, descending=True, stable=True)
     probs = torch.softmax(out.logits, dim=1).gather(1, cols[:, :k])
@@ -65,6 +66,8 @@ def _reference(space: str, k: int):
 def _rank(rank: int, world: int, port: int, outdir: str):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    from sglang_specvocab.head import DraftHead
+
     try:
         out = {}
         for space in ("full", "d2t"):
@@ -74,14 +77,13 @@ def _rank(rank: int, world: int, port: int, outdir: str):
             per = L.vocab_shard(head.shape[0], world, 0)[1]
             local = torch.zeros(per, D)
             local[: end - start] = head[start:end]
-            row_map = L.head_row_map(V, hot_token_id=hot, shard=(start, end))
-            slots = L.row_slots(rpi, hidden.shape[0])
-            logits = L.compact_logits(hidden, local, table.ids, table.cnt, slots, row_map=row_map)
-            cnt_rows = table.cnt.index_select(0, slots.long())
-            for k in KS:
-                values, cols, lse = L.sharded_topk(logits, k, None, cnt_rows)
-                tokens = table.ids.index_select(0, slots.long()).gather(1, cols).long()
-                out[space, k] = (values, tokens, torch.exp(values - lse[:, None]))
+            for batch in BATCHES:
+                dh = DraftHead(local, table, kernel="torch", batch=batch, hot_token_id=hot, target_vocab_size=V,
+                               shard=(start, end), group=None, tp_size=world)  # fmt: skip
+                out_ = dh(hidden, rpi)
+                for k in KS:
+                    values, tokens = out_.topk(k)
+                    out[space, batch, k] = (values, tokens, out_.topk_probs(k)[0])
         torch.save(out, f"{outdir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -107,33 +109,35 @@ def test_sharded_topk_equals_one_process_topk(tmp_path):
     got = {r: torch.load(tmp_path / f"rank{r}.pt") for r in range(2)}
     assert set(got) == {0, 1}
     for space in ("full", "d2t"):
-        for k in KS:
-            values, tokens, probs = _reference(space, k)
-            for rank in (0, 1):
-                v, t, p = got[rank][space, k]
-                assert torch.equal(v, values), (space, k, rank)
-                assert torch.equal(t, tokens), (space, k, rank)
-                torch.testing.assert_close(p, probs, atol=1e-6, rtol=1e-5)
-            assert torch.equal(got[0][space, k][2], got[1][space, k][2])  # the same probabilities on every rank
+        for batch in BATCHES:
+            for k in KS:
+                values, tokens, probs = _reference(space, k, batch)
+                for rank in (0, 1):
+                    v, t, p = got[rank][space, batch, k]
+                    assert torch.equal(v, values), (space, batch, k, rank)
+                    assert torch.equal(t, tokens), (space, batch, k, rank)
+                    torch.testing.assert_close(p, probs, atol=1e-6, rtol=1e-5)
+                # the same probabilities on every rank
+                assert torch.equal(got[0][space, batch, k][2], got[1][space, batch, k][2])
 
 
-def test_merge_orders_ties_by_column_and_canonicalises_dead_columns():
-    """One process, the merge fed by hand: equal values across ranks keep column order, and a
-    rank's -inf entry naming another rank's column is replaced by the reference dead column."""
+def test_merge_orders_ties_by_column():
+    """One process, the merge fed by hand: equal values across ranks keep column order; the live entries are the
+    one-process top-k (a -inf entry's column is any dead one: the head reads it as its fallback id)."""
     full = torch.tensor([[1.0, 5.0, 5.0, 2.0, 5.0, NEG_INF, NEG_INF, NEG_INF]])
     own0 = torch.tensor([True, False, True, False, False, False, False, False])
     shards = [full.masked_fill(~own0, NEG_INF), full.masked_fill(own0, NEG_INF)]
-    cnt_rows = torch.tensor([5])
     ref_v, ref_c = torch.sort(full, dim=1, descending=True, stable=True)
     for k in (1, 2, 3, 6, 8):
         parts = [L.local_topk(s, k) for s in shards]
         stacked = (torch.stack([p[i] for p in parts]) for i in range(3))
-        v, c, lse = _merge_local(L, *stacked, k, cnt_rows)
-        assert torch.equal(v, ref_v[:, :k]) and torch.equal(c, ref_c[:, :k]), k
+        v, c, lse = _merge_local(L, *stacked, k)
+        live = ~torch.isneginf(ref_v[:, :k])
+        assert torch.equal(v, ref_v[:, :k]) and torch.equal(c[live], ref_c[:, :k][live]), k
         torch.testing.assert_close(lse, torch.logsumexp(full, 1))
 
 
-def _merge_local(L, values, cols, lse, k, cnt_rows):
+def _merge_local(L, values, cols, lse, k):
     """``merge_topk``'s arithmetic on already gathered [tp, N, k] parts (no process group)."""
 
     class _Fake:
@@ -143,4 +147,4 @@ def _merge_local(L, values, cols, lse, k, cnt_rows):
             packed = torch.cat([values.float(), cols.float(), lse.float()[..., None]], dim=2)
             out.copy_(packed.reshape(out.shape))
 
-    return L.merge_topk(values[0], cols[0], lse[0], k, _Fake(), cnt_rows)
+    return L.merge_topk(values[0], cols[0], lse[0], k, _Fake())

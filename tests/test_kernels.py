@@ -416,12 +416,20 @@ def fp32_models(llama):
     return CausalLM(llama), CausalLM(tiny_llama(layers=2, seed=5, dtype=torch.float32))
 
 
-@pytest.mark.parametrize(
-    "head",
-    [{"kernel": "cuda"}, {"kernel": "cuda", "mode": "packed"}, {"kernel": "torch", "mode": "packed"}],
-    ids=["cuda-fused", "cuda-packed", "torch-packed"],
-)
-@pytest.mark.parametrize("policy", ["window", "union-of-windows"])
+HEADS = {
+    "cuda-fused": {"kernel": "cuda"},
+    "cuda-packed": {"kernel": "cuda", "mode": "packed"},
+    "torch-packed": {"kernel": "torch", "mode": "packed"},
+    "cuda-union": {"kernel": "cuda", "batch": "union"},
+    "torch-union-all": {"kernel": "torch", "batch": "union", "union_view": "all"},
+    "cuda-stock": {"kernel": "cuda", "batch": "stock"},
+}
+CASES = [(h, p) for h in list(HEADS)[:3] for p in ("window", "union-of-windows")] + [
+    (h, "window") for h in list(HEADS)[3:]
+]
+
+
+@pytest.mark.parametrize("head,policy", [(HEADS[h], p) for h, p in CASES], ids=[f"{h}-{p}" for h, p in CASES])
 def test_greedy_output_through_kernels_equals_target_only(fp32_models, head, policy):
     target, draft = fp32_models
     if policy == "window":

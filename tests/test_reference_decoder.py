@@ -133,3 +133,24 @@ def test_bad_decoder_arguments(models, llama):
         SpeculativeDecoder(target, drafter, parse_config(CONFIGS["full"])).generate([], 5)
     with pytest.raises(SpecVocabError, match="topk = 8 is larger than the set capacity 6"):
         SpeculativeDecoder(target, drafter, parse_config(CONFIGS["tiny-window"]), DraftShape(steps=2, topk=8))
+
+
+@pytest.mark.parametrize("view", ["own", "all"])
+def test_union_head_is_lossless_and_union_own_drafts_as_per_request(models, prompts, view):
+    """The union head in the reference decoder: greedy output unchanged; seen ``own`` it drafts what the
+    per-request head drafts (the same accepted lengths, round by round)."""
+    target, drafter = models["other-lm"]
+    shape = SHAPES["tree"]
+
+    def decoder(head):
+        cfg = {"policy": "window", "capacity": 48, "head": {"kernel": "torch", **head}}
+        return SpeculativeDecoder(target, drafter, parse_config(cfg), shape, eos_token_ids=[2])
+
+    union = decoder({"batch": "union", "union_view": view})
+    per = decoder({"batch": "per-request"})
+    for prompt in prompts[:2]:
+        gen = union.generate(prompt, 24)
+        assert union.head.last_mode in ("union-indexed", "union-gemm")
+        assert gen.tokens == greedy_generate(target, prompt, 24, eos_token_ids=[2])
+        if view == "own":
+            assert [r.accepted for r in gen.rounds] == [r.accepted for r in per.generate(prompt, 24).rounds]

@@ -111,6 +111,6 @@ def test_per_round_path_never_reads_tensor_data_on_the_host():
     pol.on_prefill(rows, torch.zeros(2, 10, **meta), torch.zeros(2, 10, 3, **meta))
     pol.on_verify(rows, torch.zeros(2, 5, **meta), torch.zeros(2, 4, 3, **meta), torch.zeros(2, 4, **meta))
     head = DraftHead(torch.zeros(1000, 16, device="meta"), pol.table)
-    out = head(torch.zeros(6, 16, device="meta"), torch.zeros(6, dtype=torch.int32, device="meta"))
+    out = head(torch.zeros(6, 16, device="meta"), rows)
     _values, tokens = out.topk(4)
     assert out.logits.shape == (6, 64) and tokens.shape == (6, 4)

@@ -23,6 +23,8 @@ Refusals (all raised during server-argument resolution, i.e. before any process 
      intersected with the draft vocabulary (ids outside it are dropped by the head; a warning says
      so at start). Hence: every ``capacity`` (the table width; for ``union`` also each member's)
      must be at most ``H``, or the set could never fill and the config is refused;
+   - ``head.mode: packed`` is refused (the lab keeps it); ``head.union_capacity`` must be at most ``H``
+     (the union holds distinct head rows);
    - data files that hold target ids (``static.table``, ``retrieval.table``, ``retrieval.graph``)
      must have been built for the target's vocabulary ``V``; trained ranker/router files
      (``lowrank.ranker``, ``cluster.router``) must exist (their shapes are checked when the policy
@@ -241,7 +243,12 @@ _TRAINED_FILES = (("lowrank", "ranker", "svd", "train-ranker"), ("cluster", "rou
 
 
 def check_config_for_models(config: PolicyConfig, draft: DraftInfo) -> None:
-    """The module docstring's rules: the draft kind, capacities against ``H``, data files against ``V``."""
+    """The module docstring's rules: the head options, the draft kind, capacities against ``H``, data files against ``V``."""
+    if config.head.mode == "packed":
+        raise ConfigError(
+            f"{config.source}: head.mode = 'packed' is invalid for the server: it is the lab's ablation of MicroSpec's "
+            "asynchronous gathering (never faster on a GPU); use head.mode: fused"
+        )
     if not any("eagle3" in a.lower() for a in draft.architectures):
         raise ConfigError(
             f"--speculative-algorithm {NAME} needs an EAGLE-3 draft (an architecture like LlamaForCausalLMEagle3); "

@@ -1,13 +1,13 @@
-"""The compact draft logits processor: draft logits stay ``[N, W]`` over each request's set.
+"""The compact draft logits processor: SGLang's ``LogitsProcessor`` with the dynamic head (``head.DraftHead``).
 
 ``DynVocabLogitsProcessor`` replaces the draft model's ``logits_processor`` instance. SGLang's
 forward calls it exactly like the original (``(input_ids, hidden, lm_head, forward_batch, aux)``);
 it keeps everything of ``LogitsProcessor.forward`` (row pruning, hidden-state capture, the
 autotune early return) and replaces only ``_get_logits``: instead of ``hidden @ W.T`` over the
-whole vocabulary plus the TP all-gather, it computes ``ops.indexed_logits`` over the rows of the
-candidate table ``ids[R, W]`` / ``cnt[R]`` of each row's request. Column ``j`` of output row
-``m`` is token ``ids[s, j]`` with ``s`` the request slot of row ``m``; columns ``j >= cnt[s]``
-are ``-inf``.
+whole vocabulary plus the TP all-gather, the one ``DraftHead`` of the package scores the rows
+(per request, over the batch's union, or with the stock dense head: ``head.batch``, chosen per
+batch size from shapes only), with the original's logit scale and softcapping. ``draft_topk``
+is the head's top-k.
 
 Rows are request-major: ``N // bs`` consecutive rows per request, ``bs = len(req_pool_indices)``
 (``topk`` rows per request in the multi-step draft, one in the prefill draft-extend and in the
@@ -29,15 +29,11 @@ Tensor parallelism. Each rank holds a vocabulary shard of the head (``ParallelLM
 owns rows ``[r*Vp/tp, (r+1)*Vp/tp) ∩ [0, V)`` of the padded vocabulary, see ``ops.topk.vocab_shard``).
 Every rank holds the same table; each computes the columns whose head row is in its shard
 (others ``-inf``). ``next_token_logits`` is then that *rank-local* part; ``draft_topk`` takes a
-local top-k and merges it across ranks (``sharded_topk``: one all-gather of ``[tp, N, 2k+1]``),
-so every rank ends with the same top-k values, columns, token ids and probabilities.
+local top-k and merges it across ranks (one all-gather of ``[tp, N, 2k+1]``), so every rank ends
+with the same top-k values, token ids and probabilities.
 
-Tie rule (every path): order by value descending, then by column ascending (table rows are
-sorted, so the lower token id first). Columns past a row's count come last, as ``-inf`` with
-columns ``cnt, cnt+1, ...`` (the fallback id): exactly ``ops.compact_topk`` / ``HeadOutput.topk``.
-
-The torch-only pieces (shards, row maps, compact logits, top-k and its merge) are in
-``sglang_specvocab.ops.topk``; this module adds SGLang's processor around them.
+Tie rule (every path): value descending, then column ascending (columns run in ascending token id);
+an entry of value ``-inf`` is the fallback id (``HeadOutput.topk``).
 """
 
 from __future__ import annotations
@@ -49,17 +45,8 @@ from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.runtime_context import get_parallel
 
-from .. import ops
-from ..ops.topk import NEG_INF, compact_logits, head_row_map, local_topk, merge_topk, row_slots
-
-
-class _Spec:
-    """What the processor needs besides SGLang's own state (set by ``DynVocabLogitsProcessor.wrap``)."""
-
-    def __init__(self, ids, cnt, row_map, logits_fn, group, tp_size, fallback_id, target_vocab_size):
-        self.ids, self.cnt, self.row_map = ids, cnt, row_map
-        self.logits_fn, self.group, self.tp_size = logits_fn, group, tp_size
-        self.fallback_id, self.target_vocab_size = fallback_id, target_vocab_size
+from ..head import DraftHead
+from ..table import CandidateTable
 
 
 class DynVocabLogitsProcessor(LogitsProcessor):
@@ -79,6 +66,9 @@ class DynVocabLogitsProcessor(LogitsProcessor):
         cnt: torch.Tensor,
         *,
         kernel: str = "auto",
+        batch: str = "auto",
+        union_capacity: int | None = None,
+        union_view: str = "own",
         hot_token_id: torch.Tensor | None = None,
         target_vocab_size: int | None = None,
         fallback_id: int = 0,
@@ -86,11 +76,12 @@ class DynVocabLogitsProcessor(LogitsProcessor):
     ) -> DynVocabLogitsProcessor:
         """``original``: the draft model's ``logits_processor``; ``lm_head``: its (sharded)
         ``ParallelLMHead``; ``ids``/``cnt``: the table tensors (int32, on the head's device,
-        never rebound); ``kernel``: the config's ``head.kernel``; ``hot_token_id``: the d2t
-        map of a reduced-vocabulary draft (``draft_runner.model.hot_token_id``), None for a
-        full-vocabulary head; ``target_vocab_size``: the table's id space (default: the
-        head's vocabulary, which must then be the full one); ``tp_group``: the group the
-        head is sharded over (default: SGLang's TP ``GroupCoordinator`` when ``lm_head.tp_size > 1``)."""
+        never rebound); ``kernel``/``batch``/``union_capacity``/``union_view``: the config's
+        ``head`` block; ``hot_token_id``: the d2t map of a reduced-vocabulary draft
+        (``draft_runner.model.hot_token_id``), None for a full-vocabulary head;
+        ``target_vocab_size``: the table's id space (default: the head's vocabulary, which must
+        then be the full one); ``tp_group``: the group the head is sharded over (default:
+        SGLang's TP ``GroupCoordinator`` when ``lm_head.tp_size > 1``)."""
         self = cls.__new__(cls)
         torch.nn.Module.__init__(self)
         skip = ("_parameters", "_buffers", "_modules", "_dv_original")
@@ -103,8 +94,7 @@ class DynVocabLogitsProcessor(LogitsProcessor):
             raise ValueError("DynVocabLogitsProcessor: needs an unquantized, non-LoRA lm_head with a float weight")
         if getattr(self, "do_tensor_parallel_all_gather_dp_attn", False) or getattr(self, "use_attn_tp_group", False):
             raise ValueError("DynVocabLogitsProcessor: DP attention / a DP LM head is not supported")
-        if ids.dtype != torch.int32 or cnt.dtype != torch.int32 or ids.dim() != 2 or cnt.shape != ids.shape[:1]:
-            raise ValueError("DynVocabLogitsProcessor: ids must be int32 [R, W] and cnt int32 [R]")
+        table = CandidateTable.over(ids, cnt, fallback_id)  # refuses bad dtypes and shapes
         if ids.device != weight.device or cnt.device != weight.device:
             raise ValueError("DynVocabLogitsProcessor: the table must live on the head's device")
         tp_size = int(getattr(lm_head, "tp_size", 1))
@@ -123,7 +113,6 @@ class DynVocabLogitsProcessor(LogitsProcessor):
             shard = (si.org_vocab_start_index, si.org_vocab_end_index)
             if tp_group is None:  # the GroupCoordinator the head is sharded over
                 tp_group = get_parallel().tp_group
-        row_map = head_row_map(V, hot_token_id=hot_token_id, shard=shard, device=weight.device)
         if hot_token_id is not None:
             in_vocab = torch.zeros(V, dtype=torch.bool, device=weight.device)
             in_vocab[hot_token_id.to(device=weight.device, dtype=torch.long)] = True
@@ -132,9 +121,23 @@ class DynVocabLogitsProcessor(LogitsProcessor):
             self.draft_vocab_mask = in_vocab
         else:
             self.draft_vocab_mask = None
-        logits_fn = ops.implementation(kernel, weight.device, "indexed_logits")
-        self.dv = _Spec(ids, cnt, row_map, logits_fn, tp_group, tp_size, fallback_id, V)
-        self.vocab_size = ids.shape[1]  # the output width (SGLang truncates past vocab_size)
+        self.target_vocab_size = V
+        self.dv_head = DraftHead(
+            weight,
+            table,
+            logit_softcap=self.final_logit_softcapping or None,
+            logit_scale=self.logit_scale,
+            kernel=kernel,
+            batch=batch,
+            union_capacity=union_capacity,
+            union_view=union_view,
+            hot_token_id=hot_token_id,
+            target_vocab_size=V,
+            shard=shard,
+            group=tp_group,
+            tp_size=tp_size,
+        )
+        self.vocab_size = ids.shape[1]  # the per-request width (the union and stock heads are wider)
         self.do_tensor_parallel_all_gather = False  # columns stay rank-local; draft_topk merges
         self._dv_rows = None
         return self
@@ -155,49 +158,25 @@ class DynVocabLogitsProcessor(LogitsProcessor):
         rows = self._dv_rows
         if rows is None:
             raise RuntimeError("DynVocabLogitsProcessor: _get_logits called outside forward (no request slots)")
-        d = self.dv
-        slots = row_slots(rows, hidden_states.shape[0])
-        logits = compact_logits(
-            hidden_states, lm_head.weight, d.ids, d.cnt, slots, row_map=d.row_map, logits_fn=d.logits_fn
-        )
-        if self.logit_scale is not None:
-            logits.mul_(self.logit_scale)
-        if self.final_logit_softcapping:
-            c = self.final_logit_softcapping
-            logits = torch.where(logits > NEG_INF, torch.tanh(logits / c) * c, logits)  # dead stays -inf
-        return logits
+        return self.dv_head(hidden_states, rows, weight=lm_head.weight).logits
 
     # --- for the worker ---------------------------------------------------------------------------
-
-    def token_ids(self, cols: torch.Tensor, req_pool_indices: torch.Tensor) -> torch.Tensor:
-        """int64 ``[N, k]`` target token ids of top-k columns ``cols [N, k]`` of request-major rows."""
-        slots = row_slots(req_pool_indices, cols.shape[0]).long()
-        return self.dv.ids.index_select(0, slots).gather(1, cols.long()).long()
 
     def draft_topk(
         self, next_token_logits: torch.Tensor | None, k: int, req_pool_indices: torch.Tensor
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(probabilities fp32 ``[N, k]``, target token ids int64 ``[N, k]``), identical on every TP rank.
 
-        Replaces ``renorm_draft_probs`` + ``fast_topk`` + the ``hot_token_id`` remap. The
-        probabilities are the softmax over the request's whole set (all ranks), taken at the
-        top-k. ``None`` logits (an autotune pass without LM head) give ``(None, None)``.
+        Replaces ``renorm_draft_probs`` + ``fast_topk`` + the ``hot_token_id`` remap: the head's top-k of
+        the logits its last call produced (their mode), with the probabilities over the row's whole
+        distribution (all ranks). ``None`` logits (an autotune pass without LM head) give ``(None, None)``.
         """
         if next_token_logits is None:
             return None, None
-        N = next_token_logits.shape[0]
-        if N == 0:
+        if next_token_logits.shape[0] == 0:
             z = next_token_logits.new_zeros((0, k))
             return z.float(), z.long()
-        d = self.dv
-        slots = row_slots(req_pool_indices, N).long()
-        cnt_rows = d.cnt.index_select(0, slots) if d.tp_size > 1 else None
-        group = d.group if d.tp_size > 1 else None
-        values, cols, lse = local_topk(next_token_logits, k)
-        if d.tp_size > 1:
-            values, cols, lse = merge_topk(values, cols, lse, k, group, cnt_rows)
-        probs = torch.exp(values - lse[:, None])
-        return probs, d.ids.index_select(0, slots).gather(1, cols).long()
+        return self.dv_head.output(next_token_logits, req_pool_indices).topk_probs(k)
 
     def draft_topk1(
         self,
@@ -226,25 +205,26 @@ class DynVocabLogitsProcessor(LogitsProcessor):
     def in_draft_vocab(self, tokens: torch.Tensor) -> torch.Tensor:
         """Whether each target id has a draft head row (all True for a full-vocabulary head)."""
         if self.draft_vocab_mask is None:
-            return (tokens >= 0) & (tokens < self.dv.target_vocab_size)
-        ok = (tokens >= 0) & (tokens < self.dv.target_vocab_size)
-        return ok & self.draft_vocab_mask[tokens.long().clamp(0, self.dv.target_vocab_size - 1)]
+            return (tokens >= 0) & (tokens < self.target_vocab_size)
+        ok = (tokens >= 0) & (tokens < self.target_vocab_size)
+        return ok & self.draft_vocab_mask[tokens.long().clamp(0, self.target_vocab_size - 1)]
 
     def check_table(self) -> None:
         """Host-sync check (tests, debugging): every live table id is in the draft vocabulary."""
-        d = self.dv
-        live = torch.arange(d.ids.shape[1], device=d.ids.device)[None, :] < d.cnt[:, None]
-        bad = live & ~self.in_draft_vocab(d.ids)
+        t = self.dv_head.table
+        live = torch.arange(t.capacity, device=t.ids.device)[None, :] < t.cnt[:, None]
+        bad = live & ~self.in_draft_vocab(t.ids)
         if bool(bad.any()):
             r, j = (int(x) for x in bad.nonzero()[0])
-            raise ValueError(f"candidate table row {r} holds id {int(d.ids[r, j])} outside the draft vocabulary")
+            raise ValueError(f"candidate table row {r} holds id {int(t.ids[r, j])} outside the draft vocabulary")
 
 
 def install(model, ids: torch.Tensor, cnt: torch.Tensor, *, cls: type | None = None, **kwargs):
     """Replace ``model.logits_processor`` (the draft model instance) by the compact one; returns it.
 
     ``cls``: ``DynVocabLogitsProcessor`` (default) or a subclass; ``kwargs`` go to its ``wrap``
-    (kernel, hot_token_id, target_vocab_size, fallback_id, tp_group). Idempotent: an installed
+    (kernel, batch, union_capacity, union_view, hot_token_id, target_vocab_size, fallback_id,
+    tp_group). Idempotent: an installed
     processor is rebuilt from its original.
     """
     cls = cls or DynVocabLogitsProcessor

@@ -265,8 +265,15 @@ class DynVocabDraftWorker(EagleDraftWorker):
                 f"inside each draft step, which is not supported with {why}; use a full-vocabulary EAGLE-3 draft "
                 "at TP 1, or a context policy (window, static, retrieval)"
             )
+        head = self.dynvocab_config.head
+        head_rows = (
+            int(hot.numel()) if hot is not None else int(self.target_worker.model_runner.model_config.vocab_size)
+        )
         kwargs = dict(
-            kernel=self.dynvocab_config.head.kernel,
+            kernel=head.kernel,
+            batch=head.batch,
+            union_capacity=self.dynvocab_config.union_columns(head_rows),
+            union_view=head.union_view,
             hot_token_id=hot,
             target_vocab_size=int(self.target_worker.model_runner.model_config.vocab_size),
             fallback_id=table.fallback_id,

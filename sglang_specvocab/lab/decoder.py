@@ -282,7 +282,16 @@ class SpeculativeDecoder:
         self.policy = build_policy(config, num_rows=2, fallback_id=fallback, model=model)
         head = config.head
         self.head = DraftHead(
-            draft.weight, self.policy.table, logit_softcap=draft.softcap, kernel=head.kernel, mode=head.mode
+            draft.weight,
+            self.policy.table,
+            logit_softcap=draft.softcap,
+            kernel=head.kernel,
+            mode=head.mode,
+            # auto is a speed choice (it may pick the stock dense head); the lab measures the policy's sets, so it
+            # scores per request unless a mode is named (union own drafts the same; union all or stock differ)
+            batch="per-request" if head.batch == "auto" and self.policy.table is not None else head.batch,
+            union_capacity=config.union_columns(draft.vocab_size),
+            union_view=head.union_view,
         )
         self.rows = torch.tensor([self.SLOT])
         self.recorder = recorder  # gets (draft hidden states [n, d], their input tokens [n]) per draft step
@@ -382,11 +391,11 @@ class SpeculativeDecoder:
             self.recorder(hidden, tokens)
         if self.policy.stepwise:
             self._select(step, hidden, tokens)
-        slots = torch.full((hidden.shape[0],), self.SLOT, dtype=torch.int32)
-        out = self.head(hidden, slots)
+        out = self.head(hidden, self.rows)  # one request: all rows are its own
         mask = getattr(self.draft, "in_vocab", None)
         if mask is not None:  # a d2t draft scores only its own vocabulary
-            cols = torch.arange(mask.shape[0]) if out.ids is None else out.ids[out.row_to_slot.long()]
+            n, width = out.logits.shape
+            cols = out.tokens(torch.arange(width).expand(n, width))  # each column's token id (-1: none)
             out.logits = out.logits.masked_fill(~((cols >= 0) & mask[cols.clamp(min=0)]), float("-inf"))
         # A row with nothing it can propose is all -inf: its tokens stay out of the tree.
         out.logits = torch.log_softmax(out.logits, dim=-1).nan_to_num(nan=float("-inf"))

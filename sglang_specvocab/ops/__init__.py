@@ -25,7 +25,6 @@ import torch
 
 from ..errors import SpecVocabError
 from . import _ext, reference
-from .reference import compact_topk
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +188,6 @@ __all__ = [
     "BACKENDS",
     "BackendError",
     "available_backends",
-    "compact_topk",
     "implementation",
     "indexed_logits",
     "pack_update",

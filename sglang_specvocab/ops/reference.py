@@ -46,22 +46,6 @@ def indexed_logits(
     return out.masked_fill_(dead | (sel < 0), float("-inf"))
 
 
-def compact_topk(
-    logits: torch.Tensor, ids: torch.Tensor, row_to_slot: torch.Tensor, k: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k of compact logits ``[M, W]`` as (values ``[M, k]``, token ids int64 ``[M, k]``).
-
-    Values descend; equal values keep column order (the lower column first). A column past
-    ``cnt`` (value -inf, only when k > cnt) maps to that slot's padding id.
-    """
-    if not 1 <= k <= logits.shape[1]:
-        raise ValueError(f"compact_topk: k = {k} must be in [1, W={logits.shape[1]}]")
-    values, cols = torch.sort(logits, dim=1, descending=True, stable=True)
-    values, cols = values[:, :k], cols[:, :k]
-    tokens = ids.long().index_select(0, row_to_slot.long()).gather(1, cols)
-    return values, tokens
-
-
 # --- MicroSpec window update -------------------------------------------------------------------
 
 

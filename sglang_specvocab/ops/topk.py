@@ -3,14 +3,12 @@
 - layout: ``vocab_shard`` (the head rows a TP rank owns, as SGLang's ``ParallelLMHead``),
   ``head_row_map`` (target id -> local head row: a d2t draft and/or a shard), ``row_slots``
   (the request slot of each request-major row);
-- ``compact_logits``: ``[N, W]`` logits over each row's set, ``-inf`` past its count and where
-  this rank holds no head row;
 - top-k: ``local_topk`` per rank, ``merge_topk`` across ranks (one all-gather), ``sharded_topk``
   both; the merged result equals the one-process top-k (values, columns, tie order).
 
-Tie rule everywhere: value descending, then column ascending; ``-inf`` columns past a row's count
-come last with columns ``cnt, cnt+1, ...`` (``ops.compact_topk``'s order). No SGLang import, no
-host sync.
+Tie rule everywhere: value descending, then column ascending (``order_keys``); ``-inf`` entries (k
+above a row's live columns) come last, and the head reads them as its fallback id. No SGLang import,
+no host sync. The head itself (scoring, the column -> token map) is ``sglang_specvocab.head``.
 """
 
 from __future__ import annotations
@@ -19,8 +17,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from .reference import indexed_logits
 
 NEG_INF = float("-inf")
 DEFAULT_VOCAB_PADDING_SIZE = 64  # sglang.srt.layers.vocab_parallel_embedding
@@ -90,46 +86,32 @@ def row_slots(req_pool_indices: torch.Tensor, num_rows: int) -> torch.Tensor:
         raise ValueError(
             f"dynvocab logits: {num_rows} rows do not split evenly over {bs} requests (rows must be request-major)"
         )
-    return req_pool_indices[:, None].expand(bs, num_rows // bs).reshape(-1).to(torch.int32)
-
-
-def compact_logits(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    ids: torch.Tensor,
-    cnt: torch.Tensor,
-    slots: torch.Tensor,
-    *,
-    row_map: torch.Tensor | None = None,
-    logits_fn=None,
-) -> torch.Tensor:
-    """fp32 ``[N, W]``: row m over the set of slot ``slots[m]``, ``-inf`` past its count and where
-    ``row_map`` (see ``head_row_map``) gives no local head row. ``weight`` is the local head
-    ``[V_local, d]``; ``logits_fn`` an ``indexed_logits`` implementation (default: torch reference)."""
-    fn = logits_fn or indexed_logits
-    W = ids.shape[1]
-    if hidden.shape[0] == 0:
-        return torch.empty((0, W), dtype=torch.float32, device=hidden.device)
-    hidden = hidden.to(weight.dtype)
-    if row_map is None:
-        return fn(hidden, weight, ids, cnt, slots)
-    # Map only the rows of the requests in this batch (shape-static; bs*W gathers, no sync).
-    per_row = slots.long()
-    loc = row_map[ids.index_select(0, per_row).long()]  # [N, W] int32: each hidden row's set as local head rows
-    own = loc >= 0
-    local_slots = torch.arange(hidden.shape[0], device=hidden.device, dtype=torch.int32)
-    logits = fn(hidden, weight, loc.clamp(min=0), cnt.index_select(0, per_row), local_slots)
-    return logits.masked_fill_(~own, NEG_INF)
+    # contiguous: for one request, reshape of the expand is a stride-0 view, which the C++ op's CPU value check
+    # reads as if dense
+    return req_pool_indices[:, None].expand(bs, num_rows // bs).reshape(-1).to(torch.int32).contiguous()
 
 
 # --- top-k: local, merged across ranks --------------------------------------------------------------
 
 
+def order_keys(logits: torch.Tensor) -> torch.Tensor:
+    """int64 ``[N, W]`` keys whose descending order is the tie rule: value descending, then column ascending.
+
+    The high 32 bits are the fp32 value as an order-preserving integer (``-0.0`` counts as ``+0.0``, as the floats
+    compare), the low 32 bits ``W - 1 - column``. Keys are distinct, so ``topk`` over them has one answer.
+    """
+    bits = (logits.float() + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into +0.0
+    mono = torch.where(bits < 0, torch.bitwise_xor(bits, 0x7FFFFFFF), bits).long()
+    W = logits.shape[1]
+    return mono * 4294967296 + (W - 1 - torch.arange(W, device=logits.device))
+
+
 def local_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(values fp32 ``[N, k]``, columns int64 ``[N, k]``, logsumexp fp32 ``[N]``) of ``[N, W]`` logits.
 
-    Order: value descending, then column ascending (``torch.max`` returns the first maximum;
-    a stable sort keeps column order among equals).
+    Exact order: value descending, then column ascending (``torch.max`` returns the first maximum; for k > 1 a
+    ``topk`` over ``order_keys``, which reads the logits once more than a plain ``topk`` but never depends on how
+    a backend breaks ties).
     """
     if not 1 <= k <= logits.shape[1]:
         raise ValueError(f"local_topk: k = {k} must be in [1, W = {logits.shape[1]}]")
@@ -137,8 +119,9 @@ def local_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     if k == 1:
         values, cols = logits.max(dim=1, keepdim=True)
     else:
-        values, cols = torch.sort(logits, dim=1, descending=True, stable=True)
-        values, cols = values[:, :k], cols[:, :k]
+        top = order_keys(logits).topk(k, dim=1).values
+        cols = (logits.shape[1] - 1) - torch.bitwise_and(top, 0xFFFFFFFF)
+        values = logits.gather(1, cols)
     return values, cols, torch.logsumexp(logits, dim=1)
 
 
@@ -156,34 +139,20 @@ def _all_gather(out: torch.Tensor, inp: torch.Tensor, group: Any) -> None:
         gather(out, inp, group=group)
 
 
-def canonical_dead_columns(values: torch.Tensor, cols: torch.Tensor, cnt_rows: torch.Tensor) -> torch.Tensor:
-    """Give the ``-inf`` entries of a merged top-k the columns ``cnt, cnt+1, ...`` (the reference order).
-
-    A row's ``-inf`` entries only appear once all its live columns are in the top-k, so the
-    ``i``-th of them is column ``cnt + i``. (A rank's local top-k may list another rank's column
-    as ``-inf``; this drops that.)
-    """
-    live = values > NEG_INF
-    n_live = live.sum(1, keepdim=True)
-    pos = torch.arange(values.shape[1], device=values.device)[None, :]
-    return torch.where(live, cols, cnt_rows.long()[:, None] + pos - n_live)
-
-
 def merge_topk(
     values: torch.Tensor,
     cols: torch.Tensor,
     lse: torch.Tensor,
     k: int,
     group: Any = None,
-    cnt_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Merge every rank's local top-k into the global one, identical on every rank.
 
     One all-gather of ``[tp, N, 2k+1]`` fp32 (values, columns, local logsumexp; columns are
     exact in fp32 below 2**24). Order: value descending, column ascending. ``group``: a
     ``torch.distributed`` process group (None: the default group) or an SGLang
-    ``GroupCoordinator``. Returns (values ``[N, k]``, columns ``[N, k]``, global logsumexp ``[N]``);
-    with ``cnt_rows`` (each row's count) the ``-inf`` entries get canonical columns.
+    ``GroupCoordinator``. Returns (values ``[N, k]``, columns ``[N, k]``, global logsumexp ``[N]``); a ``-inf``
+    entry's column is any dead one (a rank's local top-k may list another rank's column as ``-inf``).
     """
     tp = _world(group)
     N = values.shape[0]
@@ -199,26 +168,23 @@ def merge_topk(
         c, order = torch.sort(c, dim=1, stable=True)
         v, order = torch.sort(v.gather(1, order), dim=1, descending=True, stable=True)
         values, cols = v[:, :k], c.gather(1, order)[:, :k]
-    if cnt_rows is not None:
-        cols = canonical_dead_columns(values, cols, cnt_rows)
     return values, cols, lse
 
 
 def sharded_topk(
-    local_logits: torch.Tensor, k: int, group: Any = None, cnt_rows: torch.Tensor | None = None
+    local_logits: torch.Tensor, k: int, group: Any = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top-k of logits sharded by column ownership across ranks (``-inf`` where not owned):
     local top-k, then ``merge_topk``. Equals the one-process top-k of the full logits."""
     values, cols, lse = local_topk(local_logits, k)
-    return merge_topk(values, cols, lse, k, group, cnt_rows)
+    return merge_topk(values, cols, lse, k, group)
 
 
 __all__ = [
-    "canonical_dead_columns",
-    "compact_logits",
     "head_row_map",
     "local_topk",
     "merge_topk",
+    "order_keys",
     "row_slots",
     "sharded_topk",
     "vocab_shard",

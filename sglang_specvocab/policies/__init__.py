@@ -86,6 +86,7 @@ def parse_config(data: Any, source: str = "<config>") -> PolicyConfig:
         raise ConfigError(explain(exc, cls, source, name)) from None
     cfg._source = source
     cfg.finish(parse_config)
+    cfg.check_head()
     return cfg
 
 
