@@ -623,7 +623,17 @@ NotImplementedError, is recorded as skipped with the reason; other errors are re
 Results are saved after every d and every minute, so a run cut short keeps what it measured;
 --time-budget-s starts no case past a deadline (the rest are recorded as skipped).
 """
-KERNEL_OPS = ("indexed", "packed", "index_select_matmul", "dense_static", "dense_full", "window_update")
+KERNEL_OPS = (
+    "indexed",
+    "packed",
+    "index_select_matmul",
+    "dense_static",
+    "dense_full",
+    "window_update",
+    "head",
+    "stock",
+    "gemma4_mtp",
+)
 KERNEL_BACKENDS = ("auto", "cuda", "triton", "torch")
 
 
@@ -680,6 +690,17 @@ def _add_bench_kernels(sub) -> None:
         help="start no case after this many seconds; the rest are recorded as skipped (fits a device lease)",
     )
     p.add_argument("--threads", type=POSITIVE, default=None, help="torch CPU threads (default: torch's own)")
+    p.add_argument(
+        "--fit",
+        action="store_true",
+        help="fit the head's cost model to this run and write it beside the JSON (OUT.costs.json)",
+    )
+    p.add_argument(
+        "--head-kernel",
+        choices=("cuda", "triton", "torch"),
+        default=None,
+        help="the head ops' kernel backend (default: what head.kernel auto resolves to here)",
+    )
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     g = p.add_argument_group("shapes (override the preset's)")
@@ -698,6 +719,12 @@ def _add_bench_kernels(sub) -> None:
     g.add_argument("--target-d", type=POSITIVE, help="d of the headline table, targets and plot (default 4096)")
     g.add_argument("--target-window-batch", type=POSITIVE, help="batch of the window target (default 64)")
     g.add_argument("--copy-mb", type=POSITIVE, help="MiB copied to measure bandwidth (default 2048; tiny 8)")
+    g.add_argument("--head-dims", type=_int_csv, help="d of the head ops (default 640,4096,5120; quick 4096)")
+    g.add_argument("--head-batches", type=_int_csv, help="batches of the head ops (default 1,8,32,64,128)")
+    g.add_argument("--head-width", type=POSITIVE, help="set capacity W of the head ops (default 3072)")
+    g.add_argument(
+        "--head-kinds", type=_choices_csv(("d2t", "full")), help="draft kinds of the head ops (default d2t,full)"
+    )
     p.set_defaults(run=_run_bench_kernels)
 
 
@@ -718,6 +745,34 @@ def _add_bench_plans(sub) -> None:
     p.add_argument("--no-triton", action="store_true", help="leave out the Triton backend")
     p.add_argument("--out", type=Path, default=None, help="JSON path (the Markdown goes beside it)")
     p.set_defaults(run=_run_bench_plans)
+
+
+def _add_bench_fit(sub) -> None:
+    p = sub.add_parser(
+        "fit",
+        help="fit the head's cost model (head.batch: auto) to a bench kernels result",
+        description="Fit the constants of the head's cost model (sglang_specvocab/headcost.py) to a bench kernels "
+        "result (its JSON, or the Markdown's headline table) and write them as JSON; ship a device's file as "
+        "configs/data/head-costs-<device>.json for auto to use it there.",
+    )
+    p.add_argument("result", type=Path, help="bench kernels JSON (or Markdown)")
+    p.add_argument("--out", type=Path, default=None, help="where to write the constants (default: print only)")
+    p.add_argument(
+        "--match",
+        type=lambda s: [x for x in s.split(",") if x],
+        default=None,
+        help="comma list of device-name substrings the constants serve (default: the model in the device name)",
+    )
+    p.add_argument(
+        "--note", default=None, help="a sentence for the provenance (e.g. how the source relates to the code)"
+    )
+    p.set_defaults(run=_run_bench_fit)
+
+
+def _run_bench_fit(args) -> int:
+    from .bench.fit import run  # numpy only, but keeps the CLI's import light
+
+    return run(args)
 
 
 def _run_bench_plans(args) -> int:
@@ -1151,8 +1206,9 @@ def parser() -> argparse.ArgumentParser:
     bench = sub.add_parser(
         "bench",
         help=(
-            "benchmarks: kernels (the head ops), plans (the logits kernel's launch plans), host (the loop's host "
-            "cost), specbench (Spec-Bench on servers), rounds (decode round time on servers)"
+            "benchmarks: kernels (the head ops and batch modes), plans (the logits kernel's launch plans), fit (the "
+            "head's cost model), host (the loop's host cost), specbench (Spec-Bench on servers), rounds (decode "
+            "round time on servers)"
         ),
         description="Benchmarks; each writes JSON + Markdown with the device, versions and command.",
     )
@@ -1160,6 +1216,7 @@ def parser() -> argparse.ArgumentParser:
     _add_bench_kernels(bench_sub)
     _add_bench_plans(bench_sub)
     _add_bench_host(bench_sub)
+    _add_bench_fit(bench_sub)
     _add_bench_specbench(bench_sub)
     _add_bench_rounds(bench_sub)
     _add_check_lossless(sub)

@@ -43,8 +43,15 @@ def test_full_sweep_expands_to_the_issue_grid():
         for b in (1, 8, 32, 64)
     }
     # the target d runs first (a run cut short still has the headline), each d once
-    ds = [c.d for c in cases if c.d is not None]
+    ds = [c.d for c in cases if c.d is not None and c.op not in bench.HEAD_OPS]
     assert ds[0] == 4096 and [d for i, d in enumerate(ds) if i == 0 or ds[i - 1] != d] == [4096, 640, 2048, 5120]
+    # the draft-step heads: the issue's grid, every plan and the stock step per shape, Gemma-4 MTP for full heads
+    head_shapes = {(d, V, kind, r, b) for d in (640, 4096, 5120) for V in (128256, 151936, 262144)
+                   for kind in ("d2t", "full") for r in (1, 4, 10) for b in (1, 8, 32, 64, 128)}  # fmt: skip
+    assert {(c.d, c.vocab, c.kind, c.rows, c.batch) for c in by_op["head"]} == head_shapes
+    assert len(by_op["head"]) == 4 * len(head_shapes) and len(by_op["stock"]) == len(head_shapes)
+    assert len(by_op["gemma4_mtp"]) == len(head_shapes) // 2 and {c.kind for c in by_op["gemma4_mtp"]} == {"full"}
+    assert {c.W for c in by_op["head"]} == {3072} and by_op["head"][0].d == 4096
     assert len(set(cases)) == len(cases)
     assert bench.weight_rows(args) == 262144
 
@@ -110,7 +117,7 @@ def test_cpu_run_writes_json_md_and_plot(tmp_path):
     assert bw["copy_Bps"] > 0 and math.isfinite(bw["copy_Bps"]) and bw["copy_bytes"] == 2 * 8 * 2**20
 
     recs = res["records"]
-    keys = [(r["op"], r["backend"], r["W"], r["d"], r["rows"], r["batch"]) for r in recs]
+    keys = [(r["op"], r["backend"], r["W"], r["d"], r["rows"], r["batch"], r.get("kind"), r.get("mode")) for r in recs]
     assert len(keys) == len(set(keys))
     ok = [r for r in recs if r["status"] == "ok"]
     assert {r["op"] for r in ok} == set(bench.OPS)
@@ -120,6 +127,8 @@ def test_cpu_run_writes_json_md_and_plot(tmp_path):
         assert r["p10_us"] <= r["median_us"] <= r["p90_us"]
         if r["op"] == "window_update":
             assert r["frac_ideal"] is None and r["W"] == 64 and r["block"] == 10
+            continue
+        if r["op"] in bench.HEAD_OPS:  # their bytes: test_head_sweep_on_a_tiny_grid
             continue
         elem = 2  # bf16
         nbytes = r["W"] * r["d"] * elem * (1 if r["op"].startswith("dense") else r["batch"])
@@ -139,7 +148,7 @@ def test_cpu_run_writes_json_md_and_plot(tmp_path):
             assert r["speedup_vs_dense_static"] > 0
 
     # the unavailable backend: one skipped record per case, with the reason
-    tri = [r for r in recs if r["backend"] == "triton"]
+    tri = [r for r in recs if r["backend"] == "triton" and r["op"] not in bench.HEAD_OPS]
     assert tri and all(r["status"] == "skipped" for r in tri)
     assert all("triton" in r["reason"] and "unavailable" in r["reason"] for r in tri)
     assert {r["op"] for r in tri} == {"indexed", "packed", "window_update"}
@@ -177,3 +186,68 @@ def test_time_budget_records_the_rest_as_skipped(tmp_path):
     )
     assert res["records"] and all("time budget" in r["reason"] for r in res["records"])
     assert "time budget reached" in out.with_suffix(".md").read_text()
+
+
+def test_head_sweep_on_a_tiny_grid(tmp_path):
+    """The draft-step heads: every plan, the EAGLE3 stock step and the Gemma-4 MTP head on the same inputs, auto's
+    plan recorded, the verdict table, the head targets, the plot; --fit writes the cost model's constants."""
+    from sglang_specvocab import headcost
+    from sglang_specvocab.bench import fit as bench_fit
+
+    ops_ = "head,stock,gemma4_mtp,indexed,dense_static,dense_full"
+    out, res = run(
+        tmp_path, "--ops", ops_, "--backends", "cuda", "--head-kernel", "cuda", "--fit", "--rows", "1,2", "--widths", "64"
+    )
+    heads = [r for r in res["records"] if r["op"] in bench.HEAD_OPS]
+    assert heads and all(r["status"] == "ok" for r in heads)
+    shapes = {(r["d"], r["vocab"], r["kind"], r["rows"], r["batch"]) for r in heads}
+    assert shapes == {(32, 2048, k, n, b) for k in ("d2t", "full") for n in (1, 2) for b in (1, 3)}
+    for shape in shapes:
+        mine = [r for r in heads if (r["d"], r["vocab"], r["kind"], r["rows"], r["batch"]) == shape]
+        plans = sorted(r["mode"] for r in mine if r["op"] == "head")
+        assert plans == sorted(headcost.MODES)
+        assert [r["op"] for r in mine].count("stock") == 1
+        assert [r["op"] for r in mine].count("gemma4_mtp") == (shape[2] == "full")
+        assert len({r["auto_mode"] for r in mine}) == 1 and mine[0]["auto_mode"] in headcost.MODES
+        for r in mine:
+            assert r["H"] == (512 if shape[2] == "d2t" else 2048) and r["C"] == min(16 * 48, r["H"])
+            if r["op"] == "head":
+                assert r["backend"] == "cuda" and r["check"] == "ok", r
+                if r["mode"].startswith("union"):
+                    assert 48 <= r["union"] <= min(r["pool"], 48 * shape[4])
+    md = out.with_suffix(".md").read_text()
+    assert "## Draft-step heads" in md and "## Verdict: the chosen head's time over the stock head's" in md
+    verdict = md.split("## Verdict")[1].split("## Targets")[0]
+    assert "| 32 | 2048 | 1 |" in verdict and "| 32 | 2048 | 3 |" in verdict
+    targets = {t["target"].split(" (")[0]: t for t in res["targets"] if t["op"] == "head"}
+    assert len(targets) == 2 and all(t["cases"] > 0 and t["met"] in (True, False) for t in targets.values())
+    if res.get("plot_heads"):
+        assert (tmp_path / res["plot_heads"]).stat().st_size > 0
+    # the fit: a constants file the cost model loads, naming its source
+    costs = headcost.load(out.with_name(out.stem + ".costs.json"))
+    assert costs.provenance["source"] == str(out) and costs.indexed.bytes_per_us > 0 and costs.launch_us > 0
+    assert "measured" in costs.provenance["launch"]
+    assert bench_fit.model_errors(costs, res) and all(e["predicted_us"] > 0 for e in bench_fit.model_errors(costs, res))
+
+
+def test_fit_reads_the_committed_h100_markdown(tmp_path):
+    """The shipped constants are the fit of the committed H100 result: refitting it gives the shipped file."""
+    import json
+    from pathlib import Path
+
+    from sglang_specvocab import headcost
+    from sglang_specvocab.bench import fit as bench_fit
+
+    root = Path(__file__).resolve().parents[1]
+    md = root / "benchmarks" / "kernels-h100-8a4c739.md"
+    result = bench_fit.records_from_markdown(md.read_text())
+    assert result["device"]["name"] == "NVIDIA H100 80GB HBM3" and result["bandwidth"]["copy_Bps"] == 2.438e12
+    assert {r["op"] for r in result["records"]} == {"indexed", "dense_static"}
+    assert len([r for r in result["records"] if r["op"] == "indexed"]) == 2 * 24  # cuda and triton
+    shipped = headcost.costs_for("NVIDIA H100 80GB HBM3")
+    fitted = bench_fit.fit(result, shipped.provenance["source"], note=shipped.provenance.get("note"))
+    assert fitted.indexed == shipped.indexed and fitted.dense == shipped.dense and fitted.copy == shipped.copy
+    assert main(["bench", "fit", str(tmp_path / "nope.json")]) == 2
+    out = tmp_path / "c.json"
+    assert main(["bench", "fit", str(md), "--out", str(out), "--match", "h100,h800"]) == 0
+    assert json.loads(out.read_text())["match"] == ["H100", "H800"]

@@ -22,8 +22,10 @@ from pathlib import Path
 
 import torch
 
-from .. import ops
+from .. import headcost, ops
 from ..errors import SpecVocabError
+from . import heads as hb
+from .heads import D2T_ROWS, HEAD_PLANS
 from .kernels_report import OURS, save
 from .timing import Timing, make_timer, summarize
 
@@ -39,7 +41,18 @@ _NOT_CONFIG = ("out", "command", "command_line", "bench")  # argument namespace 
 
 # -- the sweep ---------------------------------------------------------------------------------
 
-OPS = ("indexed", "packed", "index_select_matmul", "dense_static", "dense_full", "window_update")
+OPS = (
+    "indexed",
+    "packed",
+    "index_select_matmul",
+    "dense_static",
+    "dense_full",
+    "window_update",
+    "head",
+    "stock",
+    "gemma4_mtp",
+)
+HEAD_OPS = ("head", "stock", "gemma4_mtp")  # one draft step's head per batch mode (bench/heads.py)
 BACKENDS = ("auto", "cuda", "triton", "torch")
 
 GRIDS = {
@@ -60,6 +73,11 @@ GRIDS = {
         "target_d": 4096,
         "target_window_batch": 64,
         "copy_mb": 2048,
+        "head_dims": [640, 4096, 5120],
+        "head_batches": [1, 8, 32, 64, 128],
+        "head_width": 3072,
+        "head_kinds": ["d2t", "full"],
+        "d2t_rows": D2T_ROWS,
     },
     # a first look: exactly the headline (target) shapes, one full head
     "quick": {
@@ -69,6 +87,7 @@ GRIDS = {
         "batches": [1, 8, 32, 64],
         "full_vocabs": [128256],
         "window_batches": [1, 8, 64],
+        "head_dims": [4096],
     },
     # seconds on a CPU: for the test and a sanity run
     "tiny": {
@@ -87,6 +106,10 @@ GRIDS = {
         "target_d": 32,
         "target_window_batch": 2,
         "copy_mb": 8,
+        "head_dims": [32],
+        "head_batches": [1, 3],
+        "head_width": 48,
+        "d2t_rows": 512,
     },
 }
 
@@ -119,6 +142,8 @@ def resolve(args) -> None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.backends is None:
         args.backends = ["cuda", "triton"] if args.device.startswith("cuda") else ["cuda", "triton", "torch"]
+    if getattr(args, "head_kernel", None) is None:
+        args.head_kernel = ops.resolve("auto", torch.device(args.device), "indexed_logits")  # what the server runs
 
 
 @dataclass(frozen=True)
@@ -133,14 +158,24 @@ class Case:
     batch: int
     vocab: int | None = None
     block: int | None = None  # window_update: entries per verify block
+    mode: str | None = None  # head: the plan (per-request, union-indexed, union-gemm, stock)
+    kind: str | None = None  # head ops: the draft kind, d2t (a 32k head) or full (V rows)
+    d2t_rows: int = D2T_ROWS  # head ops: the rows of a d2t draft's head
 
     @property
     def M(self) -> int | None:
         return None if self.rows is None else self.rows * self.batch
 
     @property
+    def H(self) -> int | None:
+        """Head ops: the draft head's rows."""
+        return None if self.kind is None else self.d2t_rows if self.kind == "d2t" else self.vocab
+
+    @property
     def data_key(self) -> tuple:
-        """Cases with one data key share their inputs (ids, hidden rows, packed rows)."""
+        """Cases with one data key share their inputs (ids, hidden rows, packed rows; a head shape's tables)."""
+        if self.op in HEAD_OPS:
+            return ("head", self.W, self.d, self.rows, self.batch, self.vocab, self.kind)
         return (self.W, self.d, self.rows, self.batch) if self.op in (*OURS, "index_select_matmul") else (self.op, self)
 
 
@@ -173,12 +208,30 @@ def expand(args: argparse.Namespace) -> list[Case]:
                 for r in args.rows:
                     for b in args.batches:
                         cases.append(Case("dense_full", "torch", V, d, r, b, V))
+    if sel & set(HEAD_OPS):
+        for d in sorted(args.head_dims, key=lambda d: (d != args.target_d, d)):
+            for V in args.full_vocabs:
+                for kind in args.head_kinds:
+                    for r in args.rows:
+                        for b in args.head_batches:
+                            W, H2 = args.head_width, args.d2t_rows
+                            if "stock" in sel:
+                                cases.append(Case("stock", "torch", W, d, r, b, V, kind=kind, d2t_rows=H2))
+                            if "head" in sel:
+                                cases.extend(
+                                    Case("head", args.head_kernel, W, d, r, b, V, mode=m, kind=kind, d2t_rows=H2)
+                                    for m in HEAD_PLANS
+                                )
+                            if "gemma4_mtp" in sel and kind == "full":
+                                cases.append(Case("gemma4_mtp", "torch", W, d, r, b, V, kind=kind, d2t_rows=H2))
     return cases
 
 
 def weight_rows(args: argparse.Namespace) -> int:
     """Rows of the one weight allocated per d: every op's vocabulary is a prefix of it."""
     need = [args.index_vocab] if set(args.ops) & {*OURS, "index_select_matmul"} else []
+    if set(args.ops) & set(HEAD_OPS):
+        need.extend(args.full_vocabs)
     if "dense_static" in args.ops:
         need.append(args.dense_width)
     if "dense_full" in args.ops:
@@ -196,7 +249,26 @@ def case_bytes(case: Case, elem: int) -> int:
         return case.batch * ((case.W + 1) * 4 + case.W * 4 + (case.block or 0) * 4)
     if case.op in ("dense_static", "dense_full"):
         return case.W * case.d * elem
+    if case.op in HEAD_OPS:
+        return head_bytes(case, elem)
     return case.batch * case.W * case.d * elem
+
+
+def union_columns(case: Case) -> int:
+    """The union head's columns for a head case: the config's default (16 sets, at most the head's rows)."""
+    return min(max(case.W, 16 * case.W), case.H)
+
+
+def head_bytes(case: Case, elem: int) -> int:
+    """Head rows a head op must read at the least: per plan (the expected union for a union), the stock head's H,
+    the Gemma-4 MTP head's gathered rows."""
+    if case.op == "stock":
+        return case.H * case.d * elem
+    if case.op == "gemma4_mtp":
+        per = case.vocab // hb.MTP_CLUSTERS
+        return case.M * hb.MTP_TOP * per * case.d * elem + hb.MTP_CLUSTERS * case.d * elem
+    U = hb.pool_size(case.batch, case.W, case.H, headcost.shipped_union_sizes())
+    return int(hb.expected_bytes(case.mode, case.batch, case.W, case.d, case.H, U, union_columns(case), elem))
 
 
 def bandwidth_fields(nbytes: int, median_us: float, peak_Bps: float | None, copy_Bps: float | None) -> dict:
@@ -274,6 +346,15 @@ class Bench:
             return hidden + bs * W * d * e + 2 * M * W * e
         if case.op in ("dense_static", "dense_full"):
             return hidden + 2 * M * W * e
+        if case.op in HEAD_OPS:
+            tables = sets * (case.batch + 1) * W * 4 * 3
+            if case.op == "stock":
+                return hidden + tables + M * case.H * (e + 8)
+            if case.op == "gemma4_mtp":
+                return hidden + tables + head_bytes(case, e) + M * case.vocab * (e + 8)
+            width = {"per-request": W, "stock": case.H}.get(case.mode, union_columns(case))
+            gather = union_columns(case) * d * e if case.mode == "union-gemm" else 0
+            return hidden + tables + gather + M * width * 24 + 16 * case.vocab
         return 0
 
     def check_memory(self, need: int) -> None:
@@ -335,6 +416,8 @@ class Bench:
         nbytes = case_bytes(case, self.elem)
         if case.op == "window_update":
             return self.window_fns(case)
+        if case.op in HEAD_OPS:
+            return self.head_fns(case, nbytes)
         if case.op in ("dense_static", "dense_full"):
             sets = 1
             if case.op == "dense_static":
@@ -380,6 +463,58 @@ class Bench:
         rows = w.index_select(0, s["ids"].reshape(-1)).view(bs, W, d).float()
         ref = torch.bmm(s["hidden"].view(bs, r, d).float(), rows.transpose(1, 2)).reshape(bs * r, W)
         return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+
+    def head_inputs(self, case: Case, sets: int) -> dict:
+        """The head of a draft kind, its tables (sets drawn from one pool per batch) and hidden rows, per data key."""
+        key = case.data_key
+        have = self.data.get(key)
+        if have is not None and len(have["tables"]) >= sets:
+            return have
+        self.data.clear()
+        w = self.weight(case.d)
+        H, V, dev = case.H, case.vocab, self.device
+        if case.kind == "d2t":
+            hot = torch.randperm(V, generator=self.gen, device=dev)[:H]
+            head, space = w[:H], hot
+        else:
+            hot, head, space = None, w[:V], torch.arange(V, device=dev)
+        pool = hb.pool_size(case.batch, case.W, H, headcost.shipped_union_sizes())
+        tables = hb.make_tables(case.batch, case.W, space, pool, sets, self.gen, dev)
+        hidden = torch.randn(sets, case.M, case.d, generator=self.gen, device=dev).to(self.dtype)
+        entry = {"head": head, "hot": hot, "tables": tables, "hiddens": list(hidden), "pool": pool}
+        self.data = {key: entry}
+        return entry
+
+    def head_fns(self, case: Case, nbytes: int):
+        if case.W > case.H:
+            raise Skip(f"W = {case.W} > the head's {case.H} rows")
+        sets = cold_sets(nbytes, self.l2_bytes, self.args.hot)
+        self.check_memory(self.need_bytes(case, sets))
+        e = self.head_inputs(case, sets)
+        head, hot, k = e["head"], e["hot"], case.rows
+        if case.op == "stock":
+            return [(lambda x=x: hb.eagle3_stock(x, head, k, hot)) for x in e["hiddens"]], sets, None
+        if case.op == "gemma4_mtp":
+            if "mtp" not in e:
+                e["mtp"] = hb.Gemma4MTP(head, case.vocab, self.gen)
+            mtp = e["mtp"]
+            return [(lambda x=x: mtp(x, k)) for x in e["hiddens"]], sets, None
+        heads, calls = hb.head_calls(
+            head, e["tables"], e["hiddens"], case.mode, k, case.backend, hot, case.vocab, union_columns(case)
+        )
+        e["last_heads"] = heads
+
+        def check() -> float | None:
+            """Relative error of the top-k probabilities against the torch head of the same plan."""
+            if case.M * case.W * case.d > CHECK_MAX_ELEMENTS:
+                return None
+            got = calls[0]()[0]
+            ref = hb.head_calls(
+                head, e["tables"][:1], e["hiddens"][:1], case.mode, k, "torch", hot, case.vocab, union_columns(case)
+            )[1][0]()[0]
+            return float((got - ref).norm() / ref.norm().clamp_min(1e-30))
+
+        return calls, sets, check
 
     def window_fns(self, case: Case) -> tuple[list[Callable[[], object]], int, None]:
         fn = _op("window_update")
@@ -475,6 +610,13 @@ def device_slug(env: dict) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "gpu"
 
 
+def measure_launch(bench: Bench) -> dict:
+    """The gap between kernels in a CUDA graph: a one-element kernel's time per call (the cost model's launch_us)."""
+    x = torch.zeros(1, device=bench.device)
+    t = bench.timer([lambda: x.add_(1)])
+    return summarize(t.samples_us)
+
+
 def measure_copy(bench: Bench) -> dict:
     """Achievable bandwidth: a large device-to-device copy, bytes read + written over the median time."""
     n = bench.args.copy_mb * (1 << 20)
@@ -493,12 +635,27 @@ def record_of(case: Case, **extra) -> dict:
     rec.update(M=case.M, vocab=case.vocab)
     if case.block is not None:
         rec["block"] = case.block
+    if case.kind is not None:
+        rec.update(kind=case.kind, H=case.H, C=union_columns(case), mode=case.mode)
     rec.update(extra)
     return rec
 
 
 def run_case(bench: Bench, case: Case, avail: list[str] | None, avail_err: str | None, result: dict) -> dict:
-    if case.op in (*OURS, "window_update"):
+    rec = _run_case(bench, case, avail, avail_err, result)
+    if case.op in HEAD_OPS:
+        rec["auto_mode"] = hb.auto_plan(
+            case.batch, case.rows, case.W, case.d, case.H, case.vocab, union_columns(case), bench.elem, bench.device
+        )
+        rec["pool"] = hb.pool_size(case.batch, case.W, case.H, headcost.shipped_union_sizes())
+        heads = bench.data.get(case.data_key, {}).get("last_heads")
+        if case.op == "head" and case.mode.startswith("union") and heads and heads[0]._union_ids is not None:
+            rec["union"] = int((heads[0]._union_ids >= 0).sum())  # measured after timing: one host read
+    return rec
+
+
+def _run_case(bench: Bench, case: Case, avail: list[str] | None, avail_err: str | None, result: dict) -> dict:
+    if case.op in (*OURS, "window_update", "head"):
         if avail is None:
             return record_of(case, status="skipped", reason=avail_err)
         if case.backend not in avail:
@@ -530,7 +687,7 @@ def run_case(bench: Bench, case: Case, avail: list[str] | None, avail_err: str |
     if case.op == "window_update":  # no bandwidth ideal for a sort-bound op
         for k in ("ideal_us_peak", "frac_ideal", "ideal_us_copy", "frac_ideal_copy"):
             rec[k] = None
-    if case.op in OURS:
+    if case.op in (*OURS, "head"):
         tol = CHECK_TOL[bench.args.dtype]
         finite = err is None or math.isfinite(err)
         rec["rel_err"] = err if finite else None
@@ -570,6 +727,7 @@ def run(args) -> int:
     else:
         peak, source = None, "none for a CPU: use --peak-bw"
     copy = measure_copy(bench)
+    launch = measure_launch(bench)
     config = {k: v for k, v in vars(args).items() if k not in _NOT_CONFIG and not callable(v)}
     result = {
         "schema": SCHEMA,
@@ -579,6 +737,11 @@ def run(args) -> int:
         "config": config,
         "timing": {"method": timer.method, "iters": args.iters, "warmup": args.warmup, "max_ms": args.max_ms},
         "bandwidth": {"peak_Bps": peak, "peak_source": source, **copy},
+        "launch": launch,
+        "head_costs": headcost.costs_for(env["device"].get("name") or device.type).to_json()
+        if device.type == "cuda"
+        else headcost.fallback_costs(device.type).to_json(),
+        "union_sizes": headcost.shipped_union_sizes().to_json(),
         "records": [],
         "targets": [],
     }
@@ -617,6 +780,13 @@ def run(args) -> int:
             bar.close()
         save(result, out, with_plot=not args.no_plot)
         out.write_text(json.dumps(result, indent=1, allow_nan=False) + "\n")  # with the plot's name
+    if args.fit:
+        from .fit import fit  # the fit of this run's measurements
+
+        costs = fit(result, str(out))
+        path = out.with_name(out.stem + ".costs.json")
+        path.write_text(json.dumps(costs.to_json(), indent=1) + "\n")
+        print(f"wrote {path} (ship it as configs/data/head-costs-<device>.json for auto to use it)")
     md = out.with_suffix(".md").read_text()
     print(md.split("## Skipped")[0].rstrip())
     print(f"\nwrote {out} and {out.with_suffix('.md').name}" + (f", {result['plot']}" if result.get("plot") else ""))

@@ -19,6 +19,8 @@ TARGET_SPEEDUP = 4.0  # >= 4x faster than index_select + matmul
 TARGET_WINDOW_US = 10.0  # window update <= 10 us per round at batch 64
 
 OURS = ("indexed", "packed")  # ops with a backend choice that compute compact logits
+TARGET_HEAD_SPEEDUP = 8.0  # bs 1, W 3072, d 4096: auto at least 8x faster than the stock 32k head
+TARGET_HEAD_BATCH = 1
 
 
 def add_speedups(records: list[dict]) -> None:
@@ -84,6 +86,8 @@ def evaluate_targets(result: dict) -> list[dict]:
                 "unit": "x speedup",
             }
         )
+    if any(r["op"] == "head" for r in recs):
+        out += head_targets(result)
     win = [r for r in recs if r["op"] == "window_update" and r["batch"] == a["target_window_batch"]]
     for r in win:
         out.append(
@@ -107,6 +111,195 @@ def _where(r: dict | None) -> str | None:
     if r["op"] == "window_update":
         return f"batch {r['batch']}, capacity {r['W']}, block {r.get('block')}"
     return f"W {r['W']}, d {r['d']}, rows {r['rows']}, batch {r['batch']}"
+
+
+# -- the draft-step heads (bench/heads.py) -------------------------------------------------------------
+
+
+def head_table(records: list[dict]) -> dict[tuple, dict]:
+    """Per (d, V, kind, rows, batch): the EAGLE3 stock time, each plan's time, the auto plan and its time."""
+    out: dict[tuple, dict] = {}
+    for r in records:
+        if r["op"] not in ("head", "stock", "gemma4_mtp"):
+            continue
+        key = (r["d"], r["vocab"], r["kind"], r["rows"], r["batch"])
+        e = out.setdefault(key, {"auto_mode": r.get("auto_mode"), "plans": {}, "pool": r.get("pool")})
+        ok = r["status"] == "ok" and not str(r.get("check", "")).startswith("FAILED")
+        t = r["median_us"] if ok else None
+        if r["op"] == "stock":
+            e["stock"] = t
+        elif r["op"] == "gemma4_mtp":
+            e["gemma4_mtp"] = t
+        else:
+            e["plans"][r["mode"]] = t
+            if r.get("union") is not None:
+                e["union"] = r["union"]
+    for e in out.values():
+        e["auto"] = e["plans"].get(e["auto_mode"])
+        e["ratio"] = None if e["auto"] is None or not e.get("stock") else e["auto"] / e["stock"]
+    return out
+
+
+def verdict(records: list[dict]) -> list[dict]:
+    """Per (d, V, batch), per draft kind: the worst over rows per request of auto's time over the stock head's."""
+    table = head_table(records)
+    rows = {}
+    for (d, V, kind, n, bs), e in table.items():
+        v = rows.setdefault((d, V, bs), {"d": d, "V": V, "batch": bs})
+        if e["ratio"] is None:
+            v.setdefault(kind, None)
+            continue
+        worst = v.get(kind)
+        if worst is None or e["ratio"] > worst["ratio"]:
+            v[kind] = {"ratio": e["ratio"], "rows": n, "mode": e["auto_mode"], "auto": e["auto"], "stock": e["stock"]}
+    return [rows[k] for k in sorted(rows)]
+
+
+def head_targets(result: dict) -> list[dict]:
+    table = head_table(result["records"])
+    a = result["config"]
+    out = []
+    first = [
+        e["ratio"]
+        for (d, _, kind, _, bs), e in table.items()
+        if kind == "d2t" and bs == TARGET_HEAD_BATCH and d == a["target_d"] and e["ratio"]
+    ]
+    worst = max(first, default=None)
+    out.append(
+        {
+            "target": f"auto at least {TARGET_HEAD_SPEEDUP:g}x faster than the stock 32k head at batch 1, "
+            f"W {a.get('head_width')}, d {a['target_d']} (every V and rows)",
+            "op": "head",
+            "backend": a.get("head_kernel"),
+            "cases": len(first),
+            "worst": None if worst is None else 1 / worst,
+            "worst_case": None,
+            "met": None if worst is None else 1 / worst >= TARGET_HEAD_SPEEDUP,
+            "unit": "x speedup",
+        }
+    )
+    ratios = [e["ratio"] for e in table.values() if e["ratio"]]
+    worst = max(ratios, default=None)
+    out.append(
+        {
+            "target": "auto at most the stock head's time at every batch (d2t and full, each against its own kind)",
+            "op": "head",
+            "backend": a.get("head_kernel"),
+            "cases": len(ratios),
+            "worst": worst,
+            "worst_case": None,
+            "met": None if worst is None else worst <= 1.0,
+            "unit": "x stock time",
+        }
+    )
+    return out
+
+
+def heads_markdown(result: dict) -> list[str]:
+    table = head_table(result["records"])
+    if not table:
+        return []
+    a = result["config"]
+    costs = result.get("head_costs", {})
+    sizes = result.get("union_sizes", {})
+    lines = [
+        "",
+        "## Draft-step heads: each batch mode against the stock heads",
+        "",
+        f"One draft step's head and its top-k (k = rows per request) in microseconds (median), W {a.get('head_width')}, "
+        f"full sets; a batch's sets share a pool of the lab's measured union size (`pool`). `stock` = EAGLE3's step "
+        "(GEMM, fp32 logits, softmax, top-k, d2t remap) over the draft kind's head: d2t = "
+        f"{a.get('d2t_rows')} rows, full = V rows. Ours (kernel {a.get('head_kernel')}): per-request, union "
+        "(indexed: one pass over the live union; gemm: gathered + one GEMM), our stock. `auto` is the plan the cost "
+        f"model picks for the shape (constants: {costs.get('device')}, {costs.get('provenance', {}).get('source')}; "
+        f"union sizes: {sizes.get('provenance', {}).get('source')}). Gemma-4 MTP: its centroid head (full kind).",
+        "",
+        "| d | V | kind | rows | batch | pool / union | stock | per-request | union-indexed | union-gemm | our stock "
+        "| auto | auto / stock | Gemma-4 MTP |",
+        "|" + "---|" * 14,
+    ]
+    for (d, V, kind, n, bs), e in sorted(table.items()):
+        p = e["plans"]
+        ratio = "-" if e["ratio"] is None else f"{e['ratio']:.2f}"
+        lines.append(
+            f"| {d} | {V} | {kind} | {n} | {bs} | {e.get('pool') or '-'} / {e.get('union') or '-'} | "
+            f"{_us(e.get('stock'))} | {_us(p.get('per-request'))} | {_us(p.get('union-indexed'))} | "
+            f"{_us(p.get('union-gemm'))} | {_us(p.get('stock'))} | {e['auto_mode']} {_us(e['auto'])} | {ratio} | "
+            f"{_us(e.get('gemma4_mtp')) if kind == 'full' else ''} |"
+        )
+    lines += [
+        "",
+        "## Verdict: the chosen head's time over the stock head's",
+        "",
+        "Per (d, V, batch), for each draft kind against its own stock head: the worst over rows per request of auto's "
+        "time / the stock time (<= 1.00: auto is never slower), with the plan auto chose there.",
+        "",
+        "| d | V | batch | d2t: auto / stock 32k | full: auto / stock V | met |",
+        "|---|---|---|---|---|---|",
+    ]
+    for v in verdict(result["records"]):
+        cells, met = [], True
+        for kind in ("d2t", "full"):
+            w = v.get(kind)
+            if w is None:
+                cells.append("-")
+                met = None if met is not False else met
+                continue
+            cells.append(f"{w['ratio']:.2f} ({w['mode']}, rows {w['rows']})")
+            met = met and w["ratio"] <= 1.0 if met is not None else met
+        flag = "no data" if met is None else "**yes**" if met else "no"
+        lines.append(f"| {v['d']} | {v['V']} | {v['batch']} | {cells[0]} | {cells[1]} | {flag} |")
+    return lines
+
+
+def plot_heads(result: dict, path: Path) -> bool:
+    """Time per draft step against batch: the stock heads, auto and each plan (full kind), Gemma-4 MTP; one panel
+    per rows per request, at the headline d and the first V."""
+    table = head_table(result["records"])
+    if not table:
+        return False
+    try:
+        import matplotlib  # optional: the plot needs matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # optional: the plot needs matplotlib
+    except ImportError:
+        return False
+    ds = {k[0] for k in table}
+    d = result["config"]["target_d"] if result["config"]["target_d"] in ds else min(ds)
+    V = min(k[1] for k in table if k[0] == d)
+    rows = sorted({k[3] for k in table if k[:2] == (d, V)})
+    fig, axes = plt.subplots(1, len(rows), figsize=(4.2 * len(rows), 3.4), squeeze=False)
+    for ax, n in zip(axes[0], rows, strict=True):
+        keys = sorted(k for k in table if k[:2] == (d, V) and k[3] == n)
+        series = {
+            "stock d2t": [(k[4], table[k].get("stock")) for k in keys if k[2] == "d2t"],
+            "stock full": [(k[4], table[k].get("stock")) for k in keys if k[2] == "full"],
+            "auto d2t": [(k[4], table[k]["auto"]) for k in keys if k[2] == "d2t"],
+            "auto full": [(k[4], table[k]["auto"]) for k in keys if k[2] == "full"],
+            "per-request": [(k[4], table[k]["plans"].get("per-request")) for k in keys if k[2] == "full"],
+            "union-indexed": [(k[4], table[k]["plans"].get("union-indexed")) for k in keys if k[2] == "full"],
+            "Gemma-4 MTP": [(k[4], table[k].get("gemma4_mtp")) for k in keys if k[2] == "full"],
+        }
+        for name, pts in series.items():
+            pts = [(x, y) for x, y in pts if y]
+            if pts:
+                x, y = zip(*pts, strict=True)
+                style = "--" if name.startswith("stock") else "-" if name.startswith("auto") else ":"
+                ax.plot(x, y, style, marker="o", ms=3, label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"rows {n}", fontsize=9)
+        ax.set_xlabel("batch", fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[0][0].set_ylabel("us per draft step (head + top-k)", fontsize=8)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=7)
+    fig.suptitle(f"{result['device'].get('name')}: draft-step heads, d = {d}, V = {V}", fontsize=10)
+    fig.tight_layout(rect=(0, 0.12, 1, 0.94))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
 
 
 # -- outputs -----------------------------------------------------------------------------------
@@ -192,6 +385,7 @@ def markdown(result: dict) -> str:
                 )
             else:
                 lines.append(f"| {r['backend']} | {r['batch']} | {r['status']} | {r['reason']} |")
+    lines += heads_markdown(result)
     lines += ["", "## Targets" + (" (CPU run: the targets are for the GPU)" if cpu else ""), ""]
     lines += ["| target | op | backend | cases | worst | where | met |", "|---|---|---|---|---|---|---|"]
     for t in result["targets"]:
@@ -218,7 +412,11 @@ def markdown(result: dict) -> str:
 
 def plot(result: dict, path: Path) -> bool:
     """GB/s vs W per (op, backend) at the target d (else the largest measured d); one panel per (rows, batch)."""
-    recs = [r for r in result["records"] if r["status"] == "ok" and r["op"] != "window_update"]
+    recs = [
+        r
+        for r in result["records"]
+        if r["status"] == "ok" and r["op"] not in ("window_update", "head", "stock", "gemma4_mtp")
+    ]
     if not recs:
         return False
     dims = {r["d"] for r in recs}
@@ -286,3 +484,5 @@ def save(result: dict, out: Path, with_plot: bool) -> None:
     if with_plot:
         png = out.with_suffix(".png")
         result["plot"] = png.name if plot(result, png) else None
+        heads_png = out.with_name(out.stem + "-heads.png")
+        result["plot_heads"] = heads_png.name if plot_heads(result, heads_png) else None
