@@ -122,6 +122,14 @@ def _add_lab(sub) -> None:
     p.add_argument("--draft-tokens", type=POSITIVE, default=None, help="tree nodes verified per round, root included")
     p.add_argument("--max-new-tokens", type=POSITIVE, default=48, help="per turn (default 48)")
     p.add_argument(
+        "--batch",
+        type=POSITIVE,
+        default=1,
+        metavar="B",
+        help="decode B questions in lockstep over one shared table, one head call per draft step for all (first "
+        "turns only when B > 1; e.g. to compare head.batch union, union_view own/all)",
+    )
+    p.add_argument(
         "--questions", default=None, metavar="JSONL", help="a Spec-Bench question file (default: the lab's own prompts)"
     )
     p.add_argument("--per-category", type=POSITIVE, default=None, metavar="N", help="first N questions per category")
@@ -170,6 +178,7 @@ def _run_lab(args) -> int:
         questions=args.questions,
         per_category=args.per_category,
         command=args.command_line,
+        batch=args.batch,
     )
     result = run_lab(settings, progress=not args.no_progress)
     paths = report.write(result, Path(args.out), args.name)
@@ -178,6 +187,40 @@ def _run_lab(args) -> int:
     if not result["complete"]:
         return 130
     return 0 if result["lossless"] else 1
+
+
+def _add_union_sizes(sub) -> None:
+    p = sub.add_parser(
+        "union-sizes",
+        help="measure the union of a batch's window sets over Spec-Bench questions (the head's cost model input)",
+        description="Feed the window policy the events of greedy target decoding of each question (Gemma-3 270M by "
+        "default), then draw batches of distinct questions at random points and count their sets' distinct ids. "
+        "Writes the JSON the head's cost model reads (configs/data/union-sizes.json).",
+    )
+    p.add_argument("--config", type=Path, default=Path("configs/microspec.yaml"), help="a window config")
+    p.add_argument("--model", default=GEMMA3_270M, help=f"'{GEMMA3_270M}' (default) or a local checkpoint directory")
+    p.add_argument("--questions", default=None, metavar="JSONL", help="Spec-Bench questions (first turns)")
+    p.add_argument("--per-category", type=POSITIVE, default=22, help="questions per category (default 22)")
+    p.add_argument("--new-tokens", type=POSITIVE, default=40, help="greedy tokens per question (default 40)")
+    p.add_argument("--round-tokens", type=POSITIVE, default=5, help="committed tokens per verify round (default 5)")
+    p.add_argument("--max-prompt-tokens", type=POSITIVE, default=1024, help="prompt ids kept (default 1024)")
+    p.add_argument("--batches", type=_int_csv, default=[1, 8, 32, 64, 128], help="batch sizes (default 1,8,32,64,128)")
+    p.add_argument("--samples", type=POSITIVE, default=200, help="batches drawn per size (default 200)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None, help="where to write the JSON")
+    p.add_argument("--threads", type=POSITIVE, default=None, help="torch CPU threads")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(run=_run_union_sizes)
+
+
+def _run_union_sizes(args) -> int:
+    import torch  # heavy: torch and transformers load only for commands that compute
+
+    from .lab.unions import run
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return run(args)
 
 
 def _add_replay(sub) -> None:
@@ -1193,6 +1236,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (
         _add_lab,
+        _add_union_sizes,
         _add_replay,
         _add_check_config,
         _add_build_freq,
