@@ -66,6 +66,7 @@ class Shape:
     prompt_len: int = 64  # tokens per prompt in a prefill batch
     prefill_chunk: int = 1024
     kernel: str = "cuda"  # the head/update backend: the extension's ops (its C++ kernels on a CPU), as on a GPU
+    batch: str = "per-request"  # head.batch: a named mode, so the path measured never depends on the cost model
     seed: int = 0
 
     @property
@@ -140,14 +141,14 @@ def eagle3_head(toy: ToyDraft, vocab: int):
     return head
 
 
-def dynvocab_head(toy: ToyDraft, policy, kernel: str):
+def dynvocab_head(toy: ToyDraft, policy, kernel: str, batch: str = "per-request"):
     """DYNVOCAB's: the compact processor over the policy's table (its ``forward`` stashes the slots)."""
     original = torch.nn.Module()
     original.logit_scale, original.final_logit_softcapping = None, None
     table = policy.table
     lm_head = SimpleNamespace(weight=toy.W, tp_size=1)  # what the compact processor reads of a ParallelLMHead
     proc = DynVocabLogitsProcessor.wrap(
-        original, lm_head, table.ids, table.cnt, kernel=kernel, fallback_id=table.fallback_id
+        original, lm_head, table.ids, table.cnt, kernel=kernel, batch=batch, fallback_id=table.fallback_id
     )
     metas = {}
 
@@ -235,7 +236,7 @@ class Stack:
         dyn = name == "DYNVOCAB"
         self.policy = window_policy(shape) if dyn else None
         if dyn:
-            self.proc, head = dynvocab_head(toy, self.policy, shape.kernel)
+            self.proc, head = dynvocab_head(toy, self.policy, shape.kernel, shape.batch)
         else:
             self.proc, head = None, eagle3_head(toy, shape.vocab)
         self.runner = ToyRunner(toy, head)

@@ -191,13 +191,15 @@ class DynVocabLogitsProcessor(LogitsProcessor):
         upstream's fused topk-1 kernel does). Same ids as ``draft_topk(logits, 1, ...)``."""
         if next_token_logits is None:
             return None, None
-        d = self.dv
-        N = next_token_logits.shape[0]
-        if d.tp_size > 1 or N != req_pool_indices.shape[0]:  # shards to merge, or several rows per request
+        if self.dv_head.tp_size > 1:  # shards to merge
             _, index = self.draft_topk(next_token_logits, 1, req_pool_indices)
         else:
-            cols = next_token_logits.argmax(dim=1)  # the first maximum: the lowest column, as local_topk
-            index = d.ids.view(-1)[req_pool_indices * d.ids.shape[1] + cols].long().view(N, 1)
+            # the head's column map of its last call (per-request, union or stock), without the logsumexp;
+            # max returns the first maximum: the lowest column, as local_topk
+            out = self.dv_head.output(next_token_logits, req_pool_indices)
+            values, cols = next_token_logits.max(dim=1, keepdim=True)
+            tokens = out.tokens(cols)
+            index = torch.where(torch.isneginf(values) | (tokens < 0), out.fallback_id, tokens)
         if chain is not None:
             chain[:, column].copy_(index.view(-1))
         return torch.ones_like(index, dtype=torch.float32), index
