@@ -53,7 +53,7 @@ class HeadOutput:
 
     logits: torch.Tensor  # fp32 [N, width]: this rank's columns, -inf where dead
     col_ids: torch.Tensor | None  # target id of each (global) column: [width] shared, or [rows, width] per map row
-    col_row: torch.Tensor | None = None  # int64 [N]: the row of a 2-D col_ids for each logits row
+    rows: torch.Tensor | None = None  # the requests' rows of a 2-D col_ids (request-major logits rows)
     fallback_id: int = 0  # the token of a -inf entry
     col_offset: int = 0  # global column of local column 0 (a stock head's TP shard)
     group: Any = None  # process group of the top-k merge (tp_size > 1)
@@ -68,7 +68,8 @@ class HeadOutput:
             return self.col_ids.long()[cols]
         width = self.col_ids.shape[1]
         flat = self.col_ids.reshape(-1)
-        return flat[self.col_row.long()[:, None] * width + cols].long()
+        col_row = row_slots(self.rows, cols.shape[0]).long()  # here, not per head call: most calls need no ids
+        return flat[col_row[:, None] * width + cols].long()
 
     def topk(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(values fp32 ``[N, k]``, token ids int64 ``[N, k]``), best first, identical on every rank."""
@@ -279,7 +280,7 @@ class DraftHead:
             out = HeadOutput(logits, self.stock_ids, col_offset=self.start, **common)
         elif mode == "per-request":
             ids = self.packed_ids if self.mode == "packed" else self.table.ids
-            out = HeadOutput(logits, ids, row_slots(rows, logits.shape[0]).long(), **common)
+            out = HeadOutput(logits, ids, rows, **common)
         else:
             out = HeadOutput(logits, self._union_ids, **common)
         width = out.col_ids.shape[-1] if mode != "stock" else self.weight.shape[0]

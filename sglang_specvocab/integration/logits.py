@@ -191,8 +191,13 @@ class DynVocabLogitsProcessor(LogitsProcessor):
         upstream's fused topk-1 kernel does). Same ids as ``draft_topk(logits, 1, ...)``."""
         if next_token_logits is None:
             return None, None
-        if self.dv_head.tp_size > 1:  # shards to merge
+        head, N = self.dv_head, next_token_logits.shape[0]
+        if head.tp_size > 1:  # shards to merge
             _, index = self.draft_topk(next_token_logits, 1, req_pool_indices)
+        elif head.last_mode == "per-request" and N == req_pool_indices.shape[0]:  # the chain: one row a request
+            cols = next_token_logits.argmax(dim=1)  # the first maximum: the lowest column, as local_topk
+            ids = head.table.ids  # a live column's id; a dead one's is the fallback (tables fill with it)
+            index = ids.view(-1)[req_pool_indices * ids.shape[1] + cols].long().view(N, 1)
         else:
             # the head's column map of its last call (per-request, union or stock), without the logsumexp;
             # max returns the first maximum: the lowest column, as local_topk
