@@ -206,16 +206,21 @@ def heads_markdown(result: dict) -> list[str]:
         "",
         "## Draft-step heads: each batch mode against the stock heads",
         "",
-        f"One draft step's head and its top-k (k = rows per request) in microseconds (median), W {a.get('head_width')}, "
-        f"full sets; a batch's sets share a pool of the lab's measured union size (`pool`). `stock` = EAGLE3's step "
-        "(GEMM, fp32 logits, softmax, top-k, d2t remap) over the draft kind's head: d2t = "
-        f"{a.get('d2t_rows')} rows, full = V rows. Ours (kernel {a.get('head_kernel')}): per-request, union "
-        "(indexed: one pass over the live union; gemm: gathered + one GEMM), our stock. `auto` is the plan the cost "
-        f"model picks for the shape (constants: {costs.get('device')}, {costs.get('provenance', {}).get('source')}; "
-        f"union sizes: {sizes.get('provenance', {}).get('source')}). Gemma-4 MTP: its centroid head (full kind).",
+        (
+            f"One draft step's head and its top-k (k = rows per request) in microseconds (median), W "
+            f"{a.get('head_width')}, "
+            f"full sets; a batch's sets share a pool of the lab's measured union size (`pool`). `stock` = EAGLE3's step "
+            "(GEMM, fp32 logits, softmax, top-k, d2t remap) over the draft kind's head: d2t = "
+            f"{a.get('d2t_rows')} rows, full = V rows. Ours (kernel {a.get('head_kernel')}): per-request, union "
+            "(indexed: one pass over the live union; gemm: gathered + one GEMM), our stock. `auto` is the plan the cost "
+            f"model picks for the shape (constants: {costs.get('device')}, {costs.get('provenance', {}).get('source')}; "
+            f"union sizes: {sizes.get('provenance', {}).get('source')}). Gemma-4 MTP: its centroid head (full kind)."
+        ),
         "",
-        "| d | V | kind | rows | batch | pool / union | stock | per-request | union-indexed | union-gemm | our stock "
-        "| auto | auto / stock | Gemma-4 MTP |",
+        (
+            "| d | V | kind | rows | batch | pool / union | stock | per-request | union-indexed | union-gemm | our stock "
+            "| auto | auto / stock | Gemma-4 MTP |"
+        ),
         "|" + "---|" * 14,
     ]
     for (d, V, kind, n, bs), e in sorted(table.items()):
@@ -231,8 +236,10 @@ def heads_markdown(result: dict) -> list[str]:
         "",
         "## Verdict: the chosen head's time over the stock head's",
         "",
-        "Per (d, V, batch), for each draft kind against its own stock head: the worst over rows per request of auto's "
-        "time / the stock time (<= 1.00: auto is never slower), with the plan auto chose there.",
+        (
+            "Per (d, V, batch), for each draft kind against its own stock head: the worst over rows per request of "
+            "auto's time / the stock time (<= 1.00: auto is never slower), with the plan auto chose there."
+        ),
         "",
         "| d | V | batch | d2t: auto / stock 32k | full: auto / stock V | met |",
         "|---|---|---|---|---|---|",
