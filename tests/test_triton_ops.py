@@ -111,6 +111,33 @@ def _expected(case, hidden, table, ids, cnt, row_to_slot):
     return out.masked_fill(dead, float("-inf"))
 
 
+HEAD_PLANS = ("per-request", "union-indexed", "union-gemm")
+
+
+def _head_runs(kernel: str) -> dict:
+    """The head's top-4 (values, token ids) in each batch plan over overlapping sets (small-integer weights:
+    every dot product exact in fp32, so backends agree bitwise), own and all union views."""
+    from sglang_specvocab.head import DraftHead
+    from sglang_specvocab.table import CandidateTable
+
+    g = torch.Generator().manual_seed(21)
+    V, d, R, W = 300, 20, 6, 24
+    weight = torch.randint(-2, 3, (V, d), generator=g).float()
+    table = CandidateTable(R, W, fallback_id=3)
+    pool = torch.randperm(V, generator=g)[:80]
+    cands = torch.full((R, W), -1)
+    for r, n in enumerate((1, W, 5, 17, 2, W - 3)):
+        cands[r, :n] = pool[torch.randperm(80, generator=g)[:n]]
+    table.assign(torch.arange(R), cands)
+    rows = torch.tensor([2, 0, 5, 1])
+    hidden = torch.randint(-2, 3, (rows.numel() * 3, d), generator=g).float()
+    out = {}
+    for plan in HEAD_PLANS:
+        for view in ("own", "all"):
+            out[plan, view] = DraftHead(weight, table, kernel=kernel, batch=plan, union_view=view)(hidden, rows).topk(4)
+    return out
+
+
 def _run_cases(out_path: str) -> None:
     """Child process body: run every case through the (interpreted) Triton ops and save outputs."""
     assert os.environ.get("TRITON_INTERPRET") == "1"
@@ -124,6 +151,7 @@ def _run_cases(out_path: str) -> None:
             results[case["name"]] = triton_ops.indexed_logits(hidden, table, ids, cnt, row_to_slot, **kw)
         else:
             results[case["name"]] = triton_ops.packed_logits(hidden, table, cnt, row_to_slot, **kw)
+    results["head"] = _head_runs("triton")
     torch.save(results, out_path)
 
 
@@ -156,6 +184,14 @@ def test_interpreted_matches_reference(interpreted, case):
     assert torch.isfinite(got[~torch.isneginf(want)]).all()
     # products are exact in fp32 for bf16/fp16 and sums run in fp32, only the order differs
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5 * case["d"] ** 0.5)
+
+
+@pytest.mark.parametrize("view", ["own", "all"])
+@pytest.mark.parametrize("plan", HEAD_PLANS)
+def test_interpreted_head_batch_modes_equal_the_torch_head(interpreted, plan, view):
+    got_v, got_t = interpreted["head"][plan, view]
+    want_v, want_t = _head_runs("torch")[plan, view]
+    assert torch.equal(got_v, want_v) and torch.equal(got_t, want_t)
 
 
 def test_inputs_cover_the_contract():
