@@ -20,6 +20,7 @@ The cost model scales that ratio by the set capacity, i.e. it assumes full sets 
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 import time
@@ -156,6 +157,4 @@ def run(args) -> int:
 
 
 def json_dump(result: dict) -> str:
-    import json
-
     return json.dumps(result, indent=1) + "\n"
