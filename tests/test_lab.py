@@ -159,29 +159,6 @@ def test_interrupted_lab_keeps_the_finished_turns(tiny_checkpoint, tmp_path, mon
     assert "INTERRUPTED" in (out / "lab.md").read_text()
 
 
-def test_lab_lockstep_batch_union_masked_and_visible(tiny_checkpoint, tmp_path, capsys):
-    """--batch B: first turns decoded B at a time over one shared table; the union head masked to each request's set
-    and seeing the whole union both stay lossless; masked drafts what the per-request head drafts."""
-    cfgs = []
-    for name, head in [("own", "{batch: union, union_view: own}"), ("all", "{batch: union, union_view: all}"),
-                       ("per", "{batch: per-request}")]:  # fmt: skip
-        cfgs.append(tmp_path / f"union-{name}.yaml")
-        cfgs[-1].write_text(f"policy: window\ncapacity: 64\nhead: {head}\n")
-    out = tmp_path / "out"
-    rc = main(["lab", "--config", *map(str, cfgs), "--model", str(tiny_checkpoint), "--draft-layers", "2",
-               "--per-category", "1", "--max-new-tokens", "6", "--topk", "2", "--steps", "3", "--draft-tokens", "5",
-               "--batch", "3", "--out", str(out), "--no-progress"])  # fmt: skip
-    capsys.readouterr()
-    assert rc == 0
-    result = json.loads((out / "lab.json").read_text())
-    assert result["lossless"] is True and result["batch"] == 3
-    overall = {r["config"]: r for r in result["rows"] if r["category"] == "overall"}
-    assert set(overall) == {"full", "union-own", "union-all", "union-per"}
-    assert all(r["n_prompts"] == 6 for r in overall.values())  # first turns only
-    assert overall["union-own"]["accept_length"] == overall["union-per"]["accept_length"]
-    assert "3 questions in lockstep" in (out / "lab.md").read_text()
-
-
 def test_union_stats_count_distinct_ids_of_distinct_questions():
     import numpy as np
 

@@ -13,12 +13,6 @@ def markdown(result: dict) -> str:
         (
             f"- draft: {result['draft']}; steps {result['draft_shape']['steps']}, topk "
             f"{result['draft_shape']['topk']}, {result['draft_shape']['num_draft_tokens']} draft tokens per round"
-            + (
-                f"; {result['batch']} questions in lockstep (one head call per draft step, one shared table; "
-                "first turns)"
-                if result.get("batch", 1) > 1
-                else ""
-            )
         ),
         f"- prompts: {result['prompts']}"
         + (f" (first {result['per_category']} per category)" if result.get("per_category") else "")

@@ -39,7 +39,6 @@ class LabSettings:
     questions: str | None = None
     per_category: int | None = None
     command: str = ""
-    batch: int = 1  # questions decoded in lockstep (first turns only when > 1)
 
 
 def trained_draft(model: str) -> Path | None:
@@ -102,13 +101,9 @@ def run_lab(settings: LabSettings, progress: bool = True) -> dict:
     if progress:
         print(f"[lab] draft: {draft_label(settings)}", file=sys.stderr)
     decoders = {
-        name: SpeculativeDecoder(
-            target, draft, cfg, settings.shape, eos_token_ids=lm.eos_token_ids, batch=settings.batch
-        )
+        name: SpeculativeDecoder(target, draft, cfg, settings.shape, eos_token_ids=lm.eos_token_ids)
         for name, cfg in named
     }
-    if settings.batch > 1:
-        return _lockstep(settings, named, decoders, questions, lm, progress)
 
     gens: dict[tuple[str, str], list[Generation]] = defaultdict(list)  # (config, category) -> turns
     mismatches: list[str] = []
@@ -157,58 +152,6 @@ def run_lab(settings: LabSettings, progress: bool = True) -> dict:
         "prompts": settings.questions or DEFAULT_PROMPTS,
         "per_category": settings.per_category,
         "complete": complete,
-        "lossless": not mismatches,
-        "mismatches": mismatches,
-        "versions": versions(),
-        "command": settings.command,
-    }
-
-
-def _lockstep(settings: LabSettings, named, decoders, questions, lm, progress: bool) -> dict:
-    """``--batch B``: first turns, B questions at a time in lockstep (questions in file order, so a group mixes
-    categories as a serving batch does)."""
-    from tqdm import tqdm  # the lab extra (progress bars)
-
-    B = settings.batch
-    prompts = [lm.encode(format_prompt(lm.tokenizer, [q.turns[0]], [])) for q in questions]
-    order = sorted(range(len(questions)), key=lambda i: i % max(1, len(questions) // B))  # spread categories
-    groups = [order[i : i + B] for i in range(0, len(order), B)]
-    gens: dict[tuple[str, str], list[Generation]] = defaultdict(list)
-    mismatches: list[str] = []
-    bar = tqdm(total=len(groups) * len(named), desc="lab", unit="batch", disable=not progress, file=sys.stderr)
-    for group in groups:
-        outs = {}
-        for name, dec in decoders.items():
-            outs[name] = dec.generate_batch([prompts[i] for i in group], settings.max_new_tokens)
-            bar.update()
-        for j, i in enumerate(group):
-            for name in decoders:
-                gens[(name, questions[i].category)].append(outs[name][j])
-            first = outs[next(iter(decoders))][j].tokens
-            mismatches += [f"question {questions[i].qid}: {n}" for n in decoders if outs[n][j].tokens != first]
-    bar.close()
-    policy_of = {name: cfg.policy for name, cfg in named}
-    categories = sorted({cat for _, cat in gens})
-    rows = []
-    for name, _ in named:
-        for cat in [*categories, "overall"]:
-            turns = [g for c in categories if cat in (c, "overall") for g in gens[(name, c)]]
-            rows.append(_row(name, policy_of[name], cat, turns))
-    return {
-        "rows": rows,
-        "model": settings.model,
-        "vocab_size": lm.vocab_size,
-        "draft": "target" if settings.draft_layers is None else f"self-draft, first {settings.draft_layers} layers",
-        "draft_shape": {
-            "steps": settings.shape.steps,
-            "topk": settings.shape.topk,
-            "num_draft_tokens": settings.shape.num_draft_tokens,
-        },
-        "batch": B,
-        "max_new_tokens": settings.max_new_tokens,
-        "prompts": settings.questions or DEFAULT_PROMPTS,
-        "per_category": settings.per_category,
-        "complete": True,
         "lossless": not mismatches,
         "mismatches": mismatches,
         "versions": versions(),
