@@ -31,6 +31,8 @@ from ..config import PolicyConfig
 from ..errors import SpecVocabError
 from ..head import DraftHead
 from ..policies import ModelContext, build_policy
+from ..train.checkpoint import load_checkpoint
+from ..train.model import TargetTap
 from .align import OnlineLoRA
 
 
@@ -131,12 +133,10 @@ class Eagle3LM:
 
     @classmethod
     def load(cls, path, target_model) -> Eagle3LM:
-        from ..train.checkpoint import load_checkpoint
-
         return cls(load_checkpoint(path, target_model), name=f"EAGLE-3 draft {path}")
 
     def new_cache(self):
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # heavy: only for models that keep a KV cache
 
         return DynamicCache()
 
@@ -260,8 +260,6 @@ class SpeculativeDecoder:
         self.eagle3 = isinstance(draft, Eagle3LM)
         self.tap = None
         if self.eagle3:
-            from ..train.model import TargetTap
-
             if align is not None:
                 raise SpecVocabError(
                     f"{config.source}: align (online LoRA) needs a Hugging Face draft, not an EAGLE-3 draft"

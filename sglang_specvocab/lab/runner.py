@@ -22,6 +22,7 @@ from ..config import PolicyConfig
 from ..errors import SpecVocabError
 from ..policies import load_config, parse_config
 from ..prompts import DEFAULT_PROMPTS, format_prompt, load_questions
+from ..train.checkpoint import read_checkpoint
 from .decoder import CausalLM, DraftShape, Eagle3LM, Generation, SpeculativeDecoder
 from .models import GEMMA3_270M, load_model
 
@@ -87,8 +88,6 @@ def run_lab(settings: LabSettings, progress: bool = True) -> dict:
     named = _named_configs(settings.configs)  # bad configs fail before the model loads
     questions = load_questions(settings.questions, settings.per_category)
     if settings.eagle3 is not None:
-        from ..train.checkpoint import read_checkpoint
-
         read_checkpoint(settings.eagle3)  # a missing or foreign draft fails before the model loads
     lm = load_model(settings.model)
     for _, cfg in named:

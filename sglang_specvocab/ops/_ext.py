@@ -64,7 +64,7 @@ def jit_build() -> Path:
     from ..cache import cache_dir
 
     try:
-        from ..csrc import recipe
+        from ..csrc import recipe  # only for a first-use build; an install without the sources lacks it
     except ImportError as exc:
         raise RuntimeError("the kernel sources (sglang_specvocab.csrc) are not installed") from exc
     src = Path(recipe.__file__).resolve().parent
