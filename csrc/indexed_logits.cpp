@@ -34,7 +34,9 @@ void check_common(const char* op, const at::Tensor& hidden, const at::Tensor& ro
 }
 
 // Value checks read the tensors: only on the CPU, where that costs nothing.
-void check_values_cpu(const char* op, const at::Tensor& cnt, const at::Tensor& row_to_slot, int64_t R, int64_t W) {
+void check_values_cpu(const char* op, const at::Tensor& cnt_, const at::Tensor& row_to_slot_, int64_t R, int64_t W) {
+  // Read through contiguous copies: a strided or expanded (stride-0) view would be read out of place.
+  const at::Tensor cnt = cnt_.contiguous(), row_to_slot = row_to_slot_.contiguous();
   const int32_t* c = cnt.data_ptr<int32_t>();
   for (int64_t r = 0; r < R; ++r)
     TORCH_CHECK(c[r] >= 1 && c[r] <= W, op, ": cnt must be in [1, W=", W, "], got cnt[", r, "] = ", c[r]);
