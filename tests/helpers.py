@@ -74,6 +74,22 @@ class GenerationPool:
         self.req_generation[row] += 1
 
 
+def sglang_req(rid: str, row: int, ids, *, extend_end: int | None = None, output=()):
+    """A real SGLang ``Req`` (import SGLang first): prompt ``ids``, ``output`` already generated (a retracted
+    request's refill), slot ``row``, extending up to ``extend_end`` (default: all of prompt and output)."""
+    from array import array
+
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    r = Req(rid, "", array("q", list(ids)), SamplingParams(max_new_tokens=64))
+    r.output_ids.extend(list(output))
+    r.refresh_fill_ids()  # what init_next_round_input does before a prefill
+    r.extend_end = len(r.full_untruncated_fill_ids) if extend_end is None else extend_end
+    r.kv.req_pool_idx = row
+    return r
+
+
 def window_config(cap=16, kpre=3, kver=3, sources=("context", "extension")):
     from sglang_specvocab.policies import parse_config
 

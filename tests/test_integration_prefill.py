@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import GenerationPool, Mode, window_config
+from helpers import GenerationPool, Mode, sglang_req, window_config
 from literal import LiteralWindow
 
 pytestmark = pytest.mark.sglang
@@ -106,8 +106,8 @@ def as_batch_output(rec, draft_dim):
     return SimpleNamespace(logits_output=lo, next_token_ids=rec["next_token_ids"].clone(), kv_loc_plan="kv-plan")
 
 
-def req(rid, row, ids):
-    return SimpleNamespace(rid=rid, kv=SimpleNamespace(req_pool_idx=row), fill_ids=list(ids), customized_info=None)
+def req(rid, row, ids, extend_end=None):
+    return sglang_req(rid, row, ids, extend_end=extend_end)
 
 
 def schedule_batch(reqs, ids, prefix_lens, extend_lens, *, chunked=None, next_prompt_token=None):
@@ -300,7 +300,7 @@ def test_chunked_prefill_tail_token_slot_reuse_and_second_chunk(mods, _stand_ins
     pool = s.worker.req_to_token_pool
     pool.alloc(2)
     pool.alloc(5)
-    a, b = req("a", 2, short), req("b", 5, long_prompt)
+    a, b = req("a", 2, short), req("b", 5, long_prompt, extend_end=6)
     chunk1 = long_prompt[:6]
     batch = schedule_batch([a, b], short + chunk1, [0, 0], [5, 6], chunked=b, next_prompt_token=long_prompt[6])
     ubatch = clone_batch(batch)
@@ -324,6 +324,7 @@ def test_chunked_prefill_tail_token_slot_reuse_and_second_chunk(mods, _stand_ins
     c_prompt = torch.randint(0, V, (3,), generator=g).tolist()
     c = req("c", 2, c_prompt)
     chunk2 = long_prompt[6:]
+    b.extend_end = 10
     batch2 = schedule_batch([c, b], c_prompt + chunk2, [0, 6], [3, 4])
     rec2 = target_output(7, 2, seed=4)
     s.rows = [2, 5]

