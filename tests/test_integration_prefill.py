@@ -157,6 +157,7 @@ class Setup:
         self.draft_worker = dw
         self.target = Target(self.target_weight)
         self.target.model_runner.model_config.vocab_size = loop.V
+        dw.dynvocab_target_head = W.prefill_head(self.target.model_runner.model.lm_head, None)
         w = object.__new__(W.DynVocabWorkerV2)
         w._draft_worker, w._target_worker = dw, self.target
         w.speculative_algorithm = SimpleNamespace(is_standalone=lambda: False)

@@ -170,7 +170,7 @@ def test_prefill_slot_reuse_and_report(W, monkeypatch):
     pol = build_policy(window_config(cap, k, k), num_rows=NUM_ROWS, fallback_id=0)
     w, _ = make_worker(W, monkeypatch, pol, topk=1, nd=4)
     w.req_to_token_pool = GenerationPool(NUM_ROWS)
-    w._target_worker.model_runner.model = SimpleNamespace(lm_head=SimpleNamespace(weight=weight, tp_size=1))
+    w._draft_worker.dynvocab_target_head = W.prefill_head(SimpleNamespace(weight=weight, tp_size=1), None)
 
     def req(rid, row, prompt, extend_end=None):
         return sglang_req(rid, row, prompt, extend_end=extend_end)
@@ -376,3 +376,60 @@ def test_copied_methods_load_by_path_and_signatures_are_recorded(W):
                 assert f"{owner.__module__}.{owner.__qualname__}.{name}" in recorded, (base, name)
     P.check_signatures(recorded)  # and they all match the installed SGLang
 
+
+
+# --- the target's LM head under language_model (multimodal wrappers), resolved at start -------------
+
+
+def draft_worker_for_install(W, policy, target_model, vocab, dim=8):
+    """A ``DynVocabDraftWorker`` as ``alloc_memory_pool`` leaves it just before ``install_dynvocab_head``."""
+    d = object.__new__(W.DynVocabDraftWorker)
+    d.dynvocab_policy, d.dynvocab_config, d.hot_token_id = policy, policy.config, None
+    original = torch.nn.Module()
+    original.logit_scale = original.final_logit_softcapping = None
+    head = SimpleNamespace(weight=torch.randn(vocab, dim, dtype=torch.float64), tp_size=1)
+    d.draft_runner = SimpleNamespace(model=SimpleNamespace(logits_processor=original, lm_head=head))
+    runner = SimpleNamespace(model=target_model, model_config=SimpleNamespace(vocab_size=vocab))
+    d.target_worker = SimpleNamespace(model_runner=runner)
+    return d
+
+
+def language_model(vocab, dim=8):
+    """What a multimodal wrapper holds: the text model with its logits processor and LM head."""
+    inner = torch.nn.Module()
+    inner.logits_processor = SimpleNamespace(keep_last_hidden_states=False)
+    inner.lm_head = torch.nn.Linear(dim, vocab, bias=False, dtype=torch.float64)
+    return inner
+
+
+@pytest.mark.parametrize(
+    "cls_path", ["gemma3_mm.Gemma3ForConditionalGeneration", "kimi_k25.KimiK25ForConditionalGeneration"]
+)
+def test_target_head_under_language_model_is_resolved_at_start(W, cls_path):
+    """SGLang's Gemma-3 4B-27B and Kimi-K2.5 wrappers keep the head in ``language_model``: the prefill top-K
+    head and ``keep_last_hidden_states`` go to the inner model, at start."""
+    import importlib
+
+    from sglang_specvocab.errors import SpecVocabError
+    from sglang_specvocab.policies import build_policy
+
+    module, name = cls_path.split(".")
+    cls = getattr(importlib.import_module(f"sglang.srt.models.{module}"), name)
+    outer = cls.__new__(cls)  # the real class (its attributes and properties), without loading weights
+    torch.nn.Module.__init__(outer)
+    outer.language_model = inner = language_model(V)
+    pol = build_policy(window_config(16, 2, 2), num_rows=NUM_ROWS, fallback_id=0)
+    d = draft_worker_for_install(W, pol, outer, V)
+    d.install_dynvocab_head()
+    assert inner.logits_processor.keep_last_hidden_states is True
+    assert d.dynvocab_target_head is inner.lm_head.weight  # what the prefill top-K multiplies with
+
+    # a target without any LM head is refused at start, naming the model class
+    outer.language_model = torch.nn.Module()
+    d = draft_worker_for_install(W, pol, outer, V)
+    with pytest.raises(SpecVocabError, match=f"target model {name} has no logits_processor and lm_head"):
+        d.install_dynvocab_head()
+    # a policy without prefill top-K needs no target head
+    d.dynvocab_policy = build_policy(window_config(16, 0, 2, sources=("context",)), num_rows=NUM_ROWS, fallback_id=0)
+    d.install_dynvocab_head()
+    assert d.dynvocab_target_head is None

@@ -43,6 +43,8 @@ Where the installed SGLang has the hooks of the repository's ``patches/sglang-0.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from sglang.srt.runtime_context import get_observability, get_parallel
@@ -175,6 +177,50 @@ class CompactTopKHook:
         return self.proc.draft_topk(logits, topk, forward_batch.req_pool_indices)
 
 
+# --- the target's LM head (prefill top-K) -------------------------------------------------------------
+
+
+def target_head_modules(model) -> tuple[Any, Any]:
+    """``(logits_processor, lm_head)`` of a target model: its own, else its ``language_model``'s, walked down.
+
+    Multimodal wrappers keep the language model's head inside it (SGLang's
+    ``Gemma3ForConditionalGeneration`` has neither attribute; ``KimiK25ForConditionalGeneration`` only an
+    ``lm_head`` property), and their forward runs the inner model's logits processor. Raises
+    ``SpecVocabError`` naming the model class when either is missing.
+    """
+    chain, m = [], model
+    while m is not None and len(chain) < 4:  # a wrapper of a wrapper at most, in practice
+        chain.append(m)
+        m = getattr(m, "language_model", None)
+    lp = next((x for x in (getattr(c, "logits_processor", None) for c in chain) if x is not None), None)
+    head = next((x for x in (getattr(c, "lm_head", None) for c in chain) if x is not None), None)
+    if lp is None or head is None:
+        missing = " and ".join(n for n, v in (("logits_processor", lp), ("lm_head", head)) if v is None)
+        raise SpecVocabError(
+            f"{NAME}: the target model {type(model).__name__} has no {missing} (looked at the model and its "
+            "language_model), which the prefill top-K needs; use a policy with no prefill top-K "
+            "(e.g. window.prefill_topk: 0)"
+        )
+    return lp, head
+
+
+def prefill_head(head, tp_group: Callable[[], Any]):
+    """The target LM head for the prefill top-K: its weight, or a callable that all-gathers TP shards."""
+    base = getattr(head, "base_layer", head)  # a LoRA wrapper's inner layer
+    weight = getattr(base, "weight", None)
+    if weight is None or not weight.is_floating_point():
+        raise SpecVocabError(f"{NAME}: prefill top-K needs an unquantized target lm_head with a float weight")
+    tp = int(getattr(base, "tp_size", 1))
+    if tp == 1:
+        return weight
+    group = tp_group()
+
+    def head_fn(h: torch.Tensor) -> torch.Tensor:
+        return group.all_gather((h.to(weight.dtype) @ weight.T).contiguous(), dim=-1)
+
+    return head_fn
+
+
 class DynVocabDraftWorker(EagleDraftWorker):
     """EAGLE's draft worker plus the candidate-set policy, its table and the compact head."""
 
@@ -184,6 +230,7 @@ class DynVocabDraftWorker(EagleDraftWorker):
         self.dynvocab_policy: Policy | None = None
         self.dynvocab_proc = None
         self.dynvocab_telemetry: Telemetry | None = None
+        self.dynvocab_target_head = None  # the target LM head for the prefill top-K (install_dynvocab_head)
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
 
     def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
@@ -246,10 +293,10 @@ class DynVocabDraftWorker(EagleDraftWorker):
         target keeps its last hidden states when the policy wants prefill top-K. A dense policy
         (no table) keeps SGLang's head and draft methods."""
         policy = self.dynvocab_policy
-        target_lp = getattr(self.target_worker.model_runner.model, "logits_processor", None)
-        if policy.prefill_topk > 0:
-            if target_lp is None:
-                raise SpecVocabError(f"{NAME}: the target model has no logits_processor to keep its hidden states")
+        self.dynvocab_target_head = None
+        if policy.prefill_topk > 0:  # checked here, at start, not at the first prefill
+            target_lp, head = target_head_modules(self.target_worker.model_runner.model)
+            self.dynvocab_target_head = prefill_head(head, lambda: get_parallel().tp_group)
             target_lp.keep_last_hidden_states = True
         table = policy.table
         if table is None:
@@ -413,21 +460,8 @@ class DynVocabWorkerV2(EAGLEWorkerV2):
         self.dynvocab_prefill(batch, batch_output)
 
     def _dynvocab_target_head(self):
-        """The target LM head for the prefill top-K: its weight, or a callable that all-gathers TP shards."""
-        head = getattr(self.target_worker.model_runner.model, "lm_head", None)
-        base = getattr(head, "base_layer", head)  # a LoRA wrapper's inner layer
-        weight = getattr(base, "weight", None)
-        if weight is None or not weight.is_floating_point():
-            raise SpecVocabError(f"{NAME}: prefill top-K needs an unquantized target lm_head with a float weight")
-        tp = int(getattr(base, "tp_size", 1))
-        if tp == 1:
-            return weight
-        group = get_parallel().tp_group
-
-        def head_fn(h: torch.Tensor) -> torch.Tensor:
-            return group.all_gather((h.to(weight.dtype) @ weight.T).contiguous(), dim=-1)
-
-        return head_fn
+        """The target LM head for the prefill top-K, resolved at start (``install_dynvocab_head``)."""
+        return self._draft_worker.dynvocab_target_head
 
     def dynvocab_prefill(self, batch, batch_output) -> None:
         """Reset re-used slots, then ``policy.on_prefill`` (prompt ids and the target's top-K) of this extend."""
@@ -527,5 +561,7 @@ __all__ = [
     "DynVocabDraftWorker",
     "DynVocabWorkerV2",
     "StepwiseProcessor",
+    "prefill_head",
     "stepwise_inputs",
+    "target_head_modules",
 ]
