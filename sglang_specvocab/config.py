@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, ClassVar, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
@@ -102,12 +102,15 @@ class PolicyConfig(Section):
         """Configs of the member policies a composite policy (``union``) is built from; none by default."""
         return []
 
+    #: The key that sets ``table_capacity`` (for error messages; policies name theirs).
+    capacity_key: ClassVar[str] = "capacity"
+
     def check_vocab(self, vocab_size: int, model_name: str = "the model") -> None:
         """Refuse a capacity (and a union head) the model's vocabulary cannot fill."""
         cap = self.table_capacity
         if cap is not None and cap > vocab_size:
             raise ConfigError(
-                f"{self.source}: capacity = {cap} is invalid: must be at most the vocabulary size "
+                f"{self.source}: {self.capacity_key} = {cap} is invalid: must be at most the vocabulary size "
                 f"{vocab_size} of {model_name}"
             )
         uc = self.head.union_capacity
@@ -144,6 +147,19 @@ class PolicyConfig(Section):
         if self.head.union_capacity is not None:
             return self.head.union_capacity
         return max(cap, min(UNION_CAPACITY_FACTOR * cap, head_rows))
+
+    def check_draft_topk(self, topk: int, flag: str = "--speculative-eagle-topk") -> None:
+        """Refuse a set narrower than the draft's top-k per step (a union: each member too).
+
+        The head takes the top ``topk`` columns of each request's ``[N, W]`` logits, so ``W`` must be at
+        least ``topk``; a member narrower than that could never fill one draft step either."""
+        for cfg in (self, *self.member_configs):
+            cap = cfg.table_capacity
+            if cap is not None and cap < topk:
+                raise ConfigError(
+                    f"{cfg.source}: {cfg.capacity_key} = {cap} is invalid with {flag} {topk}: must be at least "
+                    f"the draft's top-k per step ({topk}); raise it, or lower {flag}"
+                )
 
 
 # --- error messages -------------------------------------------------------------------------

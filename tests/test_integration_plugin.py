@@ -354,6 +354,29 @@ def test_bad_configs_are_refused(sg, tmp_path, monkeypatch):
     resolved(argv(sg))  # the flag wins over the env var
 
 
+def test_capacity_below_draft_topk_is_refused(sg, tmp_path):
+    """Every set the head or a union reads must hold at least --speculative-eagle-topk ids (explicit or EAGLE's
+    auto choice, 4 for this Llama target), else the draft's top-k would fail in CUDA-graph capture."""
+    small = _write(tmp_path / "small.yaml", "policy: window\ncapacity: 3\n")
+    msg = refusal(argv(sg, config=small))  # auto topk
+    assert "small.yaml: capacity = 3 is invalid with --speculative-eagle-topk 4: must be at least" in msg
+    explicit = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "6", "--speculative-num-draft-tokens", "8")
+    msg = refusal(argv(sg, *explicit, config=small))
+    assert "capacity = 3 is invalid with --speculative-eagle-topk 6" in msg
+    member = _write(
+        tmp_path / "member.yaml",
+        "policy: union\nmembers:\n  - {policy: window, capacity: 64}\n  - {policy: window, capacity: 2}\n",
+    )
+    msg = refusal(argv(sg, config=member))
+    assert "member.yaml members[1]: capacity = 2 is invalid with --speculative-eagle-topk 4" in msg
+    ranker = _write(tmp_path / "ranker.yaml", "policy: lowrank\nlowrank: {rank: 4, topk: 2}\n")
+    assert "lowrank.topk = 2 is invalid with --speculative-eagle-topk 4" in refusal(argv(sg, config=ranker))
+    # a chain (topk 1) fits the same small set; a dense policy has no set
+    _, v = resolved(argv(sg, "--speculative-eagle-topk", "1", "--speculative-num-steps", "3", config=small))
+    assert v.speculative_eagle_topk == 1
+    resolved(argv(sg, config=CONFIGS / "full.yaml"))
+
+
 # --- version and signature checks -------------------------------------------------------------
 
 

@@ -131,7 +131,7 @@ def test_bad_decoder_arguments(models, llama):
         SpeculativeDecoder(target, CausalLM(tiny_llama(vocab_size=256, layers=1)), parse_config(CONFIGS["full"]))
     with pytest.raises(SpecVocabError, match="prompt is empty"):
         SpeculativeDecoder(target, drafter, parse_config(CONFIGS["full"])).generate([], 5)
-    with pytest.raises(SpecVocabError, match="topk = 8 is larger than the set capacity 6"):
+    with pytest.raises(SpecVocabError, match="capacity = 6 is invalid with draft topk 8: must be at least"):
         SpeculativeDecoder(target, drafter, parse_config(CONFIGS["tiny-window"]), DraftShape(steps=2, topk=8))
 
 

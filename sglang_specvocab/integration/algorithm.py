@@ -25,6 +25,9 @@ Refusals (all raised during server-argument resolution, i.e. before any process 
      must be at most ``H``, or the set could never fill and the config is refused;
    - ``head.mode: packed`` is refused (the lab keeps it); ``head.union_capacity`` must be at most ``H``
      (the union holds distinct head rows);
+   - every set must hold at least ``--speculative-eagle-topk`` ids (the table width ``capacity``, and
+     for ``union`` each member's budget): the draft takes the top-k columns of each request's set.
+     Checked in ``handle_server_args``, after EAGLE's defaults chose an automatic topk;
    - data files that hold target ids (``static.table``, ``retrieval.table``, ``retrieval.graph``)
      must have been built for the target's vocabulary ``V``; trained ranker/router files
      (``lowrank.ranker``, ``cluster.router``) must exist (their shapes are checked when the policy
@@ -368,6 +371,10 @@ class DynVocabAlgo(CustomSpecAlgo):
 
         check_combinations(server_args)
         _handle_eagle_family(server_args)
+        # after EAGLE's defaults: an auto --speculative-eagle-topk is only chosen there
+        topk = getattr(server_args, "speculative_eagle_topk", None)
+        if topk is not None:
+            load_server_config(server_args).check_draft_topk(int(topk))
 
     def __getattr__(self, name: str):
         # Anything a later SGLang asks of an algorithm that this class does not define: answer as EAGLE3.

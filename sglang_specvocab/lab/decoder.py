@@ -253,9 +253,7 @@ class SpeculativeDecoder:
                 f"draft vocabulary ({draft.vocab_size}) differs from the target's ({target.vocab_size})"
             )
         config.check_vocab(draft.vocab_size, draft.name)
-        cap = config.table_capacity
-        if cap is not None and shape.topk > cap:
-            raise SpecVocabError(f"draft topk = {shape.topk} is larger than the set capacity {cap} of {config.source}")
+        config.check_draft_topk(shape.topk, "draft topk")
         align = getattr(config, "align", None)
         self.eagle3 = isinstance(draft, Eagle3LM)
         self.tap = None

@@ -17,7 +17,7 @@ Ranker, ``ranker:``
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -38,6 +38,8 @@ class LowRankSection(Section):
 class LowRankConfig(PolicyConfig):
     policy: Literal["lowrank"]
     lowrank: LowRankSection
+
+    capacity_key: ClassVar[str] = "lowrank.topk"
 
     @property
     def table_capacity(self) -> int:

@@ -21,7 +21,7 @@ reference decoder runs it.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -55,6 +55,8 @@ class RetrievalConfig(PolicyConfig):
     policy: Literal["retrieval"]
     retrieval: RetrievalSection
     align: AlignSection | None = Field(None, description="EvoSpec's online LoRA alignment of the draft (opt-in)")
+
+    capacity_key: ClassVar[str] = "retrieval.static_size + retrieval.dynamic_size"
 
     @property
     def table_capacity(self) -> int:

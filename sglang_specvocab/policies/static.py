@@ -7,7 +7,7 @@ from the start; events never change it.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -26,6 +26,8 @@ class StaticSection(Section):
 class StaticConfig(PolicyConfig):
     policy: Literal["static"]
     static: StaticSection
+
+    capacity_key: ClassVar[str] = "static.size"
 
     @property
     def table_capacity(self) -> int:
