@@ -49,15 +49,20 @@ def save_frequency_table(path: str | Path, counts: np.ndarray, *, tokenizer: str
     )
 
 
-def load_frequency_ids(path: str | Path, vocab_size: int, size: int) -> torch.Tensor:
-    """The ``size`` most frequent ids of a frequency table, int64 [size]."""
+def load_frequency_ids(path: str | Path, vocab_size: int, size: int, allowed: np.ndarray | None = None) -> torch.Tensor:
+    """The ``size`` most frequent ids of a frequency table, int64 [size]; with ``allowed`` (bool
+    ``[vocab_size]``, a d2t draft's vocabulary) the most frequent of the allowed ids."""
     data = _read_npz(path, "frequency table", ("ids", "counts", "vocab_size"), vocab_size)
     ids = data["ids"]
+    among = ""
+    if allowed is not None:
+        ids = ids[allowed[ids]]
+        among = " of the draft's vocabulary"
     if size < 1:
         raise ConfigError(f"{path}: size = {size} is invalid: must be at least 1")
     if size > ids.shape[0]:
         raise ConfigError(
-            f"{path}: size = {size} is larger than the {ids.shape[0]} ids with a nonzero count in this "
+            f"{path}: size = {size} is larger than the {ids.shape[0]} ids{among} with a nonzero count in this "
             f"frequency table; count more text (more --text files, a larger --limit) or use a smaller size"
         )
     return torch.from_numpy(ids[:size].astype(np.int64))

@@ -79,6 +79,8 @@ class LiteralRetrieval:
     def verify(self, verify_topk, accepted):
         active = set(self.active())
         for j, tok in enumerate(accepted):
+            if tok < 0:  # a hole (an id the draft vocabulary lacks): no reference, no retrieval
+                continue
             refs = [tok]
             if tok not in active:  # a miss: the token, its nearest rows, its successors
                 refs += list(verify_topk[j][: self.nn]) if j < len(verify_topk) else []

@@ -20,9 +20,10 @@ Refusals (all raised during server-argument resolution, i.e. before any process 
      ``H = draft_vocab_size`` for a d2t draft (stock EAGLE-3, e.g. 32k), ``H = V`` (the target's
      vocabulary) for a full-vocabulary draft (no ``draft_vocab_size``, or tied embeddings). A set can
      only be scored on the head's rows, so with a d2t draft the effective set is the policy's set
-     intersected with the draft vocabulary (ids outside it are dropped by the head; a warning says
-     so at start). Hence: every ``capacity`` (the table width; for ``union`` also each member's)
-     must be at most ``H``, or the set could never fill and the config is refused;
+     intersected with the draft vocabulary (every event id outside it becomes a hole before the policy
+     sees it, ``policies.DraftVocabPolicy``; a warning says so at start). Hence: every ``capacity``
+     (the table width; for ``union`` also each member's) must be at most ``H``, or the set could
+     never fill and the config is refused;
    - ``head.mode: packed`` is refused (the lab keeps it); ``head.union_capacity`` must be at most ``H``
      (the union holds distinct head rows);
    - every set must hold at least ``--speculative-eagle-topk`` ids (the table width ``capacity``, and

@@ -42,6 +42,7 @@ Where the installed SGLang has the hooks of the repository's ``patches/sglang-0.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -275,9 +276,12 @@ class DynVocabDraftWorker(EagleDraftWorker):
         self.dynvocab_config.check_vocab(info.head_size, info.describe())
         fallback = model.eos_token_ids[0] if model.eos_token_ids else 0
         hot = self.dynvocab_hot_token_id()
-        if hot is not None:  # the fallback id must have a draft head row (start-up only: host reads)
+        if hot is not None:  # a d2t draft: sets hold only ids with a head row (start-up only: host reads)
             hot_ids = set(hot.flatten().tolist())
             fallback = next((e for e in model.eos_token_ids if e in hot_ids), int(hot.flatten()[0]))
+            mask = torch.zeros(model.vocab_size, dtype=torch.bool, device=self.device)
+            mask[hot.flatten().to(device=self.device, dtype=torch.long)] = True
+            model = dataclasses.replace(model, draft_vocab=mask)
         policy = build_policy(self.dynvocab_config, num_rows, device=self.device, fallback_id=fallback, model=model)
         table = policy.table
         logger.info(

@@ -11,13 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import torch
 import yaml
 from pydantic import ValidationError
 
 from ..config import PolicyConfig, explain, short
 from ..errors import ConfigError
 from ..table import CandidateTable
-from .base import ModelContext, Policy
+from .base import DraftVocabPolicy, ModelContext, Policy
 from .cluster import ClusterConfig, ClusterPolicy
 from .full import FullConfig, FullPolicy
 from .lowrank import LowRankConfig, LowRankPolicy
@@ -102,19 +103,31 @@ def build_policy(
 
     ``model`` gives what ranker and file-based policies need (LM head, embeddings, vocabulary
     size, EOS ids); policies that need a missing part say so. A composite policy (``union``) gets
-    its member policies, built here first, each with its own table.
+    its member policies, built here first, each with its own table. With ``model.draft_vocab`` (a
+    d2t draft) the policy is wrapped in ``DraftVocabPolicy`` (events cut to the draft vocabulary);
+    ``fallback_id`` must then be in it.
     """
+    policy = _build(config, num_rows, device, fallback_id, model)
+    if model is not None and model.draft_vocab is not None:
+        if not bool(model.in_draft_vocab(torch.tensor([fallback_id], device=model.draft_vocab.device))):
+            raise ValueError(f"build_policy: fallback_id {fallback_id} is not in the draft vocabulary")
+        return DraftVocabPolicy(policy)
+    return policy
+
+
+def _build(config: PolicyConfig, num_rows: int, device, fallback_id: int, model: ModelContext | None) -> Policy:
     cap = config.table_capacity
     table = None if cap is None else CandidateTable(num_rows, cap, device=device, fallback_id=fallback_id)
     policy_cls = POLICIES[config.policy].policy_cls
     if config.member_configs:
-        kw = {"device": device, "fallback_id": fallback_id, "model": model}
-        return policy_cls(config, table, model, [build_policy(c, num_rows, **kw) for c in config.member_configs])
+        members = [_build(c, num_rows, device, fallback_id, model) for c in config.member_configs]
+        return policy_cls(config, table, model, members)
     return policy_cls(config, table, model)
 
 
 __all__ = [
     "POLICIES",
+    "DraftVocabPolicy",
     "ModelContext",
     "Policy",
     "PolicyEntry",

@@ -39,6 +39,17 @@ class ModelContext:
     vocab_size: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     cache_dir: Path | None = None  # where derived data (clusters, rankers) is cached
+    #: bool ``[vocab_size]`` on the table's device: the target ids a reduced (d2t) draft head has rows for;
+    #: None when the head covers the whole vocabulary. See ``DraftVocabPolicy``.
+    draft_vocab: torch.Tensor | None = None
+
+    def in_draft_vocab(self, ids: torch.Tensor) -> torch.Tensor:
+        """Whether each id (any shape, negative = none) is a live id the draft head can score."""
+        live = ids >= 0
+        if self.draft_vocab is None:
+            return live
+        n = self.draft_vocab.shape[0]
+        return live & (ids < n) & self.draft_vocab[ids.long().clamp(0, n - 1)]
 
 
 class Policy:
@@ -106,6 +117,56 @@ class Policy:
 
     def select(self, rows: torch.Tensor, step: int, hidden: torch.Tensor, tokens: torch.Tensor) -> None:
         """Ranker policies: write the sets of ``rows`` for draft step ``step`` (see the module doc)."""
+
+
+class DraftVocabPolicy(Policy):
+    """A policy restricted to a reduced (d2t) draft vocabulary: every event id outside it becomes a hole.
+
+    A stock EAGLE-3 draft scores only its ``H`` hot ids (``ModelContext.draft_vocab``); any other id in a
+    set would take a slot (a window entry, a union budget, a telemetry count) and get a ``-inf`` column.
+    So the ids of every event (prompt ids and top-K, draft tokens, verified top-K, committed tokens, a
+    stepwise policy's input tokens) are mapped to -1 here, before the wrapped policy sees them; the
+    file-based sets (``static``, ``retrieval``) read the same mask when they load their data. A committed
+    token outside the draft vocabulary is therefore a hole for the policy (it triggers no retrieval).
+    ``build_policy`` wraps every policy built with a ``draft_vocab``; attributes the wrapper does not
+    define (the ring, the members, the cache, ...) are the wrapped policy's.
+    """
+
+    def __init__(self, inner: Policy) -> None:  # no Policy.__init__: the inner policy ran its checks
+        self.inner = inner
+        self.config, self.table, self.model = inner.config, inner.table, inner.model
+        self.name, self.dense, self.stepwise = inner.name, inner.dense, inner.stepwise
+
+    def __getattr__(self, name: str):
+        if name == "inner":  # not set yet (unpickling, copy): never recurse
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    @property
+    def prefill_topk(self) -> int:
+        return self.inner.prefill_topk
+
+    @property
+    def verify_topk(self) -> int:
+        return self.inner.verify_topk
+
+    def keep(self, ids: torch.Tensor | None) -> torch.Tensor | None:
+        """``ids`` with every id outside the draft vocabulary replaced by -1."""
+        if ids is None:
+            return None
+        return torch.where(self.model.in_draft_vocab(ids), ids, torch.full_like(ids, -1))
+
+    def on_reset(self, rows: torch.Tensor) -> None:
+        self.inner.on_reset(rows)
+
+    def on_prefill(self, rows: torch.Tensor, prompt_ids: torch.Tensor, prompt_topk: torch.Tensor | None) -> None:
+        self.inner.on_prefill(rows, self.keep(prompt_ids), self.keep(prompt_topk))
+
+    def on_verify(self, rows, draft_tokens, verify_topk, accepted) -> None:
+        self.inner.on_verify(rows, self.keep(draft_tokens), self.keep(verify_topk), self.keep(accepted))
+
+    def select(self, rows: torch.Tensor, step: int, hidden: torch.Tensor, tokens: torch.Tensor) -> None:
+        self.inner.select(rows, step, hidden, self.keep(tokens))
 
 
 def load_trained(path, keys: tuple[str, ...], what: str, command: str, where: str) -> dict:

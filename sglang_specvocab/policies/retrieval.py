@@ -76,7 +76,8 @@ class RetrievalPolicy(Policy):
         self.in_core[self.core] = True
         self.successors = None
         if c.graph is not None and c.successors > 0:
-            self.successors = load_successors(config.resolve(c.graph), vocab, c.successors).to(dev)
+            succ = load_successors(config.resolve(c.graph), vocab, c.successors).to(dev)
+            self.successors = torch.where(self.model.in_draft_vocab(succ), succ, -1)  # holes: no d2t head row
         self.cache = BatchedARC(table.num_rows, c.dynamic_size, device=dev)
         self.neighbours = c.neighbours
         self.on_reset(torch.arange(table.num_rows, device=dev))

@@ -40,13 +40,16 @@ def vocab_size(model: ModelContext, table_file) -> int:
 
 
 def frequent_ids(config: PolicyConfig, path: str, size: int, model: ModelContext, fallback: int) -> torch.Tensor:
-    """The ``size`` most frequent ids of a table, with every EOS id forced in (replacing the rarest).
+    """The ``size`` most frequent ids of a table, with every EOS id forced in (replacing the rarest); for
+    a d2t draft (``model.draft_vocab``) only ids of its vocabulary (the fallback id is one).
 
     One-time set-up on the host, never per step.
     """
     file = config.resolve(path)
-    ids = load_frequency_ids(file, vocab_size(model, file), size).tolist()  # most frequent first
-    eos = list(dict.fromkeys(model.eos_token_ids or (fallback,)))[:size]
+    allowed = None if model.draft_vocab is None else model.draft_vocab.cpu().numpy()  # a d2t draft's ids
+    ids = load_frequency_ids(file, vocab_size(model, file), size, allowed).tolist()  # most frequent first
+    eos = [e for e in model.eos_token_ids or (fallback,) if allowed is None or allowed[e]]
+    eos = list(dict.fromkeys(eos or (fallback,)))[:size]
     if not set(eos) <= set(ids):
         ids = [i for i in ids if i not in eos][: size - len(eos)] + eos
     return torch.tensor(sorted(ids), dtype=torch.int64)
