@@ -93,6 +93,8 @@ def sglang_req(rid: str, row: int, ids, *, extend_end: int | None = None, output
 def window_config(cap=16, kpre=3, kver=3, sources=("context", "extension")):
     from sglang_specvocab.policies import parse_config
 
+    if "extension" not in sources:  # only the extension source reads a top-K (a set top-K is refused)
+        kpre = kver = 0
     return parse_config(
         {
             "policy": "window",

@@ -87,6 +87,16 @@ BAD = [
      ["head.union_capacity = 32 is invalid: must be at least the capacity 64"]),
     ("policy: window\ncapacity: 8\nhead: {union_capacity: 0}\n", ["head.union_capacity = 0", "greater than or equal to 1"]),
     ("policy: window\ncapacity: 8\nhead: {union_view: mine}\n", ["head.union_view = 'mine'", "'own' or 'all'"]),
+    # keys that would be accepted and ignored are refused, naming the key
+    ("policy: window\ncapacity: 8\nwindow: {sources: [context], prefill_topk: 3}\n",
+     ["window.prefill_topk = 3 is invalid with sources = ['context']", "add 'extension', or drop the key"]),
+    ("policy: window\ncapacity: 8\nwindow: {sources: [context], verify_topk: 2}\n", ["window.verify_topk = 2"]),
+    ("policy: retrieval\nretrieval: {table: t.npz, static_size: 4, dynamic_size: 4, successors: 2}\n",
+     ["retrieval.successors = 2 is invalid without retrieval.graph"]),
+    ("policy: union\nmembers:\n  - {policy: window, capacity: 8, head: {kernel: torch}}\n",
+     ["members[0]: head = {'kernel': 'torch'} is invalid in a member", "move it to the top level"]),
+    ("policy: union\nmembers:\n  - {policy: window, capacity: 8}\n  - {policy: window, capacity: 4, prefill_chunk: 64}\n",
+     ["members[1]: prefill_chunk = 64 is invalid in a member"]),
 ]
 
 

@@ -180,6 +180,8 @@ def test_register_is_idempotent_and_flag_sources(sg, monkeypatch, tmp_path):
         (["--enable-mixed-chunk"], "--enable-mixed-chunk"),
         (["--speculative-token-map", "x.pt"], "--speculative-token-map"),
         (["--enable-lora", "--max-lora-rank", "8", "--lora-target-modules", "q_proj"], "--enable-lora"),
+        (["--tp-size", "2", "--enable-attn-tp-input-scattered"], "--enable-attn-tp-input-scattered"),
+        (["--enable-unified-memory"], "--enable-unified-memory"),
     ],
 )
 def test_unsupported_combinations_are_refused(sg, extra, flag):
@@ -201,6 +203,8 @@ def test_unsupported_table_rows(sg):
         enable_mixed_chunk=True,
         speculative_token_map="m.pt",
         enable_lora=True,
+        enable_attn_tp_input_scattered=True,
+        enable_unified_memory=True,
     )
     off = dict(
         speculative_use_rejection_sampling=False,
@@ -215,6 +219,8 @@ def test_unsupported_table_rows(sg):
         speculative_token_map=None,
         enable_lora=None,
         lora_paths=None,
+        enable_attn_tp_input_scattered=False,
+        enable_unified_memory=False,
     )
     check_combinations(SimpleNamespace(**off))
     hit = set()
@@ -288,6 +294,16 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
+def _aligned_retrieval(tmp_path: Path) -> Path:
+    import numpy as np
+
+    from sglang_specvocab.vocab_data import save_frequency_table
+
+    save_frequency_table(tmp_path / "f.npz", np.arange(VOCAB, dtype=np.int64), tokenizer="tiny", source="test")
+    text = "policy: retrieval\nretrieval: {table: f.npz, static_size: 16, dynamic_size: 16}\nalign: {rank: 8}\n"
+    return _write(tmp_path / "aligned.yaml", text)
+
+
 def test_bad_configs_are_refused(sg, tmp_path, monkeypatch):
     big = _write(tmp_path / "big.yaml", f"policy: window\ncapacity: {DRAFT_VOCAB + 1}\n")
     cases = [
@@ -341,6 +357,8 @@ def test_bad_configs_are_refused(sg, tmp_path, monkeypatch):
             ),
             [f"head.union_capacity = {DRAFT_VOCAB + 1} is invalid: must be at most the vocabulary size {DRAFT_VOCAB}"],
         ),
+        # EvoSpec's online alignment runs in the reference decoder only: a server would ignore it
+        (argv(sg, config=_aligned_retrieval(tmp_path)), ["align = {'rank': 8", "reference decoder", "remove the align"]),
     ]
     for args, parts in cases:
         msg = refusal(args)

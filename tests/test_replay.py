@@ -53,10 +53,9 @@ def literal_sets(t):
 
 def write_case(tmp, t):
     cfg = tmp / "w.yaml"
-    cfg.write_text(
-        f"policy: window\ncapacity: {t['cap']}\nwindow:\n  prefill_topk: {t['kpre']}\n"
-        f"  verify_topk: {t['kver']}\n  sources: [{', '.join(t['sources'])}]\n"
-    )
+    # only the extension source reads a top-K (a config that sets one without it is refused)
+    topk = f"  prefill_topk: {t['kpre']}\n  verify_topk: {t['kver']}\n" if "extension" in t["sources"] else ""
+    cfg.write_text(f"policy: window\ncapacity: {t['cap']}\nwindow:\n{topk}  sources: [{', '.join(t['sources'])}]\n")
     trace = tmp / "t.jsonl"
     trace.write_text("".join(json.dumps(r) + "\n" for r in t["requests"]))
     return cfg, trace

@@ -14,8 +14,9 @@ SOURCES = [["context", "extension"], ["context"], ["extension"]]
 @st.composite
 def setups(draw):
     sources = draw(st.sampled_from(SOURCES))
-    kpre = draw(st.integers(1 if sources == ["extension"] else 0, 4))
-    kver = draw(st.integers(0, 4))
+    top = 4 if "extension" in sources else 0  # only the extension source reads a top-K (a set one is refused)
+    kpre = draw(st.integers(1 if sources == ["extension"] else 0, top))
+    kver = draw(st.integers(0, top))
     cap = draw(st.integers(1, 40))
     vocab = draw(st.integers(2, 200))
     return sources, kpre, kver, cap, vocab

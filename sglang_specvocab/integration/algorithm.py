@@ -139,6 +139,19 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         _lora,
         "SGLang validates LoRA with speculative decoding for its own algorithm names only",
     ),
+    # SGLang checks these two by the algorithm's name ("EAGLE3"), which DYNVOCAB's is not.
+    Unsupported(
+        "--enable-attn-tp-input-scattered",
+        lambda c: bool(_get(c, "enable_attn_tp_input_scattered")),
+        "SGLang keeps input-scattered attention off for EAGLE3 by name (the draft reads the target's "
+        "auxiliary hidden states whole), a check DYNVOCAB's name would pass; EAGLE3 ignores the flag too",
+    ),
+    Unsupported(
+        "--enable-unified-memory",
+        lambda c: bool(_get(c, "enable_unified_memory")),
+        "SGLang has audited the unified pool's fused draft KV for EAGLE/EAGLE3 only (by name), not for "
+        "a draft head over candidate sets",
+    ),
 )
 
 
@@ -279,6 +292,11 @@ def check_config_for_models(config: PolicyConfig, draft: DraftInfo) -> None:
                     f"use '{builtin}' or a file from sglang-specvocab {command}"
                 )
         cfg.check_vocab(draft.head_size, draft.describe())
+        if getattr(cfg, "align", None) is not None:  # lab/align.py runs in the reference decoder only
+            raise ConfigError(
+                f"{cfg.source}: align = {dict(cfg.align)!r} is invalid for a server: EvoSpec's online alignment "
+                "runs in the reference decoder (sglang-specvocab lab) only; remove the align block"
+            )
 
 
 def _draft_hf_config(cfg: Any) -> Any:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import ClassVar, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ..config import PolicyConfig, Section
 from ..table import CandidateTable, unique_first
@@ -41,6 +41,16 @@ class RetrievalSection(Section):
     neighbours: int = Field(8, ge=0, description="nearest LM-head rows to the target hidden state per miss")
     graph: str | None = Field(None, description="co-occurrence successor graph (.npz); null: no successors")
     successors: int = Field(4, ge=0, description="co-occurrence successors per miss")
+
+    @model_validator(mode="after")
+    def _successors_need_graph(self) -> "RetrievalSection":
+        # a set key that would be ignored is refused, not silently dropped
+        if self.graph is None and "successors" in self.model_fields_set and self.successors > 0:
+            raise ValueError(
+                f"retrieval.successors = {self.successors} is invalid without retrieval.graph: successors come "
+                "from the co-occurrence graph; set retrieval.graph, or drop retrieval.successors"
+            )
+        return self
 
 
 class AlignSection(Section):

@@ -30,6 +30,12 @@ class UnionConfig(PolicyConfig):
         for i, m in enumerate(self.members):
             where = f"{self.source} members[{i}]"
             cfg = parse(m, where)
+            for key in ("head", "prefill_chunk"):  # the union's own keys rule: a member's would be ignored
+                if key in cfg.model_fields_set:
+                    raise ConfigError(
+                        f"{where}: {key} = {m[key]!r} is invalid in a member: the union's top-level {key} applies "
+                        "to every member; move it to the top level"
+                    )
             if cfg.table_capacity is None or cfg.policy == "union":
                 raise ConfigError(f"{where}: policy = {cfg.policy!r} is invalid: a member must be a set policy")
             cfg._base = self._base or self.source  # relative paths resolve from the union's file

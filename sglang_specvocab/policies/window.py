@@ -55,6 +55,13 @@ class WindowSection(Section):
                 "prefill_topk = 0 is invalid with sources = ['extension']: must be >= 1, "
                 "or the set is empty after prefill"
             )
+        if "extension" not in self.sources:  # a top-K nobody reads: refused, not silently ignored
+            for key in ("prefill_topk", "verify_topk"):
+                if key in self.model_fields_set and getattr(self, key) > 0:
+                    raise ValueError(
+                        f"window.{key} = {getattr(self, key)} is invalid with sources = {self.sources}: only the "
+                        "'extension' source reads the target's top-K; add 'extension', or drop the key"
+                    )
         return self
 
 
