@@ -431,6 +431,33 @@ def test_version_and_signature_checks(sg, monkeypatch):
     assert callable(mod.worker_init) and P.load_patch_module("eagle_worker_v2") is mod
 
 
+def test_patches_checker_tells_an_import_failure_from_a_change(sg, monkeypatch, tmp_path, capsys):
+    """``python -m sglang_specvocab.patches``: every recorded target matches here; a module that fails to
+    import is reported as such (exit bit 2), apart from a changed or missing target (exit bit 1)."""
+    import sglang_specvocab.patches.__main__ as checker
+
+    assert checker.main() == 0
+    out = capsys.readouterr().out
+    assert "CHANGED" not in out and "IMPORT FAILED" not in out and " 0 changed, 0 import failed" in out
+
+    pkg = tmp_path / "fakesglang"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "ok.py").write_text("def f(a, b=1):\n    pass\n")
+    (pkg / "broken.py").write_text("import no_such_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    recorded = {"G": {"fakesglang.ok.f": "(a, b=1)", "fakesglang.ok.g": "(a)", "fakesglang.broken.h": "(x)"}}
+    monkeypatch.setattr(checker, "recorded_signatures", lambda base: recorded)
+    assert checker.main() == checker.CHANGED | checker.IMPORT_FAILED
+    out = capsys.readouterr().out
+    lines = {line.split(":")[0].strip(): line for line in out.splitlines()}
+    assert lines["'fakesglang.ok.f'"].endswith("'(a, b=1)',")
+    assert "<missing" in lines["'fakesglang.ok.g'"] and lines["'fakesglang.ok.g'"].endswith("# CHANGED")
+    broken = lines["'fakesglang.broken.h'"]
+    assert "no_such_dependency_xyz" in broken and broken.endswith("# IMPORT FAILED")
+    assert "# 3 targets: 1 unchanged, 1 changed, 1 import failed" in out
+
+
 # --- the worker (CPU: construction wiring and allocation, with the GPU parts faked) --------------
 
 
