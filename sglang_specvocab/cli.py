@@ -245,6 +245,7 @@ def _run_check_config(args) -> int:
     from .policies import load_config  # heavy: torch (the policies)
 
     cfg = load_config(args.config)
+    cfg.check_files()
     if args.vocab_size is not None:
         cfg.check_vocab(args.vocab_size, f"--vocab-size {args.vocab_size}")
     print(json.dumps({"source": cfg.source, **cfg.model_dump()}, indent=2))

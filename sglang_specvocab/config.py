@@ -105,6 +105,26 @@ class PolicyConfig(Section):
     #: The key that sets ``table_capacity`` (for error messages; policies name theirs).
     capacity_key: ClassVar[str] = "capacity"
 
+    #: The keys that name files: ``(section, key, built-in value that is no file or None, the command
+    #: that makes one)``; policies name theirs.
+    file_keys: ClassVar[tuple[tuple[str, str, str | None, str], ...]] = ()
+
+    def check_files(self) -> None:
+        """Refuse a file key (this config's or a member's) whose file is missing, naming the config and the
+        resolved path (relative paths start at the config file's folder)."""
+        for cfg in (self, *self.member_configs):
+            for section, key, builtin, command in cfg.file_keys:
+                value = getattr(getattr(cfg, section, None), key, None)
+                if value is None or value == builtin:
+                    continue
+                path = cfg.resolve(value)
+                if not path.is_file():
+                    use = f"use '{builtin}' or " if builtin else "make "
+                    raise ConfigError(
+                        f"{cfg.source}: {section}.{key} = {value!r} is invalid: {path} is not a file; "
+                        f"{use}a file from sglang-specvocab {command}"
+                    )
+
     def check_vocab(self, vocab_size: int, model_name: str = "the model") -> None:
         """Refuse a capacity (and a union head) the model's vocabulary cannot fill."""
         cap = self.table_capacity

@@ -164,3 +164,34 @@ def test_cli_subprocess_exit_code_and_single_message(tmp_path):
     )
     assert out.returncode == 2
     assert out.stderr.strip() == f"error: {path}: capacity = 0 is invalid: must be greater than or equal to 1"
+
+
+@pytest.mark.parametrize(
+    "text, key, rel",
+    [
+        ("policy: static\nstatic: {table: data/none.npz, size: 8}\n", "static.table = 'data/none.npz'", "data/none.npz"),
+        ("policy: retrieval\nretrieval: {table: f.npz, static_size: 4, dynamic_size: 4, graph: g.npz}\n",
+         "retrieval.table = 'f.npz'", "f.npz"),
+        ("policy: lowrank\nlowrank: {rank: 4, topk: 16, ranker: r.pt}\n", "lowrank.ranker = 'r.pt'", "r.pt"),
+        ("policy: cluster\ncapacity: 8\ncluster: {clusters: 4, budget: [2, 1], router: sub/router.pt}\n",
+         "cluster.router = 'sub/router.pt'", "sub/router.pt"),
+        ("policy: union\nmembers:\n  - {policy: window, capacity: 8}\n  - {policy: static, static: {table: t.npz, size: 8}}\n",
+         "static.table = 't.npz'", "t.npz"),
+    ],
+)
+def test_check_config_refuses_a_missing_file(tmp_path, capsys, text, key, rel):
+    """check-config names the config, the key and the path resolved from the config's folder; exit 2."""
+    path = write(tmp_path, text)
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert str(path) in err and key in err and f"{tmp_path / rel} is not a file" in err
+
+
+def test_check_config_accepts_present_files_and_builtins(tmp_path, capsys):
+    (tmp_path / "f.npz").write_bytes(b"")  # existence is what check-config checks (the server checks contents)
+    write(tmp_path, "policy: retrieval\nretrieval: {table: f.npz, static_size: 4, dynamic_size: 4}\n")
+    assert main(["check-config", str(tmp_path / "c.yaml")]) == 0
+    write(tmp_path, "policy: lowrank\nlowrank: {rank: 4, topk: 16}\n")  # ranker: svd, no file
+    assert main(["check-config", str(tmp_path / "c.yaml")]) == 0
+    capsys.readouterr()

@@ -256,7 +256,6 @@ def _members(config: PolicyConfig) -> list[PolicyConfig]:
 
 
 _TARGET_ID_FILES = (("static", "table"), ("retrieval", "table"), ("retrieval", "graph"))
-_TRAINED_FILES = (("lowrank", "ranker", "svd", "train-ranker"), ("cluster", "router", "centroid", "train-router"))
 
 
 def check_config_for_models(config: PolicyConfig, draft: DraftInfo) -> None:
@@ -271,6 +270,7 @@ def check_config_for_models(config: PolicyConfig, draft: DraftInfo) -> None:
             f"--speculative-algorithm {NAME} needs an EAGLE-3 draft (an architecture like LlamaForCausalLMEagle3); "
             f"--speculative-draft-model-path {draft.path} has architectures {list(draft.architectures)}"
         )
+    config.check_files()  # every named file exists (this config's and its members')
     for cfg in _members(config):  # data files first: a file built for another model explains the rest
         for section, key in _TARGET_ID_FILES:
             value = getattr(getattr(cfg, section, None), key, None)
@@ -283,13 +283,6 @@ def check_config_for_models(config: PolicyConfig, draft: DraftInfo) -> None:
                     f"{cfg.source}: {section}.{key} = {value!r} is invalid: {path} was built for a "
                     f"{built_for}-token vocabulary, the target model has {draft.vocab_size}; "
                     "build one for this model with sglang-specvocab build-freq"
-                )
-        for section, key, builtin, command in _TRAINED_FILES:
-            value = getattr(getattr(cfg, section, None), key, None)
-            if value is not None and value != builtin and not cfg.resolve(value).is_file():
-                raise ConfigError(
-                    f"{cfg.source}: {section}.{key} = {value!r} is invalid: {cfg.resolve(value)} is not a file; "
-                    f"use '{builtin}' or a file from sglang-specvocab {command}"
                 )
         cfg.check_vocab(draft.head_size, draft.describe())
         if getattr(cfg, "align", None) is not None:  # lab/align.py runs in the reference decoder only

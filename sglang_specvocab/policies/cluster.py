@@ -18,7 +18,7 @@ Router, ``router:``
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -51,6 +51,8 @@ class ClusterConfig(PolicyConfig):
     policy: Literal["cluster"]
     capacity: int = Field(ge=1, description="the most ids in a request's set")
     cluster: ClusterSection
+
+    file_keys: ClassVar[tuple] = (("cluster", "router", "centroid", "train-router"),)
 
 
 def step_budget(k0: int, k1: int, step: int) -> int:

@@ -40,6 +40,7 @@ class LowRankConfig(PolicyConfig):
     lowrank: LowRankSection
 
     capacity_key: ClassVar[str] = "lowrank.topk"
+    file_keys: ClassVar[tuple] = (("lowrank", "ranker", "svd", "train-ranker"),)
 
     @property
     def table_capacity(self) -> int:

@@ -67,6 +67,7 @@ class RetrievalConfig(PolicyConfig):
     align: AlignSection | None = Field(None, description="EvoSpec's online LoRA alignment of the draft (opt-in)")
 
     capacity_key: ClassVar[str] = "retrieval.static_size + retrieval.dynamic_size"
+    file_keys: ClassVar[tuple] = (("retrieval", "table", None, "build-freq"), ("retrieval", "graph", None, "build-freq"))
 
     @property
     def table_capacity(self) -> int:

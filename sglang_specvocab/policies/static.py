@@ -28,6 +28,7 @@ class StaticConfig(PolicyConfig):
     static: StaticSection
 
     capacity_key: ClassVar[str] = "static.size"
+    file_keys: ClassVar[tuple] = (("static", "table", None, "build-freq"),)
 
     @property
     def table_capacity(self) -> int:
