@@ -1,0 +1,49 @@
+"""The README's ``sglang-specvocab`` commands work from a fresh clone: each parses with the CLI's own
+parser, and every input file it names (configs, questions, traces) is in the checkout (placeholders in
+capitals, like ``T.jsonl``, excepted)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+from sglang_specvocab.cli import parser
+
+ROOT = Path(__file__).resolve().parents[1]
+INPUT_FLAGS = {"--config", "--questions", "--trace"}
+
+
+def readme_commands() -> list[list[str]]:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        joined = block.replace("\\\n", " ")
+        for line in joined.splitlines():
+            line = line.split("  #")[0].strip()
+            if line.startswith("sglang-specvocab "):
+                out.append(shlex.split(line)[1:])
+    return out
+
+
+def named_inputs(argv: list[str]) -> list[str]:
+    files, flag = [], None
+    for tok in argv:
+        if tok.startswith("--"):
+            flag = tok
+            continue
+        if (flag in INPUT_FLAGS or (argv[0] == "check-config" and flag is None)) and tok.endswith((".yaml", ".jsonl")):
+            if not Path(tok).stem.isupper():
+                files.append(tok)
+    return files
+
+
+def test_readme_commands_parse_and_name_files_a_clone_has():
+    commands = readme_commands()
+    assert any(c[0] == "lab" for c in commands) and any(c[0] == "check-config" for c in commands)
+    for argv in commands:
+        parser().parse_args(argv)  # exits (SystemExit 2) on an unknown flag or a bad value
+        for name in named_inputs(argv):
+            path = (ROOT / name).resolve()
+            in_clone = path.is_relative_to(ROOT) and path.is_file()  # not a file beside this checkout
+            assert in_clone, f"README: `sglang-specvocab {shlex.join(argv)}` names {name}, not in a clone"
