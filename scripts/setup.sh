@@ -55,6 +55,5 @@ fi
 "$venv/bin/python" -c "
 import sglang, sglang_specvocab, torch
 from sglang_specvocab.ops import _ext
-k = ('CPU + CUDA' if _ext.has_cuda_kernels() else 'CPU only') if _ext.available() else 'none: ' + _ext.reason()
-print('setup: sglang', sglang.__version__, '| torch', torch.__version__, '| kernels:', k)"
+print('setup: sglang', sglang.__version__, '| torch', torch.__version__, '| kernels:', _ext.describe())"
 echo "$want" > "$stamp"

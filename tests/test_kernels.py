@@ -384,6 +384,21 @@ def test_auto_backend_on_gpu_prefers_cuda():
     assert ops.resolve("auto", "cuda", "window_update") == "cuda"
 
 
+def test_describe_names_cuda_kernels_without_a_gpu(monkeypatch):
+    """setup's kernels line: CUDA kernels built on a machine without a GPU are not claimed as usable."""
+    monkeypatch.setattr(_ext, "load", lambda: True)
+    monkeypatch.setattr(_ext, "has_cuda_kernels", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _ext.describe() == "CPU; CUDA kernels compiled, no GPU here"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert _ext.describe() == "CPU + CUDA"
+    monkeypatch.setattr(_ext, "has_cuda_kernels", lambda: False)
+    assert _ext.describe() == "CPU only (built without nvcc)"
+    monkeypatch.setattr(_ext, "load", lambda: False)
+    monkeypatch.setattr(_ext, "reason", lambda: "not built")
+    assert _ext.describe() == "none: not built"
+
+
 def test_auto_backend_without_cuda_kernels_says_so_once(monkeypatch, caplog):
     monkeypatch.setattr(_ext, "has_cuda_kernels", lambda: False)
     ops._say_once.cache_clear()

@@ -128,6 +128,18 @@ def has_cuda_kernels() -> bool:
     return load() and torch._C._dispatch_has_kernel_for_dispatch_key("specvocab::indexed_logits", "CUDA")
 
 
+def describe() -> str:
+    """What kernels this machine runs, in words (setup prints it): CUDA kernels built on a machine without a
+    GPU are named as such, not as usable."""
+    if not load():
+        return f"none: {reason()}"
+    if not has_cuda_kernels():
+        return "CPU only (built without nvcc)"
+    if torch.cuda.is_available():
+        return "CPU + CUDA"
+    return "CPU; CUDA kernels compiled, no GPU here"
+
+
 def _register_fakes() -> None:
     lib = "specvocab::"
 
