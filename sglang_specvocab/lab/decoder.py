@@ -10,7 +10,8 @@ policy) and the engine of the policy lab. Per round:
    ``topk == 1``);
 2. verify: the target scores every root-to-leaf path at once (one batch row per path, on a
    shared KV-cache prefix) and accepts the longest path prefix that equals its own greedy
-   choice, plus the bonus token;
+   choice, plus the bonus token; with ``temperature > 0``, speculative sampling instead
+   (``_verify_sampled``): the output is distributed exactly as the target's own sampling;
 3. the policy gets the same events as in SGLang: the draft-tree tokens (root first), the
    target's top-K ids at the verified positions, and the committed tokens.
 
@@ -292,9 +293,21 @@ class SpeculativeDecoder:
         self.rows = torch.tensor([self.SLOT])
         self.recorder = recorder  # gets (draft hidden states [n, d], their input tokens [n]) per draft step
         self._sets: list[tuple[set[int], int]] = []  # ranker policies: (set, size) of each draft step
+        self._temperature, self._generator = 0.0, None  # of the current generate call
 
     @torch.no_grad()
-    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Generation:
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        *,
+        temperature: float = 0.0,
+        generator: torch.Generator | None = None,
+    ) -> Generation:
+        """Greedy (``temperature`` 0) or sampled output; ``generator`` drives every random draw."""
+        if not temperature >= 0:
+            raise SpecVocabError(f"temperature = {temperature!r} is invalid: must be >= 0")
+        self._temperature, self._generator = float(temperature), generator
         prompt = _prompt_tensor(prompt_ids)
         start = time.perf_counter()
         pol, rows = self.policy, self.rows
@@ -310,7 +323,7 @@ class SpeculativeDecoder:
         topk = self.target.topk_ids(hidden, pol.prefill_topk)[None] if pol.prefill_topk else None
         pol.on_prefill(rows, prompt, topk)
         self.head.refresh(rows)
-        root = int(self.target.logits(hidden[-1]).argmax())
+        root = self._pick(self.target.logits(hidden[-1]))
 
         gen = Generation(tokens=[root])
         if self.eagle3:
@@ -355,6 +368,24 @@ class SpeculativeDecoder:
         gen.tokens = gen.tokens[:max_new_tokens]
         gen.seconds = time.perf_counter() - start
         return gen
+
+    def _pick(self, logits: torch.Tensor) -> int:
+        """The target's next token from its logits: greedy, or a sample at the temperature."""
+        if self._temperature == 0:
+            return int(logits.argmax())
+        return int(torch.multinomial(self._probs(logits), 1, generator=self._generator))
+
+    def _probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(logits.double() / self._temperature, dim=-1)
+
+    def _accept(self, probs: torch.Tensor, token: int) -> bool:
+        """Speculative sampling's test for a drafted token: accept with min(1, p(x) / q(x)) = p(x).
+
+        The draft's tokens are its top-k over the candidate set, chosen deterministically (as SGLang's
+        EAGLE tree without rejection sampling), so the draft distribution q of each drafted child is a
+        point mass on it; ``probs`` is the target's p, already renormalised after earlier rejections."""
+        u = torch.rand((), generator=self._generator, dtype=torch.float64)
+        return bool(u < probs[token])
 
     def _finished(self, tokens: list[int], limit: int) -> bool:
         return len(tokens) >= limit or tokens[-1] in self.eos
@@ -458,14 +489,15 @@ class SpeculativeDecoder:
         """Greedy verification of every root-to-leaf path; returns (accepted, bonus, logits at the
         accepted path, and for an EAGLE-3 draft the target's features there, else None)."""
         inner = set(tree.parents)
-        paths = []
+        node_paths = []  # tree node indices of each root-to-leaf path
         for leaf in (i for i in range(len(tree.tokens)) if i not in inner):
             path = []
             while leaf >= 0:
                 path.append(leaf)
                 leaf = tree.parents[leaf]
-            paths.append([tree.tokens[i] for i in reversed(path)])
-        paths = paths or [[]]
+            node_paths.append(path[::-1])
+        node_paths = node_paths or [[]]
+        paths = [[tree.tokens[i] for i in p] for p in node_paths]
         width = max(len(p) for p in paths)
         batch = torch.tensor([[root] + p + [root] * (width - len(p)) for p in paths])
         base = tcache.get_seq_length()
@@ -477,6 +509,12 @@ class SpeculativeDecoder:
         else:
             hidden = self.target.hidden(batch, tcache)
         logits = self.target.logits(hidden)
+        if self._temperature > 0:
+            best, n, bonus = self._verify_sampled(tree, node_paths, logits)
+            if len(paths) > 1:
+                tcache.batch_select_indices(torch.tensor([best]))
+            _trim(tcache, base + 1 + n)
+            return paths[best][:n], bonus, logits[best, : n + 1], None if aux is None else aux[best, : n + 1]
         pred = logits.argmax(-1)
         match = pred[:, :width] == batch[:, 1:]
         lengths = torch.tensor([len(p) for p in paths])
@@ -488,6 +526,32 @@ class SpeculativeDecoder:
             tcache.batch_select_indices(torch.tensor([best]))
         _trim(tcache, base + 1 + n)
         return paths[best][:n], int(pred[best, n]), logits[best, : n + 1], None if aux is None else aux[best, : n + 1]
+
+
+    def _verify_sampled(self, tree: _Tree, node_paths: list[list[int]], logits: torch.Tensor) -> tuple[int, int, int]:
+        """Speculative sampling over the tree (SGLang's target-only rule): from the root, try the children of
+        the current node best first, each accepted with probability p(child) under the target's distribution
+        p there; a rejected child's token is removed from p (the residual max(p - q, 0) of a point-mass q),
+        renormalised; the first accepted child becomes the current node. When none is accepted (or the node
+        is a leaf), the bonus is sampled from what is left of p. Returns (path row, accepted count, bonus)."""
+        children: dict[int, list[int]] = {}
+        for i, parent in enumerate(tree.parents):
+            children.setdefault(parent, []).append(i)
+        row_of = {node: r for r, path in reversed(list(enumerate(node_paths))) for node in path}
+        node, row, n = -1, 0, 0
+        while True:
+            p = self._probs(logits[row, n])
+            nxt = None
+            for child in children.get(node, []):
+                token = tree.tokens[child]
+                if self._accept(p, token):
+                    nxt = child
+                    break
+                p[token] = 0.0
+                p = p / p.sum()
+            if nxt is None:
+                return row, n, int(torch.multinomial(p, 1, generator=self._generator))
+            node, row, n = nxt, row_of[nxt], n + 1
 
 
 @torch.no_grad()
