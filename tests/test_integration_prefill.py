@@ -110,6 +110,10 @@ def req(rid, row, ids, extend_end=None):
     return sglang_req(rid, row, ids, extend_end=extend_end)
 
 
+def req_out(rid, row, ids, output):
+    return sglang_req(rid, row, ids, output=output)
+
+
 def schedule_batch(reqs, ids, prefix_lens, extend_lens, *, chunked=None, next_prompt_token=None):
     return SimpleNamespace(
         reqs=reqs,
@@ -354,6 +358,20 @@ def test_prefix_hit_is_seeded_from_the_request_ids(mods, _stand_ins):
     lw.prefill(prompt[:5], [])
     lw.prefill(prompt[5:], target_topk(s, rec["last_hidden_states"]))
     assert s.policy.table.row(3) == lw.active()
+    # the 5 cached positions got no top-K: counted per request and reported with its telemetry
+    from sglang_specvocab.integration.telemetry import UNSEEDED_KEY
+
+    tel = s.draft_worker.dynvocab_telemetry
+    assert tel.unseeded_positions(3) == 5
+    r = req("x", 3, prompt)
+    s.worker._dv_live["x"] = (3, r)
+    s.worker.dynvocab_report("x")
+    assert r.customized_info[UNSEEDED_KEY] == [5]
+    # a later chunk of the same request (prefix == what was fed) and an uncached prompt count nothing
+    s.rows = [4]
+    s.worker.req_to_token_pool.alloc(4)
+    s.run(schedule_batch([req("y", 4, prompt)], prompt, [0], [8]), target_output(8, 1, seed=9))
+    assert tel.unseeded_positions(4) == 0
 
 
 def test_no_draft_worker_returns_the_target_output_untouched(mods, _stand_ins):
@@ -382,3 +400,48 @@ def test_idle_prefill_batch_runs_the_draft_without_a_policy_event(mods, _stand_i
     out = s.run(batch, target_output(0, 0, seed=1))
     assert out.next_draft_input == "next" and called == [batch]
     assert torch.equal(s.policy.table.ids, before)
+
+
+def test_reused_slot_gets_the_set_a_fresh_server_gives_after_abort_and_retract(mods, _stand_ins):
+    """Prefill event sequences: a slot whose request was aborted mid-decode goes to a new request, and a
+    retracted request comes back (its refill: prompt + output, uncached or with a radix hit); each gets
+    exactly the set and telemetry a fresh worker gives the same prefill."""
+    V = mods.loop.V
+    g = torch.Generator().manual_seed(99)
+    ids = lambda n: torch.randint(0, V, (n,), generator=g).tolist()  # noqa: E731
+
+    def dirty(s, row):  # decode rounds on the row: verify events change its set and telemetry
+        rows = torch.tensor([row])
+        for _ in range(3):
+            drafts, accepted = torch.tensor([ids(4)]), torch.tensor([ids(2)])
+            s.draft_worker.dynvocab_telemetry.record_verify(s.policy.table, rows, accepted)
+            s.policy.on_verify(rows, drafts, torch.tensor([[ids(KPRE) for _ in range(2)]]), accepted)
+
+    def prefill(s, rid, row, prompt, output=(), prefix=0, seed=0):
+        s.rows = [row]
+        s.worker.req_to_token_pool.alloc(row)
+        fill = list(prompt) + list(output)
+        s.run(schedule_batch([req_out(rid, row, prompt, output)], fill[prefix:], [prefix], [len(fill) - prefix]),
+              target_output(len(fill) - prefix, 1, seed=seed))
+
+    def state(s, row):
+        tel = s.draft_worker.dynvocab_telemetry
+        return s.policy.table.row(row), tel.unseeded_positions(row), tel.acc[:4, row].tolist()
+
+    a_prompt, b_prompt, c_prompt, c_out = ids(9), ids(6), ids(7), ids(4)
+    s = Setup(mods, topk=1, seed=31)
+    prefill(s, "a", 3, a_prompt, seed=1)
+    dirty(s, 3)
+    prefill(s, "b", 3, b_prompt, seed=2)  # a aborted: its slot goes to b
+    fresh = Setup(mods, topk=1, seed=31)
+    prefill(fresh, "b", 3, b_prompt, seed=2)
+    assert state(s, 3) == state(fresh, 3)
+
+    prefill(s, "c", 4, c_prompt, seed=3)
+    dirty(s, 4)
+    for prefix, seed in ((0, 4), (len(c_prompt), 5)):  # c retracted, refilled uncached, then with a radix hit
+        prefill(s, "c", 4, c_prompt, c_out, prefix=prefix, seed=seed)
+        fresh = Setup(mods, topk=1, seed=31)
+        prefill(fresh, "c", 4, c_prompt, c_out, prefix=prefix, seed=seed)
+        assert state(s, 4) == state(fresh, 4)
+        assert state(s, 4)[1] == prefix  # a radix hit is counted

@@ -161,7 +161,7 @@ def prefill_batch(reqs, ids, prefix_lens, extend_lens):
 
 
 def test_prefill_slot_reuse_and_report(W, monkeypatch):
-    from sglang_specvocab.integration.telemetry import COVERAGE_KEY, SET_SIZE_KEY
+    from sglang_specvocab.integration.telemetry import COVERAGE_KEY, SET_SIZE_KEY, UNSEEDED_KEY
     from sglang_specvocab.policies import build_policy
 
     H, k, cap = 8, 2, 30
@@ -200,7 +200,9 @@ def test_prefill_slot_reuse_and_report(W, monkeypatch):
     w.dynvocab_gauges = SimpleNamespace(update=lambda s, c: gauges.append((s, c)))
     w.note_request_finished(rid="a", natural_stop=True)
     size, cov = len(lw.active()), 1 / int(t.committed[4])
-    assert a.customized_info == {SET_SIZE_KEY: [pytest.approx(size)], COVERAGE_KEY: [pytest.approx(cov)]}
+    assert a.customized_info == {
+        SET_SIZE_KEY: [pytest.approx(size)], COVERAGE_KEY: [pytest.approx(cov)], UNSEEDED_KEY: [0]
+    }
     assert gauges == [(pytest.approx(size), pytest.approx(cov))]
     w.note_request_finished(rid="a", natural_stop=True)  # twice (or unknown rid): no second report
     assert len(gauges) == 1
@@ -212,6 +214,7 @@ def test_prefill_slot_reuse_and_report(W, monkeypatch):
     b = req("b", 4, p2 + more, extend_end=6)
     hidden = run(prefill_batch([b], p2[3:], [3], [3]))
     assert int(t.rounds[4]) == 0 and int(t.committed[4]) == 0 and float(t.set_sum[4]) == 0
+    assert t.unseeded_positions(4) == 3, t.acc[:, 4]
     lw = LiteralWindow(cap, k, k, ["context", "extension"])
     topk = [sorted(range(V), key=lambda v, h=h: -float(h @ weight[v]))[:k] for h in hidden]
     lw.prefill(p2, topk)
@@ -224,6 +227,7 @@ def test_prefill_slot_reuse_and_report(W, monkeypatch):
     lw.prefill(more, [sorted(range(V), key=lambda v, h=h: -float(h @ weight[v]))[:k] for h in hidden])
     assert pol.table.row(4) == lw.active()
     assert w.dynvocab_report("b") is not None and math.isnan(b.customized_info[SET_SIZE_KEY][0])  # no rounds yet
+    assert b.customized_info[UNSEEDED_KEY] == [3]  # the 3-token radix hit had no top-K
 
 
 def test_telemetry_summary_reads_the_newest_finished_copy():

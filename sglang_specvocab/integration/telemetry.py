@@ -1,6 +1,6 @@
 """Per-request DYNVOCAB telemetry: the mean active-set size and the coverage of the committed tokens.
 
-Accumulated on the device in four ``[R]`` tensors keyed by request slot (``req_pool_idx``), one
+Accumulated on the device in ``[R]`` tensors keyed by request slot (``req_pool_idx``), one
 update per verify round, no host sync:
 
 - ``set_sum``: the sum over rounds of the set size the round drafted from (``cnt[row]``);
@@ -10,7 +10,15 @@ update per verify round, no host sync:
 - ``committed``: committed tokens (accepted drafts + the bonus; SGLang cuts at EOS /
   ``max_new_tokens`` later, on the host, so a request's last round may count a few more).
 
-``dynvocab_set_size = set_sum / rounds`` and ``dynvocab_coverage = in_set / committed``. A dense
+``dynvocab_set_size = set_sum / rounds`` and ``dynvocab_coverage = in_set / committed``.
+
+A fifth row, ``unseeded``, counts the prompt positions of a request seeded from ids only: a radix-cache
+hit has no hidden states (no forward ran over it), so a policy that reads the target's prefill top-K gets
+none for those positions, and a cached prompt can get a different set than an uncached one. Recomputing
+them needs a forward over the cached prefix, storing them costs K ids per cached token in the radix
+cache; instead the count is reported (``dynvocab_prefix_without_topk``; 0 when the policy reads no
+prefill top-K, or nothing was cached). Run with ``--disable-radix-cache`` for sets independent of cache
+state. A dense
 policy (no table) counts the vocabulary size and full coverage. For stepwise (ranker) policies the
 table at verify time holds the set of the round's last draft step, so both numbers describe that
 step's set.
@@ -52,18 +60,19 @@ logger = logging.getLogger(__name__)
 
 SET_SIZE_KEY = "dynvocab_set_size"
 COVERAGE_KEY = "dynvocab_coverage"
-KEYS = (SET_SIZE_KEY, COVERAGE_KEY)
+UNSEEDED_KEY = "dynvocab_prefix_without_topk"
+KEYS = (SET_SIZE_KEY, COVERAGE_KEY, UNSEEDED_KEY)
 
 
 class Telemetry:
     """``[R]`` device accumulators, one row per request slot (row 0: SGLang's padding row).
 
-    The four are rows of one ``[4, R]`` float64 tensor (counts stay exact below 2**53), so one
+    The five are rows of one ``[5, R]`` float64 tensor (counts stay exact below 2**53), so one
     copy publishes them all. ``mirror`` (default: on CUDA) keeps the two pinned host buffers."""
 
     def __init__(self, num_rows: int, device: torch.device | str | None = None, mirror: bool | None = None) -> None:
-        self.acc = torch.zeros(4, num_rows, dtype=torch.float64, device=device)
-        self.set_sum, self.rounds, self.in_set, self.committed = self.acc.unbind(0)
+        self.acc = torch.zeros(5, num_rows, dtype=torch.float64, device=device)
+        self.set_sum, self.rounds, self.in_set, self.committed, self.unseeded = self.acc.unbind(0)
         self.mirror = self.acc.is_cuda if mirror is None else mirror
         self._host: list[torch.Tensor] = []
         self._events: list = [None, None]
@@ -89,7 +98,12 @@ class Telemetry:
         """Add one round per row: ``set_size``/``in_set``/``committed`` are ``[B]`` device tensors."""
         one = torch.ones_like(committed)
         # one add of the [4, B] rows (few ops per round: this runs eagerly after every verify)
-        self.acc.index_add_(1, rows, torch.stack((set_size, one, in_set, committed)).to(self.acc.dtype))
+        self.acc[:4].index_add_(1, rows, torch.stack((set_size, one, in_set, committed)).to(self.acc.dtype))
+
+    def record_unseeded(self, rows: torch.Tensor, counts: torch.Tensor) -> None:
+        """At prefill: ``counts[B]`` prompt positions of ``rows`` seeded without the target's top-K."""
+        self.unseeded.index_add_(0, rows, counts.to(self.acc.dtype))
+        self.publish()  # a request that finishes before its first round reads it too
 
     def record_verify(self, table, rows: torch.Tensor, accepted: torch.Tensor, vocab_size: int | None = None) -> None:
         """One verify round: ``accepted[B, S]`` (-1 padded) against the sets of ``rows`` as they are
@@ -125,17 +139,25 @@ class Telemetry:
                 return self._host[i]
         return None
 
+    def _row(self, row: int) -> list[float] | None:
+        """One row's five values on the host: off-GPU the accumulators, on a GPU the published copy."""
+        if self.mirror:
+            host = self._host_values()
+            return None if host is None else host[:, row].tolist()
+        return self.acc[:, row].tolist()
+
+    def unseeded_positions(self, row: int) -> int:
+        """Prompt positions of ``row`` seeded without the target's top-K (radix-cache hits); 0 before any."""
+        vals = self._row(row)
+        return 0 if vals is None else int(vals[4])
+
     def summary(self, row: int) -> tuple[float, float]:
         """Host ``(mean set size, coverage)`` of one row; NaN without rounds. Off-GPU it reads the
         accumulators; on a GPU the published host copy (see the module doc)."""
-        if self.mirror:
-            host = self._host_values()
-            if host is None:
-                return math.nan, math.nan
-            vals = host[:, row].tolist()
-        else:
-            vals = self.acc[:, row].tolist()
-        set_sum, rounds, in_set, committed = vals
+        vals = self._row(row)
+        if vals is None:
+            return math.nan, math.nan
+        set_sum, rounds, in_set, committed, _ = vals
         size = set_sum / rounds if rounds else math.nan
         coverage = in_set / committed if committed else math.nan
         return size, coverage
@@ -144,14 +166,15 @@ class Telemetry:
 # --- reporting ----------------------------------------------------------------------------------
 
 
-def report_to_request(req: Any, set_size: float, coverage: float) -> None:
-    """Put the two values on ``req.customized_info`` (request-level keys, see the module doc)."""
+def report_to_request(req: Any, set_size: float, coverage: float, unseeded: int = 0) -> None:
+    """Put the values on ``req.customized_info`` (request-level keys, see the module doc)."""
     info = getattr(req, "customized_info", None)
     if info is None:
         info = {}
         req.customized_info = info
     info[SET_SIZE_KEY] = [set_size]
     info[COVERAGE_KEY] = [coverage]
+    info[UNSEEDED_KEY] = [unseeded]
 
 
 _installed_streamer = None

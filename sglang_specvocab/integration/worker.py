@@ -527,6 +527,10 @@ class DynVocabWorkerV2(EAGLEWorkerV2):
             del hidden
         rows = batch.req_pool_indices.long()
         policy.on_prefill(rows, prompt_ids, prompt_topk)
+        if k > 0 and full_ids is not None and self.dynvocab_telemetry is not None:
+            # radix-cache hits were seeded from ids only (no hidden states): counted, see telemetry's doc
+            hits = torch.tensor([max(p - f, 0) for p, f in zip(prefix_lens, fed, strict=True)])
+            self.dynvocab_telemetry.record_unseeded(rows, host_to_device(hits, rows.device))
         self._dv_fed[rows_host] = torch.tensor([p + e for p, e in zip(prefix_lens, extend_lens, strict=True)])
 
     # --- finished requests -----------------------------------------------------------------------
@@ -547,7 +551,7 @@ class DynVocabWorkerV2(EAGLEWorkerV2):
         set_size, coverage = telemetry.summary(row)
         req = req if req is not None else live_req
         if req is not None:
-            report_to_request(req, set_size, coverage)
+            report_to_request(req, set_size, coverage, telemetry.unseeded_positions(row))
         self.dynvocab_gauges.update(set_size, coverage)
         return set_size, coverage
 
