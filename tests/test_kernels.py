@@ -290,6 +290,34 @@ def test_cpu_window_update_fuzzed_against_reference(cap):
             assert torch.equal(a, b)
 
 
+FUZZ_ROUNDS = {1: 25_000, 7: 25_000, 64: 25_000, 300: 25_000}  # 100,000 calls of each backend
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cap", list(FUZZ_ROUNDS))
+def test_cpu_window_update_long_fuzz_against_reference(one_thread, cap):
+    """100,000 random rounds over the four capacities (random batches of distinct rows, holes, ids >= V,
+    blocks longer than the ring): the C++ op and the torch reference agree on ring, length, ids and cnt
+    after every round. The random inputs are drawn 500 rounds at a time (one generator call per kind)."""
+    rounds, R, V, chunk = FUZZ_ROUNDS[cap], 6, 50 if cap < 64 else 400, 500
+    g = torch.Generator().manual_seed(1000 + cap)
+    ours, ref = _window_state(R, cap), _window_state(R, cap)
+    for start in range(0, rounds, chunk):
+        perms = torch.rand(chunk, R, generator=g).argsort(1)
+        sizes = torch.randint(1, R + 1, (chunk,), generator=g).tolist()
+        widths = torch.randint(0, 3 * cap + 2, (chunk,), generator=g).tolist()
+        data = torch.randint(-3, V + 3, (chunk, R * (3 * cap + 1)), generator=g, dtype=torch.int32)
+        for i in range(chunk):
+            B, n = sizes[i], widths[i]
+            rows, block = perms[i, :B], data[i, : B * n].view(B, n)
+            torch.ops.specvocab.window_update(*ours, rows, block, 2, V)
+            reference.window_update(*ref, rows, block, 2, V)
+            same = torch.equal(ours[0][:, :cap], ref[0][:, :cap]) and all(
+                torch.equal(a, b) for a, b in zip(ours[1:], ref[1:], strict=True)
+            )
+            assert same, f"round {start + i}: rows {rows.tolist()}, block {block.tolist()}"
+
+
 def test_window_update_reference_is_the_window_rule():
     """The set is the distinct ids among the last ``capacity`` valid stream entries, ascending."""
     g = torch.Generator().manual_seed(0)

@@ -1,6 +1,7 @@
 """The replay command: window semantics checked end to end on random traces, and bad traces refused."""
 
 import json
+import random
 import subprocess
 import sys
 
@@ -132,3 +133,52 @@ def test_replay_refuses_dense_policy_and_missing_files(tmp_path, capsys):
     assert "cannot read trace file" in capsys.readouterr().err
     assert main(["replay", "--config", str(cfg), "--trace", str(trace), "--out", str(tmp_path / "o"), "--vocab-size", "3"]) == 2
     assert "capacity = 4 is invalid: must be at most the vocabulary size 3" in capsys.readouterr().err
+
+
+def random_trace(rng: random.Random) -> dict:
+    """A trace as ``traces()`` draws them, from a plain RNG (1,000 of them cost seconds, not minutes)."""
+    sources = rng.choice([["context", "extension"], ["context"], ["extension"]])
+    kpre, kver, cap, vocab = rng.randint(1, 3), rng.randint(0, 3), rng.randint(1, 30), rng.randint(2, 120)
+    tok = lambda: rng.randrange(vocab)  # noqa: E731
+    reqs = []
+    for _ in range(rng.randint(1, 5)):
+        n = rng.randint(1, 2 * cap + 3)
+        reqs.append({
+            "prompt_ids": [tok() for _ in range(n)],
+            "prompt_topk": [[tok() for _ in range(rng.randint(kpre, kpre + 1))] for _ in range(n)],
+            "rounds": [
+                {
+                    "draft_tokens": [tok() for _ in range(rng.randint(0, 10))],
+                    "verify_topk": [[tok() for _ in range(rng.randint(max(kver, 1), kver + 2))]
+                                    for _ in range(rng.randint(1, 5))],
+                    "accepted": [tok() for _ in range(rng.randint(1, 5))],
+                }
+                for _ in range(rng.randint(0, 8))
+            ],
+        })
+    return {"sources": sources, "kpre": kpre, "kver": kver, "cap": cap, "vocab": vocab, "requests": reqs}
+
+
+@pytest.mark.slow
+def test_replay_of_1000_random_traces_matches_literal():
+    """1,000 random traces (window configs of every source, capacity 1-30, random batch sizes): every
+    request's set after prefill and after every round equals the literal MicroSpec window's."""
+    from sglang_specvocab.lab.replay import Request, Round, replay, replay_policy
+    from sglang_specvocab.policies import parse_config
+
+    rng = random.Random(2026)
+    for n in range(1000):
+        t = random_trace(rng)
+        ext = "extension" in t["sources"]
+        window = {"sources": t["sources"], **({"prefill_topk": t["kpre"], "verify_topk": t["kver"]} if ext else {})}
+        policy = replay_policy(parse_config({"policy": "window", "capacity": t["cap"], "window": window}),
+                               rng.randint(1, 4))
+        kpre, kver = policy.prefill_topk, policy.verify_topk
+        requests = [
+            Request(q["prompt_ids"], [p[:kpre] for p in q["prompt_topk"]] if kpre else [],
+                    [Round(r["draft_tokens"], [v[:kver] for v in r["verify_topk"]] if kver else [], r["accepted"])
+                     for r in q["rounds"]])
+            for q in t["requests"]
+        ]
+        got = sorted(replay(policy, requests), key=lambda d: (d["request"], d["round"]))
+        assert got == literal_sets(t), f"trace {n}: {t}"
