@@ -147,12 +147,14 @@ def test_unreadable_files(tmp_path):
         load_config(binary)
 
 
-@pytest.mark.parametrize("text,pieces", BAD[:6], ids=[b[1][0][:40] for b in BAD[:6]])
+@pytest.mark.parametrize("text,pieces", BAD, ids=[b[1][0][:40] for b in BAD])
 def test_cli_refuses_bad_config_without_traceback(tmp_path, capsys, text, pieces):
+    """Every bad config: exit status 2, one ``error:`` line naming the file, no traceback."""
     path = write(tmp_path, text)
     assert main(["check-config", str(path)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and "Traceback" not in err
+    assert err.startswith("error: ") and "Traceback" not in err and str(path) in err
+    assert len(err.strip().splitlines()) == 1
     assert all(p in err for p in pieces)
 
 

@@ -585,3 +585,36 @@ def test_plugin_loads_in_spawned_child_through_the_entry_point(sg):
             proc.kill()
     assert result[0] == "ok", result[2]
     assert result[1:] == ("sglang_specvocab.integration.algorithm.DynVocabAlgo", 1, str(CONFIGS / "microspec.yaml"))
+
+
+@pytest.mark.parametrize(
+    "extra, piece",
+    [
+        (["--enable-mixed-chunk"], "DYNVOCAB does not support --enable-mixed-chunk"),
+        ([], None),  # accepted: resolves
+    ],
+)
+def test_a_refused_launch_exits_2_with_one_line_and_no_traceback(sg, tmp_path, extra, piece):
+    """What ``python -m sglang.launch_server`` does before it starts anything (load the plug-ins, prepare the
+    server args), in a child process: a refusal is one ``error:`` line and exit status 2."""
+    import subprocess
+    import sys
+
+    from sglang_specvocab.testing.standins import child_preamble
+
+    script = child_preamble() + (
+        "import sys\n"
+        "from sglang.srt.plugins import load_plugins\n"
+        "from sglang.srt.server_args import prepare_server_args\n"
+        "load_plugins()\n"
+        "prepare_server_args(sys.argv[1:]).resolve_once()\n"
+        "print('resolved')\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script, *argv(sg, *extra)], capture_output=True, text=True,
+                         check=False, timeout=240, cwd=tmp_path)
+    if piece is None:
+        assert run.returncode == 0 and "resolved" in run.stdout, run.stderr[-2000:]
+        return
+    err = [line for line in run.stderr.splitlines() if line.startswith("error: ")]
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    assert len(err) == 1 and piece in err[0]

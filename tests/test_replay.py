@@ -118,7 +118,7 @@ def test_bad_trace_is_refused(tmp_path, capsys, line, piece):
                "--vocab-size", "1000"])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("error: ") and piece in err, err
-    assert "t.jsonl" in err
+    assert "t.jsonl" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_replay_refuses_dense_policy_and_missing_files(tmp_path, capsys):

@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import get_spec
 
+from ..errors import SpecVocabError
 from ..patches import SGLangCompatibilityError, check_sglang, check_worker_signatures
 from .algorithm import ATTR, ENV, FLAG, NAME, DynVocabAlgo, validate_server_args
 
@@ -79,7 +81,27 @@ def register() -> None:
     elif type(existing).__name__ != DynVocabAlgo.__name__:
         raise RuntimeError(f"speculative algorithm {NAME} is already registered by someone else: {existing!r}")
     _register_cli_hooks()
+    _install_refusal_hook()
     _registered = True
+
+
+def _install_refusal_hook() -> None:
+    """A refusal that reaches the top of a launch (``prepare_server_args`` raising in the launching
+    process) is printed as one ``error: ...`` line with exit status 2, as the CLI does, instead of a
+    traceback; any other exception goes to the previous hook. Only uncaught exceptions of the main
+    thread reach ``sys.excepthook``: code that catches the refusal is unaffected."""
+    previous = sys.excepthook
+    if getattr(previous, "_dynvocab_refusal_hook", False):
+        return
+
+    def hook(exc_type, exc, tb):
+        if issubclass(exc_type, SpecVocabError):
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)  # SystemExit from the hook sets the exit status
+        previous(exc_type, exc, tb)
+
+    hook._dynvocab_refusal_hook = True
+    sys.excepthook = hook
 
 
 def worker_factory(server_args):
