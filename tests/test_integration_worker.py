@@ -52,7 +52,7 @@ def mirrored_telemetry(num_rows, done=True):
 
     class Mirrored(Telemetry):
         def _host_buffer(self):
-            return torch.full(self.acc.shape, float("nan"), dtype=self.acc.dtype)
+            return torch.full(self.all.shape, float("nan"), dtype=self.all.dtype)
 
         def _new_event(self):
             self.events.append(FakeEvent(done))

@@ -80,12 +80,14 @@ def test_cpp_op_equals_the_reference(B, nd, S, k, kk, context, compacted, hot):
 
 
 def window(kernel: str, R: int, cap: int, k: int, sources=("context", "extension")):
+    # only the extension source reads a top-K (a config that sets one without it is refused)
+    topk = {"prefill_topk": 2, "verify_topk": k} if "extension" in sources else {}
     config = parse_config(
         {
             "policy": "window",
             "capacity": cap,
             "head": {"kernel": kernel},
-            "window": {"prefill_topk": 2, "verify_topk": k, "sources": list(sources)},
+            "window": {**topk, "sources": list(sources)},
         }
     )
     return build_policy(config, num_rows=R, fallback_id=1)

@@ -67,13 +67,14 @@ KEYS = (SET_SIZE_KEY, COVERAGE_KEY, UNSEEDED_KEY)
 class Telemetry:
     """``[R]`` device accumulators, one row per request slot (row 0: SGLang's padding row).
 
-    The five are rows of one ``[5, R]`` float64 tensor (counts stay exact below 2**53), so one
-    copy publishes them all. ``mirror`` (default: on CUDA) keeps the two pinned host buffers."""
+    The five are rows of one ``[5, R]`` float64 tensor ``all`` (counts stay exact below 2**53), so one copy
+    publishes them all; ``acc`` is its first four rows, the per-round ones (``window_verify`` adds to them). ``mirror`` (default: on CUDA) keeps the two pinned host buffers."""
 
     def __init__(self, num_rows: int, device: torch.device | str | None = None, mirror: bool | None = None) -> None:
-        self.acc = torch.zeros(5, num_rows, dtype=torch.float64, device=device)
-        self.set_sum, self.rounds, self.in_set, self.committed, self.unseeded = self.acc.unbind(0)
-        self.mirror = self.acc.is_cuda if mirror is None else mirror
+        self.all = torch.zeros(5, num_rows, dtype=torch.float64, device=device)
+        self.acc = self.all[:4]  # the per-round accumulators (contiguous), which window_verify adds to
+        self.set_sum, self.rounds, self.in_set, self.committed, self.unseeded = self.all.unbind(0)
+        self.mirror = self.all.is_cuda if mirror is None else mirror
         self._host: list[torch.Tensor] = []
         self._events: list = [None, None]
         self._next = 0
@@ -82,7 +83,7 @@ class Telemetry:
 
     # seams for tests (a CPU machine has neither pinned memory nor CUDA events)
     def _host_buffer(self) -> torch.Tensor:
-        return torch.empty(self.acc.shape, dtype=self.acc.dtype, pin_memory=True)
+        return torch.empty(self.all.shape, dtype=self.all.dtype, pin_memory=True)
 
     def _new_event(self):
         event = torch.cuda.Event()
@@ -91,14 +92,14 @@ class Telemetry:
 
     def reset(self, rows: torch.Tensor) -> None:
         """Zero ``rows`` (published too: a request that finishes before its first round reads zeros)."""
-        self.acc.index_fill_(1, rows, 0)
+        self.all.index_fill_(1, rows, 0)
         self.publish()
 
     def record(self, rows: torch.Tensor, set_size: torch.Tensor, in_set: torch.Tensor, committed: torch.Tensor) -> None:
         """Add one round per row: ``set_size``/``in_set``/``committed`` are ``[B]`` device tensors."""
         one = torch.ones_like(committed)
         # one add of the [4, B] rows (few ops per round: this runs eagerly after every verify)
-        self.acc[:4].index_add_(1, rows, torch.stack((set_size, one, in_set, committed)).to(self.acc.dtype))
+        self.acc.index_add_(1, rows, torch.stack((set_size, one, in_set, committed)).to(self.acc.dtype))
 
     def record_unseeded(self, rows: torch.Tensor, counts: torch.Tensor) -> None:
         """At prefill: ``counts[B]`` prompt positions of ``rows`` seeded without the target's top-K."""
@@ -123,7 +124,7 @@ class Telemetry:
         if not self.mirror:
             return
         i = self._next
-        self._host[i].copy_(self.acc, non_blocking=True)
+        self._host[i].copy_(self.all, non_blocking=True)
         self._events[i] = self._new_event()
         self._next = 1 - i
 
@@ -144,7 +145,7 @@ class Telemetry:
         if self.mirror:
             host = self._host_values()
             return None if host is None else host[:, row].tolist()
-        return self.acc[:, row].tolist()
+        return self.all[:, row].tolist()
 
     def unseeded_positions(self, row: int) -> int:
         """Prompt positions of ``row`` seeded without the target's top-K (radix-cache hits); 0 before any."""
