@@ -408,7 +408,7 @@ def test_reused_slot_gets_the_set_a_fresh_server_gives_after_abort_and_retract(m
     exactly the set and telemetry a fresh worker gives the same prefill."""
     V = mods.loop.V
     g = torch.Generator().manual_seed(99)
-    ids = lambda n: torch.randint(0, V, (n,), generator=g).tolist()  # noqa: E731
+    ids = lambda n: torch.randint(0, V, (n,), generator=g).tolist()
 
     def dirty(s, row):  # decode rounds on the row: verify events change its set and telemetry
         rows = torch.tensor([row])

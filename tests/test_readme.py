@@ -17,7 +17,7 @@ INPUT_FLAGS = {"--config", "--questions", "--trace"}
 def readme_commands() -> list[list[str]]:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     out = []
-    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL):
         joined = block.replace("\\\n", " ")
         for line in joined.splitlines():
             line = line.split("  #")[0].strip()
@@ -32,9 +32,9 @@ def named_inputs(argv: list[str]) -> list[str]:
         if tok.startswith("--"):
             flag = tok
             continue
-        if (flag in INPUT_FLAGS or (argv[0] == "check-config" and flag is None)) and tok.endswith((".yaml", ".jsonl")):
-            if not Path(tok).stem.isupper():
-                files.append(tok)
+        named = flag in INPUT_FLAGS or (argv[0] == "check-config" and flag is None)
+        if named and tok.endswith((".yaml", ".jsonl")) and not Path(tok).stem.isupper():  # T.jsonl: a placeholder
+            files.append(tok)
     return files
 
 

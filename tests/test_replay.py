@@ -139,7 +139,7 @@ def random_trace(rng: random.Random) -> dict:
     """A trace as ``traces()`` draws them, from a plain RNG (1,000 of them cost seconds, not minutes)."""
     sources = rng.choice([["context", "extension"], ["context"], ["extension"]])
     kpre, kver, cap, vocab = rng.randint(1, 3), rng.randint(0, 3), rng.randint(1, 30), rng.randint(2, 120)
-    tok = lambda: rng.randrange(vocab)  # noqa: E731
+    tok = lambda: rng.randrange(vocab)
     reqs = []
     for _ in range(rng.randint(1, 5)):
         n = rng.randint(1, 2 * cap + 3)

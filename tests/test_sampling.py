@@ -33,8 +33,15 @@ def tiny_lm(seed: int):
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=64, initializer_range=0.5, tie_word_embeddings=False,
+        vocab_size=V,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        initializer_range=0.5,
+        tie_word_embeddings=False,
     )
     return CausalLM(LlamaForCausalLM(cfg).double().eval())
 

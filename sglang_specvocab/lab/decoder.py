@@ -527,7 +527,6 @@ class SpeculativeDecoder:
         _trim(tcache, base + 1 + n)
         return paths[best][:n], int(pred[best, n]), logits[best, : n + 1], None if aux is None else aux[best, : n + 1]
 
-
     def _verify_sampled(self, tree: _Tree, node_paths: list[list[int]], logits: torch.Tensor) -> tuple[int, int, int]:
         """Speculative sampling over the tree (SGLang's target-only rule): from the root, try the children of
         the current node best first, each accepted with probability p(child) under the target's distribution

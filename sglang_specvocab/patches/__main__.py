@@ -37,7 +37,7 @@ def resolve(target: str) -> Any:
         if is_module and importlib.util.find_spec(name) is not None:  # the parent is imported already
             try:
                 obj = importlib.import_module(name)
-            except Exception as exc:  # the module exists but raised: its targets cannot be read
+            except Exception as exc:  # noqa: BLE001 -- the module exists but raised: its targets cannot be read
                 raise _ImportFailed(f"importing {name}: {type(exc).__name__}: {exc}") from None
         elif obj is None:
             raise ImportError(f"no module {name!r}")

@@ -43,7 +43,7 @@ class RetrievalSection(Section):
     successors: int = Field(4, ge=0, description="co-occurrence successors per miss")
 
     @model_validator(mode="after")
-    def _successors_need_graph(self) -> "RetrievalSection":
+    def _successors_need_graph(self) -> RetrievalSection:
         # a set key that would be ignored is refused, not silently dropped
         if self.graph is None and "successors" in self.model_fields_set and self.successors > 0:
             raise ValueError(
@@ -67,7 +67,10 @@ class RetrievalConfig(PolicyConfig):
     align: AlignSection | None = Field(None, description="EvoSpec's online LoRA alignment of the draft (opt-in)")
 
     capacity_key: ClassVar[str] = "retrieval.static_size + retrieval.dynamic_size"
-    file_keys: ClassVar[tuple] = (("retrieval", "table", None, "build-freq"), ("retrieval", "graph", None, "build-freq"))
+    file_keys: ClassVar[tuple] = (
+        ("retrieval", "table", None, "build-freq"),
+        ("retrieval", "graph", None, "build-freq"),
+    )
 
     @property
     def table_capacity(self) -> int:
