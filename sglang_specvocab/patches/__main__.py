@@ -15,6 +15,7 @@ import importlib.util
 import sys
 from typing import Any
 
+from ..testing.standins import install
 from . import installed_sglang_version, recorded_signatures, signature_text, supported_versions
 
 CHANGED, IMPORT_FAILED = 1, 2
@@ -47,8 +48,6 @@ def resolve(target: str) -> Any:
 
 
 def main() -> int:
-    from ..testing.standins import install
-
     install()  # only for those of torchvision/vllm that are not installed
     version = installed_sglang_version()
     base = version if version in supported_versions() else supported_versions()[-1]
