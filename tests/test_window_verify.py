@@ -17,7 +17,7 @@ from sglang_specvocab import ops
 from sglang_specvocab.integration.events import verify_event
 from sglang_specvocab.integration.telemetry import Telemetry
 from sglang_specvocab.ops import _ext, reference
-from sglang_specvocab.policies import build_policy, parse_config
+from sglang_specvocab.policies import DraftVocabPolicy, ModelContext, build_policy, parse_config
 
 needs_ext = pytest.mark.skipif(not _ext.available(), reason="the kernels extension is not built")
 
@@ -190,3 +190,28 @@ def test_cuda_op_equals_the_reference(B, nd, S, k, kk, context, compacted, hot):
         assert torch.equal(got.cpu(), want), trial
         for a, b in zip(on_gpu, state):
             assert torch.equal(a.cpu(), b), trial
+
+
+@pytest.mark.parametrize("kernel", ["torch", pytest.param("cuda", marks=needs_ext)])
+def test_a_d2t_draft_takes_the_fused_round_with_its_vocabulary_as_holes(kernel):
+    """build_policy wraps the window for a d2t draft: the fused round then equals the wrapper's generic path."""
+    V, cap, R, B, nd, S = 50, 16, 7, 4, 8, 4
+    g = torch.Generator().manual_seed(5)
+    mask = torch.rand(V, generator=g) < 0.5
+    mask[1] = True  # the fallback id has a head row
+    model = ModelContext(vocab_size=V, eos_token_ids=(1,), draft_vocab=mask)
+    config = {"policy": "window", "capacity": cap, "window": {"prefill_topk": 2, "verify_topk": 3}}
+    generic = build_policy(parse_config({**config, "head": {"kernel": "torch"}}), R, fallback_id=1, model=model)
+    fused = build_policy(parse_config({**config, "head": {"kernel": kernel}}), R, fallback_id=1, model=model)
+    assert isinstance(fused, DraftVocabPolicy) and fused.fused_verify
+    tel_generic, tel_fused = Telemetry(R), Telemetry(R)
+    for _ in range(20):
+        rows = torch.randperm(R, generator=g)[:B]
+        draft, index, lens, predict, logits = random_round(g, B, nd, S, V, compacted=False)
+        d, top, acc = verify_event(draft, index, lens, predict, logits, num_draft_tokens=nd, k=3, vocab_size=V)
+        tel_generic.record_verify(generic.table, rows, acc, V)
+        generic.on_verify(rows, d, top, acc)  # the wrapper's holes
+        fused.on_verify_round(rows, draft, index, lens, predict, logits, compacted=False, vocab_size=V, acc=tel_fused.acc)
+        assert torch.equal(fused.table.ids, generic.table.ids) and torch.equal(fused.table.cnt, generic.table.cnt)
+        assert torch.equal(tel_fused.acc, tel_generic.acc)
+        assert bool(mask[fused.table.ids[rows].long()].all())  # sets hold only ids with a head row

@@ -150,6 +150,14 @@ class DraftVocabPolicy(Policy):
     def verify_topk(self) -> int:
         return self.inner.verify_topk
 
+    @property
+    def fused_verify(self) -> bool:
+        return self.inner.fused_verify
+
+    def on_verify_round(self, *args, **kwargs) -> torch.Tensor:
+        """The inner policy's fused verify round with the draft vocabulary as its hole mask."""
+        return self.inner.on_verify_round(*args, **kwargs, hot=self.model.draft_vocab)
+
     def keep(self, ids: torch.Tensor | None) -> torch.Tensor | None:
         """``ids`` with every id outside the draft vocabulary replaced by -1."""
         if ids is None:
