@@ -42,7 +42,8 @@ TORCH_LIBRARY(specvocab, m) {
   // The CUDA launch plan of the logits ops for shapes (tests, benchmarks): [wd, wc, mt, ntmax, vec, nsteps, grid_x,
   // grid_y]; sms < 0 asks the current device. force_logits_plan(mt, ntmax) overrides the rule's free choices (which
   // never change results) for later calls in this process; (0, 0) restores the rule.
-  m.def("logits_plan(int M, int W, int d, ScalarType dtype, bool aligned, int sms) -> int[]", &specvocab::logits_plan_op);
+  m.def("logits_plan(int M, int W, int d, ScalarType dtype, bool aligned, int sms) -> int[]",
+        &specvocab::logits_plan_op);
   m.def("force_logits_plan(int mt, int ntmax) -> ()", &specvocab::force_logits_plan_op);
   // The pieces the logits kernels cut row_to_slot into (csrc/pieces.h): [n, 2] of (first row, rows).
   m.def("logits_pieces(Tensor row_to_slot, int P) -> Tensor");

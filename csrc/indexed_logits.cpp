@@ -42,7 +42,8 @@ void check_values_cpu(const char* op, const at::Tensor& cnt_, const at::Tensor& 
     TORCH_CHECK(c[r] >= 1 && c[r] <= W, op, ": cnt must be in [1, W=", W, "], got cnt[", r, "] = ", c[r]);
   const int32_t* s = row_to_slot.data_ptr<int32_t>();
   for (int64_t m = 0; m < row_to_slot.size(0); ++m)
-    TORCH_CHECK(s[m] >= 0 && s[m] < R, op, ": row_to_slot must be in [0, R=", R, "), got row_to_slot[", m, "] = ", s[m]);
+    TORCH_CHECK(s[m] >= 0 && s[m] < R, op, ": row_to_slot must be in [0, R=", R, "), got row_to_slot[", m,
+                "] = ", s[m]);
 }
 
 // fp32 dot product with eight independent partial sums (the compiler vectorises the lanes).
@@ -128,8 +129,9 @@ int dtype_code(at::ScalarType t) { return t == at::kFloat ? SV_F32 : (t == at::k
 // Test and tuning hook: mt / ntmax to use instead of the rule (0 = the rule).
 std::atomic<int> g_force_mt{0}, g_force_ntmax{0};
 
-at::Tensor run_cuda(const at::Tensor& hidden_, const at::Tensor& weight_, const at::Tensor* ids_, const at::Tensor& cnt_,
-                    const at::Tensor& slot_, int64_t W, int64_t R, bool packed, const char* op) {
+at::Tensor run_cuda(const at::Tensor& hidden_, const at::Tensor& weight_, const at::Tensor* ids_,
+                    const at::Tensor& cnt_, const at::Tensor& slot_, int64_t W, int64_t R, bool packed,
+                    const char* op) {
   c10::DeviceGuard guard(hidden_.device());
   at::Tensor hidden = hidden_.contiguous(), weight = weight_.contiguous(), cnt = cnt_.contiguous(),
              slot = slot_.contiguous();
@@ -165,8 +167,8 @@ void check_packed(const at::Tensor& hidden, const at::Tensor& packed, const at::
   const char* op = "packed_logits";
   TORCH_CHECK(packed.dim() == 3, op, ": packed must be [R, W, d], got shape ", packed.sizes());
   check_common(op, hidden, packed, cnt, row_to_slot, packed.size(0));
-  TORCH_CHECK(hidden.size(1) == packed.size(2), op, ": hidden has d=", hidden.size(1), " but packed has d=",
-              packed.size(2));
+  TORCH_CHECK(hidden.size(1) == packed.size(2), op, ": hidden has d=", hidden.size(1),
+              " but packed has d=", packed.size(2));
 }
 
 }  // namespace

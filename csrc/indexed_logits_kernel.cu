@@ -76,7 +76,7 @@ struct Args {
   float* out;
   int64_t M, d, W, V, R;
   int packed;
-  int wd, wc;  // warps per CTA = wd * wc = 8
+  int wd, wc;      // warps per CTA = wd * wc = 8
   int64_t nsteps;  // k-steps of d
 };
 
@@ -109,8 +109,8 @@ __device__ __forceinline__ uint4 load8_scalar(const T* p, int64_t n) {
 }
 
 template <typename T>
-__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1);
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1);
 
 template <>
 __device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
@@ -174,7 +174,8 @@ __device__ __forceinline__ void piece_mma(const Args& a, const T* const (&arow)[
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           uint4 v = make_uint4(0u, 0u, 0u, 0u);
-          if (in && arow[mt][h] != nullptr) v = VEC ? load_stream(arow[mt][h] + k) : load8_scalar(arow[mt][h] + k, k_end - k);
+          if (in && arow[mt][h] != nullptr)
+            v = VEC ? load_stream(arow[mt][h] + k) : load8_scalar(arow[mt][h] + k, k_end - k);
           av[u][mt][h] = v;
         }
 #pragma unroll
@@ -274,8 +275,8 @@ __device__ __forceinline__ void piece_fma(const Args& a, const float* const (&ar
 }
 
 template <typename T, int MT, int NT, bool VEC>
-__device__ __forceinline__ void piece(const Args& a, const T* const (&arow)[MT][2], int64_t row0, int len,
-                                      int64_t st0, int64_t st1, float* red) {
+__device__ __forceinline__ void piece(const Args& a, const T* const (&arow)[MT][2], int64_t row0, int len, int64_t st0,
+                                      int64_t st1, float* red) {
   if constexpr (std::is_same<T, float>::value) {
     static_assert(MT == 1, "the fp32 path has one 16-column tile per warp");
     piece_fma<NT, VEC>(a, arow, row0, len, st0, st1, red);
@@ -286,7 +287,7 @@ __device__ __forceinline__ void piece(const Args& a, const T* const (&arow)[MT][
 
 template <typename T, int MT, int NTMAX, bool VEC>
 __global__ void __launch_bounds__(kThreads, 2) indexed_logits_kernel(const Args a) {
-  constexpr int P = 8 * NTMAX;  // rows per piece and per row tile
+  constexpr int P = 8 * NTMAX;   // rows per piece and per row tile
   constexpr int NW = 3 * P + 1;  // row_to_slot window [m0 - P - 1, m0 + 2P)
   constexpr int S = RedLayout<MT>::kStride;
   static_assert(P <= 32, "one warp finds the pieces");
@@ -465,18 +466,21 @@ int specvocab_sm_count(void) {
 
 // See ops.h for the contract.
 int specvocab_indexed_logits_launch(const void* hidden, const void* weight, const int32_t* ids, const int32_t* cnt,
-                                    const int32_t* row_to_slot, float* out, int64_t M, int64_t d, int64_t W,
-                                    int64_t V, int64_t R, int dtype, int packed, const SpecvocabLogitsPlan* plan,
-                                    void* stream) {
+                                    const int32_t* row_to_slot, float* out, int64_t M, int64_t d, int64_t W, int64_t V,
+                                    int64_t R, int dtype, int packed, const SpecvocabLogitsPlan* plan, void* stream) {
   if (M == 0 || W == 0) return 0;
   if (plan == nullptr || plan->wd * plan->wc != kWarps || plan->wd < 1) return static_cast<int>(cudaErrorInvalidValue);
   Args a{hidden, weight, ids, cnt, row_to_slot, out, M, d, W, V, R, packed, plan->wd, plan->wc, plan->nsteps};
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   switch (dtype) {
-    case SV_F32: return static_cast<int>(launch_plan<float>(a, *plan, st));
-    case SV_F16: return static_cast<int>(launch_plan<__half>(a, *plan, st));
-    case SV_BF16: return static_cast<int>(launch_plan<__nv_bfloat16>(a, *plan, st));
-    default: return static_cast<int>(cudaErrorInvalidValue);
+    case SV_F32:
+      return static_cast<int>(launch_plan<float>(a, *plan, st));
+    case SV_F16:
+      return static_cast<int>(launch_plan<__half>(a, *plan, st));
+    case SV_BF16:
+      return static_cast<int>(launch_plan<__nv_bfloat16>(a, *plan, st));
+    default:
+      return static_cast<int>(cudaErrorInvalidValue);
   }
 }
 

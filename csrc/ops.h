@@ -31,10 +31,10 @@ at::Tensor packed_logits_cuda(const at::Tensor& hidden, const at::Tensor& packed
                               const at::Tensor& row_to_slot);
 
 // window_update: append block entries to each row's ring, then publish the row's set.
-void window_update_cpu(at::Tensor& ring, at::Tensor& length, at::Tensor& ids, at::Tensor& cnt,
-                       const at::Tensor& rows, const at::Tensor& block, int64_t fallback_id, int64_t vocab_size);
-void window_update_cuda(at::Tensor& ring, at::Tensor& length, at::Tensor& ids, at::Tensor& cnt,
-                        const at::Tensor& rows, const at::Tensor& block, int64_t fallback_id, int64_t vocab_size);
+void window_update_cpu(at::Tensor& ring, at::Tensor& length, at::Tensor& ids, at::Tensor& cnt, const at::Tensor& rows,
+                       const at::Tensor& block, int64_t fallback_id, int64_t vocab_size);
+void window_update_cuda(at::Tensor& ring, at::Tensor& length, at::Tensor& ids, at::Tensor& cnt, const at::Tensor& rows,
+                        const at::Tensor& block, int64_t fallback_id, int64_t vocab_size);
 
 // window_verify: one verify round of the window policy (entries, telemetry, window_update); returns accepted.
 at::Tensor window_verify_cpu(at::Tensor& ring, at::Tensor& length, at::Tensor& ids, at::Tensor& cnt, at::Tensor& acc,
@@ -70,4 +70,3 @@ void* current_cuda_stream(const at::Device& device);
 void check_launch(int code, const char* op);
 
 }  // namespace specvocab
-

@@ -35,8 +35,8 @@ int dtype_code(at::ScalarType t) {
 }
 
 // Shapes, dtypes, devices and layouts: everything that needs no look at the values.
-int check_args(const at::Tensor& packed, const at::Tensor& packed_ids, const at::Tensor& weight,
-               const at::Tensor& ids, const at::Tensor& cnt, const at::Tensor& rows) {
+int check_args(const at::Tensor& packed, const at::Tensor& packed_ids, const at::Tensor& weight, const at::Tensor& ids,
+               const at::Tensor& cnt, const at::Tensor& rows) {
   TORCH_CHECK(packed.dim() == 3, "pack_update: packed must be [R, W, d], got shape ", packed.sizes());
   const int64_t R = packed.size(0), W = packed.size(1), d = packed.size(2);
   TORCH_CHECK(weight.dim() == 2, "pack_update: weight must be [V, d], got shape ", weight.sizes());
@@ -50,14 +50,13 @@ int check_args(const at::Tensor& packed, const at::Tensor& packed_ids, const at:
               packed_ids.sizes());
   TORCH_CHECK(ids.scalar_type() == at::kInt && ids.dim() == 2 && ids.size(0) == R && ids.size(1) == W,
               "pack_update: ids must be int32 [R=", R, ", W=", W, "], got ", ids.scalar_type(), " ", ids.sizes());
-  TORCH_CHECK(cnt.scalar_type() == at::kInt && cnt.dim() == 1 && cnt.size(0) == R, "pack_update: cnt must be int32 [R=",
-              R, "], got ", cnt.scalar_type(), " ", cnt.sizes());
+  TORCH_CHECK(cnt.scalar_type() == at::kInt && cnt.dim() == 1 && cnt.size(0) == R,
+              "pack_update: cnt must be int32 [R=", R, "], got ", cnt.scalar_type(), " ", cnt.sizes());
   TORCH_CHECK(rows.scalar_type() == at::kLong && rows.dim() == 1, "pack_update: rows must be int64 [B], got ",
               rows.scalar_type(), " ", rows.sizes());
   const at::Device dev = packed.device();
   for (const at::Tensor* t : {&packed_ids, &weight, &ids, &cnt, &rows}) {
-    TORCH_CHECK(t->device() == dev, "pack_update: all tensors must be on one device, got ", dev, " and ",
-                t->device());
+    TORCH_CHECK(t->device() == dev, "pack_update: all tensors must be on one device, got ", dev, " and ", t->device());
   }
   // packed and packed_ids are written in place, weight is too big to copy: they must be dense already.
   TORCH_CHECK(packed.is_contiguous(), "pack_update: packed must be contiguous");
@@ -102,8 +101,7 @@ void pack_update_cpu(at::Tensor& packed, at::Tensor& packed_ids, const at::Tenso
       for (int64_t k = 0; k < c; ++k) {
         TORCH_CHECK(I[k] >= 0 && I[k] < V, "pack_update: ids[rows, :cnt] must be in [0, V=", V, "), got ", I[k],
                     " at row ", s);
-        TORCH_CHECK(k == 0 || I[k] > I[k - 1], "pack_update: ids[rows, :cnt] must be strictly ascending (row ", s,
-                    ")");
+        TORCH_CHECK(k == 0 || I[k] > I[k - 1], "pack_update: ids[rows, :cnt] must be strictly ascending (row ", s, ")");
       }
       const int32_t* P = pid_p + s * W;
       for (int64_t j = 0; j < W; ++j) {
@@ -165,8 +163,7 @@ void pack_update_cpu(at::Tensor& packed, at::Tensor& packed_ids, const at::Tenso
 void pack_update_cuda(at::Tensor& packed, at::Tensor& packed_ids, const at::Tensor& weight, const at::Tensor& ids,
                       const at::Tensor& cnt, const at::Tensor& rows) {
   const int code = check_args(packed, packed_ids, weight, ids, cnt, rows);
-  TORCH_CHECK(packed.device().is_cuda(), "pack_update_cuda: tensors must be on a CUDA device, got ",
-              packed.device());
+  TORCH_CHECK(packed.device().is_cuda(), "pack_update_cuda: tensors must be on a CUDA device, got ", packed.device());
   // Values are not checked here (that would cost a host sync): rows must be distinct, cnt in [1, W],
   // ids[s, :cnt] ascending in [0, V), packed_ids[s] a live prefix; the kernel stays in bounds regardless of
   // these. Not of rows: the launcher is not given R, so a listed row outside [0, R) is the caller's to prevent.

@@ -1,7 +1,8 @@
 // pack_update on the GPU: one thread block per listed slot, phases separated by __syncthreads.
 //
 // Semantics (the same as sglang_specvocab/ops/reference.py::pack_update and the per-row loop
-// tests/literal.py::literal_pack_update; csrc/pack_update.cpp holds the CPU version and the torch-side checks), for slot s:
+// tests/literal.py::literal_pack_update; csrc/pack_update.cpp holds the CPU version and the torch-side checks), for
+// slot s:
 //   c_old = number of packed_ids[s, :] >= 0 (live slots are the prefix [0, c_old));
 //   c = cnt[s], N = ids[s, :c] (ascending, distinct);
 //   survivor slot j < c_old: packed_ids[s, j] in N; below c it keeps its slot and row (untouched);
@@ -214,9 +215,9 @@ int launch(void* packed, int32_t* packed_ids, const void* weight, const int32_t*
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bitmap_bytes));
     if (err != cudaSuccess) return err;
   }
-  kernel<<<static_cast<unsigned>(B), kThreads, bitmap_bytes, stream>>>(
-      static_cast<Elem*>(packed), packed_ids, static_cast<const Elem*>(weight), ids, cnt, rows, scratch,
-      static_cast<int>(W), d, vocab_size);
+  kernel<<<static_cast<unsigned>(B), kThreads, bitmap_bytes, stream>>>(static_cast<Elem*>(packed), packed_ids,
+                                                                       static_cast<const Elem*>(weight), ids, cnt, rows,
+                                                                       scratch, static_cast<int>(W), d, vocab_size);
   return cudaGetLastError();
 }
 

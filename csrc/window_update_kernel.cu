@@ -11,10 +11,10 @@
 // One block per listed row. The set is built with a bitmap of the vocabulary in shared memory
 // (V / 8 bytes: 32 KB at 262k): ring entries set bits, a block-wide scan of per-thread popcounts
 // gives each id its column, so the row comes out ascending without a sort. Rows must be distinct.
-#include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
 
 namespace {
 
@@ -22,12 +22,10 @@ constexpr int kThreads = 512;
 using Scan = cub::BlockScan<int, kThreads>;
 using Reduce = cub::BlockReduce<int, kThreads>;
 
-__global__ void __launch_bounds__(kThreads) window_update_kernel(int32_t* __restrict__ ring, int64_t* __restrict__ length,
-                                                                  int32_t* __restrict__ ids, int32_t* __restrict__ cnt,
-                                                                  const int64_t* __restrict__ rows,
-                                                                  const int32_t* __restrict__ block, int64_t n,
-                                                                  int64_t ring_stride, int64_t capacity,
-                                                                  int32_t fallback_id, int64_t vocab_size) {
+__global__ void __launch_bounds__(kThreads)
+    window_update_kernel(int32_t* __restrict__ ring, int64_t* __restrict__ length, int32_t* __restrict__ ids,
+                         int32_t* __restrict__ cnt, const int64_t* __restrict__ rows, const int32_t* __restrict__ block,
+                         int64_t n, int64_t ring_stride, int64_t capacity, int32_t fallback_id, int64_t vocab_size) {
   extern __shared__ uint32_t bitmap[];
   __shared__ union {
     typename Scan::TempStorage scan;

@@ -28,14 +28,14 @@ Prepared prepare(at::Tensor& ring, at::Tensor& length, at::Tensor& ids, at::Tens
   TORCH_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kInt && ids.is_contiguous(), op,
               ": ids must be a contiguous int32 [R, capacity] table, got ", ids.scalar_type(), " ", ids.sizes());
   const int64_t R = ids.size(0);
-  TORCH_CHECK(acc.dim() == 2 && acc.size(0) == 4 && acc.size(1) == R && acc.scalar_type() == at::kDouble &&
-                  acc.is_contiguous(),
-              op, ": acc must be contiguous float64 [4, R=", R, "], got ", acc.scalar_type(), " ", acc.sizes());
+  TORCH_CHECK(
+      acc.dim() == 2 && acc.size(0) == 4 && acc.size(1) == R && acc.scalar_type() == at::kDouble && acc.is_contiguous(),
+      op, ": acc must be contiguous float64 [4, R=", R, "], got ", acc.scalar_type(), " ", acc.sizes());
   TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == at::kLong, op, ": rows must be int64 [B], got ",
               rows.scalar_type(), " ", rows.sizes());
   const int64_t B = rows.size(0);
-  TORCH_CHECK(accept_index.dim() == 2 && accept_index.size(0) == B, op, ": accept_index must be [B=", B,
-              ", S], got ", accept_index.sizes());
+  TORCH_CHECK(accept_index.dim() == 2 && accept_index.size(0) == B, op, ": accept_index must be [B=", B, ", S], got ",
+              accept_index.sizes());
   TORCH_CHECK(accept_lens.dim() == 1 && accept_lens.size(0) == B, op, ": accept_lens must be [B=", B, "], got ",
               accept_lens.sizes());
   TORCH_CHECK(B > 0 && draft_token.dim() == 1 && draft_token.size(0) % B == 0 && draft_token.size(0) > 0, op,
@@ -49,14 +49,15 @@ Prepared prepare(at::Tensor& ring, at::Tensor& length, at::Tensor& ids, at::Tens
               ", kk], got ", topk_values.scalar_type(), " ", topk_values.sizes(), " and ", topk_ids.scalar_type(), " ",
               topk_ids.sizes());
   TORCH_CHECK(k >= 0, op, ": k = ", k, " must be >= 0");
-  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&ring, &length, &cnt, &acc, &rows, &draft_token, &accept_index, &accept_lens, &predict,
-                              &topk_values, &topk_ids})
+  for (const at::Tensor* t :
+       std::initializer_list<const at::Tensor*>{&ring, &length, &cnt, &acc, &rows, &draft_token, &accept_index,
+                                                &accept_lens, &predict, &topk_values, &topk_ids})
     TORCH_CHECK(t->device() == ids.device(), op, ": all tensors must be on one device, got ", ids.device(), " and ",
                 t->device());
-  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&draft_token, &accept_index, &accept_lens, &predict})
+  for (const at::Tensor* t :
+       std::initializer_list<const at::Tensor*>{&draft_token, &accept_index, &accept_lens, &predict})
     TORCH_CHECK(at::isIntegralType(t->scalar_type(), /*includeBool=*/false), op,
-                ": draft_token, accept_index, accept_lens and predict must be integer tensors, got ",
-                t->scalar_type());
+                ": draft_token, accept_index, accept_lens and predict must be integer tensors, got ", t->scalar_type());
   Prepared p;
   p.draft_token = draft_token.to(at::kLong).contiguous();
   p.accept_index = accept_index.to(at::kLong).contiguous();
@@ -66,8 +67,7 @@ Prepared prepare(at::Tensor& ring, at::Tensor& length, at::Tensor& ids, at::Tens
   p.topk_ids = topk_ids.contiguous();
   if (hot.has_value()) {
     TORCH_CHECK(hot->dim() == 1 && hot->scalar_type() == at::kBool && hot->device() == ids.device(), op,
-                ": hot must be a bool [vocab] mask on ", ids.device(), ", got ", hot->scalar_type(), " ",
-                hot->sizes());
+                ": hot must be a bool [vocab] mask on ", ids.device(), ", got ", hot->scalar_type(), " ", hot->sizes());
     p.hot = hot->contiguous();
   }
   const int64_t n = (context ? nd : 0) + S * k;

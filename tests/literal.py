@@ -16,7 +16,13 @@ class LiteralWindow:
     """MicroSpec's window for one request: a Python list stream and a set of its suffix."""
 
     def __init__(self, capacity, prefill_topk, verify_topk, sources, fallback=0):
-        self.cap, self.kpre, self.kver, self.sources, self.fallback = capacity, prefill_topk, verify_topk, sources, fallback
+        self.cap, self.kpre, self.kver, self.sources, self.fallback = (
+            capacity,
+            prefill_topk,
+            verify_topk,
+            sources,
+            fallback,
+        )
         self.stream = []
 
     def prefill(self, prompt_ids, prompt_topk):

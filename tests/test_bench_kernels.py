@@ -17,6 +17,7 @@ def parse(argv):
     bench.resolve(args)
     return args
 
+
 # -- pure parts ------------------------------------------------------------------------------
 
 
@@ -196,7 +197,18 @@ def test_head_sweep_on_a_tiny_grid(tmp_path):
 
     ops_ = "head,stock,gemma4_mtp,indexed,dense_static,dense_full"
     out, res = run(
-        tmp_path, "--ops", ops_, "--backends", "cuda", "--head-kernel", "cuda", "--fit", "--rows", "1,2", "--widths", "64"
+        tmp_path,
+        "--ops",
+        ops_,
+        "--backends",
+        "cuda",
+        "--head-kernel",
+        "cuda",
+        "--fit",
+        "--rows",
+        "1,2",
+        "--widths",
+        "64",
     )
     heads = [r for r in res["records"] if r["op"] in bench.HEAD_OPS]
     assert heads and all(r["status"] == "ok" for r in heads)

@@ -52,24 +52,43 @@ def test_omitted_window_section_takes_defaults(tmp_path):
 
 BAD = [
     # (yaml, the pieces the one message must contain)
-    ("policy: window\ncapacity: 64\nwindow:\n  prefil_topk: 3\n",
-     ["unknown key 'window.prefil_topk'", "value 3", "prefill_topk, verify_topk, sources"]),
-    ("policy: window\ncapacity: 64\ncolour: red\n", ["unknown key 'colour'", "'red'", "policy, head, prefill_chunk, capacity, window"]),
+    (
+        "policy: window\ncapacity: 64\nwindow:\n  prefil_topk: 3\n",
+        ["unknown key 'window.prefil_topk'", "value 3", "prefill_topk, verify_topk, sources"],
+    ),
+    (
+        "policy: window\ncapacity: 64\ncolour: red\n",
+        ["unknown key 'colour'", "'red'", "policy, head, prefill_chunk, capacity, window"],
+    ),
     ("policy: window\ncapacity: '3k'\n", ["capacity = '3k'", "must be a valid integer"]),
     ("policy: window\ncapacity: 3.5\n", ["capacity = 3.5", "must be a valid integer"]),
     ("policy: window\ncapacity: true\n", ["capacity = True", "must be a valid integer"]),
     ("policy: window\ncapacity: 0\n", ["capacity = 0", "greater than or equal to 1"]),
     ("policy: window\ncapacity: -5\n", ["capacity = -5", "greater than or equal to 1"]),
-    ("policy: window\ncapacity: 8\nwindow: {prefill_topk: -1}\n", ["window.prefill_topk = -1", "greater than or equal to 0"]),
-    ("policy: window\ncapacity: 8\nwindow: {verify_topk: -2}\n", ["window.verify_topk = -2", "greater than or equal to 0"]),
+    (
+        "policy: window\ncapacity: 8\nwindow: {prefill_topk: -1}\n",
+        ["window.prefill_topk = -1", "greater than or equal to 0"],
+    ),
+    (
+        "policy: window\ncapacity: 8\nwindow: {verify_topk: -2}\n",
+        ["window.verify_topk = -2", "greater than or equal to 0"],
+    ),
     ("policy: window\ncapacity: 8\nwindow: {verify_topk: three}\n", ["window.verify_topk = 'three'", "valid integer"]),
-    ("policy: window\ncapacity: 8\nwindow: {sources: [context, ctx]}\n", ["window.sources[1] = 'ctx'", "'context' or 'extension'"]),
+    (
+        "policy: window\ncapacity: 8\nwindow: {sources: [context, ctx]}\n",
+        ["window.sources[1] = 'ctx'", "'context' or 'extension'"],
+    ),
     ("policy: window\ncapacity: 8\nwindow: {sources: []}\n", ["window.sources = []", "at least one"]),
     ("policy: window\ncapacity: 8\nwindow: {sources: [context, context]}\n", ["window.sources", "must not repeat"]),
-    ("policy: window\ncapacity: 8\nwindow: {sources: [extension], prefill_topk: 0}\n",
-     ["'window'", "prefill_topk = 0", "sources = ['extension']", ">= 1"]),
+    (
+        "policy: window\ncapacity: 8\nwindow: {sources: [extension], prefill_topk: 0}\n",
+        ["'window'", "prefill_topk = 0", "sources = ['extension']", ">= 1"],
+    ),
     ("policy: window\ncapacity: 8\nwindow: 3\n", ["window = 3", "must be a mapping", "prefill_topk"]),
-    ("policy: windw\n", ["policy = 'windw'", "must be one of cluster, full, lowrank, retrieval, static, union, window"]),
+    (
+        "policy: windw\n",
+        ["policy = 'windw'", "must be one of cluster, full, lowrank, retrieval, static, union, window"],
+    ),
     ("policy: 7\n", ["policy = 7", "must be one of"]),
     ("capacity: 8\n", ["missing required key 'policy'", "cluster, full, lowrank, retrieval, static, union, window"]),
     ("policy: window\n", ["missing required key 'capacity'", "W_max"]),
@@ -81,22 +100,37 @@ BAD = [
     ("policy: window\ncapacity: 8\nhead: {batch: ragged}\n", ["head.batch = 'ragged'", "'per-request'", "'union'"]),
     ("policy: full\nhead: {batch: union}\n", ["head.batch = 'union' is invalid for policy 'full'", "auto or stock"]),
     ("policy: full\nhead: {batch: per-request}\n", ["head.batch = 'per-request' is invalid for policy 'full'"]),
-    ("policy: window\ncapacity: 8\nhead: {mode: packed, batch: union}\n",
-     ["head.batch = 'union' is invalid with head.mode = 'packed'"]),
-    ("policy: window\ncapacity: 64\nhead: {union_capacity: 32}\n",
-     ["head.union_capacity = 32 is invalid: must be at least the capacity 64"]),
-    ("policy: window\ncapacity: 8\nhead: {union_capacity: 0}\n", ["head.union_capacity = 0", "greater than or equal to 1"]),
+    (
+        "policy: window\ncapacity: 8\nhead: {mode: packed, batch: union}\n",
+        ["head.batch = 'union' is invalid with head.mode = 'packed'"],
+    ),
+    (
+        "policy: window\ncapacity: 64\nhead: {union_capacity: 32}\n",
+        ["head.union_capacity = 32 is invalid: must be at least the capacity 64"],
+    ),
+    (
+        "policy: window\ncapacity: 8\nhead: {union_capacity: 0}\n",
+        ["head.union_capacity = 0", "greater than or equal to 1"],
+    ),
     ("policy: window\ncapacity: 8\nhead: {union_view: mine}\n", ["head.union_view = 'mine'", "'own' or 'all'"]),
     # keys that would be accepted and ignored are refused, naming the key
-    ("policy: window\ncapacity: 8\nwindow: {sources: [context], prefill_topk: 3}\n",
-     ["window.prefill_topk = 3 is invalid with sources = ['context']", "add 'extension', or drop the key"]),
+    (
+        "policy: window\ncapacity: 8\nwindow: {sources: [context], prefill_topk: 3}\n",
+        ["window.prefill_topk = 3 is invalid with sources = ['context']", "add 'extension', or drop the key"],
+    ),
     ("policy: window\ncapacity: 8\nwindow: {sources: [context], verify_topk: 2}\n", ["window.verify_topk = 2"]),
-    ("policy: retrieval\nretrieval: {table: t.npz, static_size: 4, dynamic_size: 4, successors: 2}\n",
-     ["retrieval.successors = 2 is invalid without retrieval.graph"]),
-    ("policy: union\nmembers:\n  - {policy: window, capacity: 8, head: {kernel: torch}}\n",
-     ["members[0]: head = {'kernel': 'torch'} is invalid in a member", "move it to the top level"]),
-    ("policy: union\nmembers:\n  - {policy: window, capacity: 8}\n  - {policy: window, capacity: 4, prefill_chunk: 64}\n",
-     ["members[1]: prefill_chunk = 64 is invalid in a member"]),
+    (
+        "policy: retrieval\nretrieval: {table: t.npz, static_size: 4, dynamic_size: 4, successors: 2}\n",
+        ["retrieval.successors = 2 is invalid without retrieval.graph"],
+    ),
+    (
+        "policy: union\nmembers:\n  - {policy: window, capacity: 8, head: {kernel: torch}}\n",
+        ["members[0]: head = {'kernel': 'torch'} is invalid in a member", "move it to the top level"],
+    ),
+    (
+        "policy: union\nmembers:\n  - {policy: window, capacity: 8}\n  - {policy: window, capacity: 4, prefill_chunk: 64}\n",
+        ["members[1]: prefill_chunk = 64 is invalid in a member"],
+    ),
 ]
 
 
@@ -113,11 +147,15 @@ def test_bad_config_message(tmp_path, text, pieces):
 
 def test_capacity_larger_than_vocabulary(tmp_path):
     cfg = load_config(write(tmp_path, "policy: window\ncapacity: 5000\n"))
-    with pytest.raises(ConfigError, match=r"c\.yaml: capacity = 5000 is invalid: must be at most the vocabulary size 4096 of tiny"):
+    with pytest.raises(
+        ConfigError, match=r"c\.yaml: capacity = 5000 is invalid: must be at most the vocabulary size 4096 of tiny"
+    ):
         cfg.check_vocab(4096, "tiny")
     cfg.check_vocab(5000, "exact")  # equal is fine
     cfg = load_config(write(tmp_path, "policy: window\ncapacity: 64\nhead: {union_capacity: 5000}\n"))
-    with pytest.raises(ConfigError, match=r"head.union_capacity = 5000 is invalid: must be at most the vocabulary size 4096"):
+    with pytest.raises(
+        ConfigError, match=r"head.union_capacity = 5000 is invalid: must be at most the vocabulary size 4096"
+    ):
         cfg.check_vocab(4096, "tiny")
 
 
@@ -162,7 +200,8 @@ def test_cli_subprocess_exit_code_and_single_message(tmp_path):
     path = write(tmp_path, "policy: window\ncapacity: 0\n")
     out = subprocess.run(
         [sys.executable, "-m", "sglang_specvocab", "replay", "--config", str(path), "--trace", "t", "--out", "o"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert out.returncode == 2
     assert out.stderr.strip() == f"error: {path}: capacity = 0 is invalid: must be greater than or equal to 1"
@@ -171,14 +210,27 @@ def test_cli_subprocess_exit_code_and_single_message(tmp_path):
 @pytest.mark.parametrize(
     "text, key, rel",
     [
-        ("policy: static\nstatic: {table: data/none.npz, size: 8}\n", "static.table = 'data/none.npz'", "data/none.npz"),
-        ("policy: retrieval\nretrieval: {table: f.npz, static_size: 4, dynamic_size: 4, graph: g.npz}\n",
-         "retrieval.table = 'f.npz'", "f.npz"),
+        (
+            "policy: static\nstatic: {table: data/none.npz, size: 8}\n",
+            "static.table = 'data/none.npz'",
+            "data/none.npz",
+        ),
+        (
+            "policy: retrieval\nretrieval: {table: f.npz, static_size: 4, dynamic_size: 4, graph: g.npz}\n",
+            "retrieval.table = 'f.npz'",
+            "f.npz",
+        ),
         ("policy: lowrank\nlowrank: {rank: 4, topk: 16, ranker: r.pt}\n", "lowrank.ranker = 'r.pt'", "r.pt"),
-        ("policy: cluster\ncapacity: 8\ncluster: {clusters: 4, budget: [2, 1], router: sub/router.pt}\n",
-         "cluster.router = 'sub/router.pt'", "sub/router.pt"),
-        ("policy: union\nmembers:\n  - {policy: window, capacity: 8}\n  - {policy: static, static: {table: t.npz, size: 8}}\n",
-         "static.table = 't.npz'", "t.npz"),
+        (
+            "policy: cluster\ncapacity: 8\ncluster: {clusters: 4, budget: [2, 1], router: sub/router.pt}\n",
+            "cluster.router = 'sub/router.pt'",
+            "sub/router.pt",
+        ),
+        (
+            "policy: union\nmembers:\n  - {policy: window, capacity: 8}\n  - {policy: static, static: {table: t.npz, size: 8}}\n",
+            "static.table = 't.npz'",
+            "t.npz",
+        ),
     ],
 )
 def test_check_config_refuses_a_missing_file(tmp_path, capsys, text, key, rel):

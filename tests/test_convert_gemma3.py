@@ -30,7 +30,9 @@ def converted(tmp_path_factory):
     out = tmp_path_factory.mktemp("gemma3-hf") / "ckpt"
     run = subprocess.run(
         [sys.executable, "-m", "sglang_specvocab", "convert-gemma3", "--out", str(out), "--chat-template", "gemma"],
-        capture_output=True, text=True, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert f"wrote {out.resolve()}" in run.stdout and "model.safetensors" in run.stdout
@@ -46,7 +48,11 @@ def test_config_says_what_sglang_needs(converted):
     generation = json.loads((converted / "generation_config.json").read_text())
     assert generation["eos_token_id"] == [1, 106]  # <eos> and <end_of_turn>, which the chat template ends turns with
     assert {p.name for p in converted.iterdir()} >= {
-        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
         "chat_template.jinja",
     }
 
@@ -97,18 +103,25 @@ def test_tokenizer_prepends_bos(converted, gemma):
         assert tokenizer.encode(text)[:2] == [2, gemma.encode(text)[1]]
     config = json.loads((converted / "tokenizer_config.json").read_text())
     assert config["add_bos_token"] is True and config["add_eos_token"] is False
-    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
-                {"role": "user", "content": "Again"}]
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Again"},
+    ]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    assert text == ("<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n"
-                    "<start_of_turn>user\nAgain<end_of_turn>\n<start_of_turn>model\n")
+    assert text == (
+        "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n"
+        "<start_of_turn>user\nAgain<end_of_turn>\n<start_of_turn>model\n"
+    )
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     assert ids[:2] == [2, 105] and ids.count(2) == 1  # the template's BOS only: no double BOS
 
 
 # Runs in a child process, after a stand-in for torchvision (no CPU build). It loads the checkpoint the way
 # the server does: ModelConfig, get_tokenizer, the model registry, and Gemma3ForCausalLM.load_weights on CPU.
-_SGLANG_CHECK = child_preamble(("torchvision",)) + r"""
+_SGLANG_CHECK = (
+    child_preamble(("torchvision",))
+    + r"""
 import json, socket, sys
 import torch
 
@@ -155,16 +168,18 @@ for name, param in params.items():
 result.update(params=len(params), loaded=len(set(loaded)), mismatch=mismatch)
 print("RESULT " + json.dumps(result))
 """
+)
 
 
 @pytest.mark.slow
 @pytest.mark.sglang
 def test_sglang_loads_config_tokenizer_and_weights(converted):
-    run = subprocess.run([sys.executable, "-c", _SGLANG_CHECK, str(converted)], capture_output=True, text=True,
-                         cwd=ROOT, timeout=900)
+    run = subprocess.run(
+        [sys.executable, "-c", _SGLANG_CHECK, str(converted)], capture_output=True, text=True, cwd=ROOT, timeout=900
+    )
     lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
     assert run.returncode == 0 and lines, run.stderr[-4000:]
-    got = json.loads(lines[-1][len("RESULT "):])
+    got = json.loads(lines[-1][len("RESULT ") :])
     assert got["architectures"] == ["Gemma3ForCausalLM"] and got["model_type"] == "gemma3_text"
     assert got["model_class"] == "sglang.srt.models.gemma3_causal.Gemma3ForCausalLM"
     assert got["dtype"] == "torch.bfloat16" and got["vocab_size"] == 262144 and got["is_generation"]
@@ -226,8 +241,12 @@ def test_gguf_reader_parses_a_written_header(tmp_path):
     (tmp_path / "p0").write_bytes(body[:37])
     (tmp_path / "p1").write_bytes(body[37:])
     meta = _script_module().read_gguf_metadata([tmp_path / "p0", tmp_path / "p1"])
-    assert meta == {"general.architecture": "gemma3", "tokenizer.ggml.add_bos_token": True,
-                    "tokenizer.ggml.tokens": "<array of 2>", "tokenizer.chat_template": "{{ bos_token }}"}
+    assert meta == {
+        "general.architecture": "gemma3",
+        "tokenizer.ggml.add_bos_token": True,
+        "tokenizer.ggml.tokens": "<array of 2>",
+        "tokenizer.chat_template": "{{ bos_token }}",
+    }
     (tmp_path / "bad").write_bytes(b"NOPE" + body[4:])
     from sglang_specvocab.errors import SpecVocabError
 

@@ -318,8 +318,21 @@ def _train_eagle3(args: list[str]) -> int:
 def _train_cli(target_dir, data, out, head, tmp_path):
     data.save(tmp_path / "data.pt")  # a cached data file: no tokenizer or ShareGPT needed
     argv = ["--target", str(target_dir), "--out", str(out), "--data", str(tmp_path / "data.pt"), "--head", head]
-    argv += "--draft-vocab 128 --steps 4 --batch-size 4 --seq-len 48 --ttt-steps 3 --device cpu".split()
-    argv += "--save-dtype float32 --log-every 2 --val 0".split()
+    argv += [
+        "--draft-vocab",
+        "128",
+        "--steps",
+        "4",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "48",
+        "--ttt-steps",
+        "3",
+        "--device",
+        "cpu",
+    ]
+    argv += ["--save-dtype", "float32", "--log-every", "2", "--val", "0"]
     assert _train_eagle3(argv) == 0
 
 
@@ -528,8 +541,32 @@ def test_gemma3_270m_cli_end_to_end(tmp_path):
 
     out = tmp_path / "draft"
     argv = ["--target", "gemma3-270m", "--out", str(out), "--data", str(tmp_path / "data.pt")]
-    argv += "--head d2t --draft-vocab 32768 --conversations 2 --prompt-tokens 48 --max-new-tokens 6".split()
-    argv += "--steps 2 --batch-size 2 --seq-len 64 --ttt-steps 2 --device cpu --log-every 0".split()
+    argv += [
+        "--head",
+        "d2t",
+        "--draft-vocab",
+        "32768",
+        "--conversations",
+        "2",
+        "--prompt-tokens",
+        "48",
+        "--max-new-tokens",
+        "6",
+    ]
+    argv += [
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "64",
+        "--ttt-steps",
+        "2",
+        "--device",
+        "cpu",
+        "--log-every",
+        "0",
+    ]
     argv += ["--source", "generated", "--val", "0", "--states", str(tmp_path / "states")]
     assert _train_eagle3(argv) == 0
     cfg = json.loads((out / "config.json").read_text())

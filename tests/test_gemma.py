@@ -29,12 +29,15 @@ def test_bos_is_prepended(gemma):
     assert gemma.vocab_size == 262144
 
 
-@pytest.mark.parametrize("shape", [DraftShape(steps=3), DraftShape(steps=3, topk=3, draft_tokens=6)], ids=["chain", "tree"])
+@pytest.mark.parametrize(
+    "shape", [DraftShape(steps=3), DraftShape(steps=3, topk=3, draft_tokens=6)], ids=["chain", "tree"]
+)
 @pytest.mark.parametrize("config", ["microspec", "microspec-context", "microspec-extension", "full"])
 def test_gemma_greedy_output_equals_target_only(gemma, gemma_pair, config, shape):
     target, draft = gemma_pair
-    dec = SpeculativeDecoder(target, draft, load_config(ROOT / "configs" / f"{config}.yaml"), shape,
-                             eos_token_ids=gemma.eos_token_ids)
+    dec = SpeculativeDecoder(
+        target, draft, load_config(ROOT / "configs" / f"{config}.yaml"), shape, eos_token_ids=gemma.eos_token_ids
+    )
     for text in PROMPTS:
         ids = gemma.encode(text)
         want = greedy_generate(target, ids, 20, gemma.eos_token_ids)
@@ -47,9 +50,24 @@ def test_gemma_greedy_output_equals_target_only(gemma, gemma_pair, config, shape
 def test_main_job_prints_the_lab_table(gemma, tmp_path):
     out = tmp_path / "lab"
     run = subprocess.run(
-        [sys.executable, "-m", "sglang_specvocab", "lab", "--config", "configs/microspec.yaml",
-         "--per-category", "1", "--max-new-tokens", "8", "--out", str(out), "--no-progress"],
-        capture_output=True, text=True, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "sglang_specvocab",
+            "lab",
+            "--config",
+            "configs/microspec.yaml",
+            "--per-category",
+            "1",
+            "--max-new-tokens",
+            "8",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "| microspec | window | overall |" in run.stdout and "| full | full | overall |" in run.stdout

@@ -22,8 +22,16 @@ NUM_ROWS = 9  # pool rows, row 0 the padding row as in SGLang
 
 def event_of(rnd, k, compacted):
     predict = compact_accepted(rnd["predict"], rnd["accept_index"], rnd["nd"]) if compacted else rnd["predict"]
-    return verify_event(rnd["draft_token"], rnd["accept_index"], rnd["accept_lens"], predict, rnd["logits"],
-                        num_draft_tokens=rnd["nd"], k=k, compacted=compacted)
+    return verify_event(
+        rnd["draft_token"],
+        rnd["accept_index"],
+        rnd["accept_lens"],
+        predict,
+        rnd["logits"],
+        num_draft_tokens=rnd["nd"],
+        k=k,
+        compacted=compacted,
+    )
 
 
 CASES = [  # (bs, num_draft_tokens, steps, chain)
@@ -40,9 +48,11 @@ def test_verify_event_matches_literal_round(bs, nd, steps, chain, k):
     rnd = sglang_round(gen, bs, nd, steps, 40, chain, accept_depths=[(3 * i) % (steps + 1) for i in range(bs)])
     assert len(set(rnd["accept_lens"].tolist())) > 1, "requests must accept different lengths"
     lit = literal_event(rnd, k)
-    for compacted in ([False, True] if not chain else [False]):
+    for compacted in [False, True] if not chain else [False]:
         draft_tokens, vtopk, accepted = event_of(rnd, k, compacted)
-        assert draft_tokens.shape == (bs, nd) and vtopk.shape == (bs, steps + 1, k) and accepted.shape == (bs, steps + 1)
+        assert (
+            draft_tokens.shape == (bs, nd) and vtopk.shape == (bs, steps + 1, k) and accepted.shape == (bs, steps + 1)
+        )
         for i, (drafts, vt, committed) in enumerate(lit):
             n = len(committed)
             assert draft_tokens[i].tolist() == drafts
@@ -75,8 +85,9 @@ def test_topk_gathered_or_in_place_agree_and_grammar_holes():
     flat = torch.arange(2 * width).view(2, width).masked_fill(idx < 0, -1).to(torch.int32)
     rows = logits[idx.clamp(min=0).reshape(-1)]
     preds = rnd["predict"][idx.clamp(min=0).reshape(-1)]
-    _, in_place, _ = verify_event(torch.zeros(2 * width, dtype=torch.int64), flat, rnd["accept_lens"], preds, rows,
-                                  num_draft_tokens=width, k=3)
+    _, in_place, _ = verify_event(
+        torch.zeros(2 * width, dtype=torch.int64), flat, rnd["accept_lens"], preds, rows, num_draft_tokens=width, k=3
+    )
     assert torch.equal(gathered, in_place)
     # k larger than the vocabulary, and padded vocabulary columns cut by vocab_size
     padded = torch.cat([logits, torch.full((logits.shape[0], 5), 99.0, dtype=logits.dtype)], 1)
@@ -115,8 +126,15 @@ def test_k0_computes_no_topk_and_matches_context_window():
     gen = torch.Generator().manual_seed(5)
     rnd = sglang_round(gen, 2, 6, 3, 30, False, accept_depths=[3, 0])
     draft_tokens, vtopk, accepted = verify_event(
-        rnd["draft_token"], rnd["accept_index"], rnd["accept_lens"], rnd["predict"], None,
-        num_draft_tokens=6, k=pol.verify_topk, compacted=True)
+        rnd["draft_token"],
+        rnd["accept_index"],
+        rnd["accept_lens"],
+        rnd["predict"],
+        None,
+        num_draft_tokens=6,
+        k=pol.verify_topk,
+        compacted=True,
+    )
     assert vtopk is None
     rows = torch.tensor([1, 4])
     pol.on_verify(rows, draft_tokens, vtopk, accepted)
@@ -155,11 +173,15 @@ def test_prefill_prefix_hit_and_chunks_match_one_shot_and_literal_window():
     for batch in batches:
         reqs = [req_of[r] for r in batch["rows"]]
         ext = [e - p for p, e in zip(batch["pre"], batch["end"], strict=True)]
-        input_ids = torch.tensor([t for q, p, e in zip(reqs, batch["pre"], batch["end"], strict=True) for t in prompts[q][p:e]])
+        input_ids = torch.tensor(
+            [t for q, p, e in zip(reqs, batch["pre"], batch["end"], strict=True) for t in prompts[q][p:e]]
+        )
         hidden = torch.cat([hiddens[q][p:e] for q, p, e in zip(reqs, batch["pre"], batch["end"], strict=True)])
         full_ids = [prompts[q] for q in reqs]
-        results = [prefill_event(hidden, weight, input_ids, ext, batch["pre"], full_ids, batch["fed"], k=k, chunk=c)
-                   for c in (1, 4, 1000)]
+        results = [
+            prefill_event(hidden, weight, input_ids, ext, batch["pre"], full_ids, batch["fed"], k=k, chunk=c)
+            for c in (1, 4, 1000)
+        ]
         pid, ptk = results[0]
         for other in results[1:]:
             assert torch.equal(other[0], pid) and torch.equal(other[1], ptk)
@@ -244,7 +266,9 @@ def test_slot_reuse_resets_the_row_and_chunks_do_not():
         ids = torch.tensor([t for p, a, b in zip(prompts, pre, end, strict=True) for t in p[a:b]])
         hidden = torch.randn(len(ids), H, generator=gen, dtype=torch.float64)
         f = fed[torch.tensor(rows)].tolist()
-        pid, ptk = prefill_event(hidden, weight, ids, [b - a for a, b in zip(pre, end, strict=True)], pre, prompts, f, k=k)
+        pid, ptk = prefill_event(
+            hidden, weight, ids, [b - a for a, b in zip(pre, end, strict=True)], pre, prompts, f, k=k
+        )
         pol.on_prefill(torch.tensor(rows), pid, ptk)
         fed[torch.tensor(rows)] = torch.tensor(end)
         return stale.tolist(), pid, ptk
@@ -281,8 +305,17 @@ def test_meta_device_runs_without_host_sync():
     predict = torch.empty(bs * nd, dtype=torch.int32, device=meta)
     logits = torch.empty(bs * nd, V + 24, dtype=torch.bfloat16, device=meta)
     for compacted in (False, True):
-        d, vt, a = verify_event(draft_token, accept_index, accept_lens, predict, logits, num_draft_tokens=nd, k=k,
-                                compacted=compacted, vocab_size=V)
+        d, vt, a = verify_event(
+            draft_token,
+            accept_index,
+            accept_lens,
+            predict,
+            logits,
+            num_draft_tokens=nd,
+            k=k,
+            compacted=compacted,
+            vocab_size=V,
+        )
         assert d.shape == (bs, nd) and vt.shape == (bs, width, k) and a.shape == (bs, width)
         assert vt.device.type == "meta"
     d, vt, a = verify_event(draft_token, accept_index, accept_lens, predict, None, num_draft_tokens=nd, k=0)

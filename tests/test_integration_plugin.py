@@ -246,8 +246,12 @@ def test_adaptive_resolves_as_for_eagle3(sg):
         args = argv(sg, "--speculative-adaptive")
         args[args.index("DYNVOCAB")] = algo
         _, v = resolved(args)
-        views[algo] = (v.speculative_adaptive, v.speculative_eagle_topk, v.speculative_num_steps,
-                       v.speculative_num_draft_tokens)
+        views[algo] = (
+            v.speculative_adaptive,
+            v.speculative_eagle_topk,
+            v.speculative_num_steps,
+            v.speculative_num_draft_tokens,
+        )
     assert views["DYNVOCAB"] == views["EAGLE3"] and views["DYNVOCAB"][:2] == (True, 1)
     steps = views["DYNVOCAB"][2]
     assert steps in asp.resolve_candidate_steps_from_config(None) and views["DYNVOCAB"][3] == steps + 1
@@ -358,7 +362,10 @@ def test_bad_configs_are_refused(sg, tmp_path, monkeypatch):
             [f"head.union_capacity = {DRAFT_VOCAB + 1} is invalid: must be at most the vocabulary size {DRAFT_VOCAB}"],
         ),
         # EvoSpec's online alignment runs in the reference decoder only: a server would ignore it
-        (argv(sg, config=_aligned_retrieval(tmp_path)), ["align = {'rank': 8", "reference decoder", "remove the align"]),
+        (
+            argv(sg, config=_aligned_retrieval(tmp_path)),
+            ["align = {'rank': 8", "reference decoder", "remove the align"],
+        ),
     ]
     for args, parts in cases:
         msg = refusal(args)
@@ -610,8 +617,14 @@ def test_a_refused_launch_exits_2_with_one_line_and_no_traceback(sg, tmp_path, e
         "prepare_server_args(sys.argv[1:]).resolve_once()\n"
         "print('resolved')\n"
     )
-    run = subprocess.run([sys.executable, "-c", script, *argv(sg, *extra)], capture_output=True, text=True,
-                         check=False, timeout=240, cwd=tmp_path)
+    run = subprocess.run(
+        [sys.executable, "-c", script, *argv(sg, *extra)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=240,
+        cwd=tmp_path,
+    )
     if piece is None:
         assert run.returncode == 0 and "resolved" in run.stdout, run.stderr[-2000:]
         return

@@ -79,8 +79,9 @@ class Target:
             model_config=SimpleNamespace(vocab_size=None), model=SimpleNamespace(lm_head=SimpleNamespace(weight=weight))
         )
 
-    def forward_batch_generation(self, batch, pp_proxy_tensors=None, capture_hidden_mode=None,
-                                 return_kv_loc_plan=False):
+    def forward_batch_generation(
+        self, batch, pp_proxy_tensors=None, capture_hidden_mode=None, return_kv_loc_plan=False
+    ):
         self.calls.append((capture_hidden_mode, return_kv_loc_plan, batch.input_ids.clone()))
         return self.outputs.pop(0)
 
@@ -192,8 +193,9 @@ class Setup:
 
 
 def target_topk(setup, hidden, k=KPRE):
-    return [sorted(range(setup.mods.loop.V), key=lambda v, h=h: (-float(h @ setup.target_weight[v]), v))[:k]
-            for h in hidden]
+    return [
+        sorted(range(setup.mods.loop.V), key=lambda v, h=h: (-float(h @ setup.target_weight[v]), v))[:k] for h in hidden
+    ]
 
 
 def expected_first_topk(setup, out, extend_lens, tails, topk):
@@ -215,8 +217,11 @@ def test_prefill_seeds_policy_then_draft_extend_reads_it_and_matches_upstream(mo
     s = Setup(mods, topk, seed=topk + 2 * mm)
     V = mods.loop.V
     g = torch.Generator().manual_seed(40 + topk)
-    prompts = {3: torch.randint(0, V, (7,), generator=g).tolist(), 1: torch.randint(0, V, (4,), generator=g).tolist(),
-               4: torch.randint(0, V, (9,), generator=g).tolist()}
+    prompts = {
+        3: torch.randint(0, V, (7,), generator=g).tolist(),
+        1: torch.randint(0, V, (4,), generator=g).tolist(),
+        4: torch.randint(0, V, (9,), generator=g).tolist(),
+    }
     s.rows = list(prompts)
     reqs = [req(f"r{r}", r, p) for r, p in prompts.items()]
     for r in prompts:
@@ -314,8 +319,10 @@ def test_chunked_prefill_tail_token_slot_reuse_and_second_chunk(mods, _stand_ins
     tails = [int(rec["next_token_ids"][0]), long_prompt[6]]
     rotated = short[1:] + [tails[0]] + chunk1[1:] + [tails[1]]
     assert s.draft_worker.draft_runner.calls[0][0].tolist() == rotated
-    lw = {2: LiteralWindow(CAP, KPRE, KPRE, ["context", "extension"]),
-          5: LiteralWindow(CAP, KPRE, KPRE, ["context", "extension"])}
+    lw = {
+        2: LiteralWindow(CAP, KPRE, KPRE, ["context", "extension"]),
+        5: LiteralWindow(CAP, KPRE, KPRE, ["context", "extension"]),
+    }
     lw[2].prefill(short, target_topk(s, rec["last_hidden_states"][:5]))
     lw[5].prefill(chunk1, target_topk(s, rec["last_hidden_states"][5:]))
     assert s.policy.table.row(2) == lw[2].active() and s.policy.table.row(5) == lw[5].active()
@@ -395,8 +402,7 @@ def test_idle_prefill_batch_runs_the_draft_without_a_policy_event(mods, _stand_i
     called = []
     monkeypatch.setattr(s.draft_worker, "_draft_extend_for_prefill", lambda *a, **k: called.append(a[0]) or "next")
     empty = torch.zeros(0, dtype=torch.int64)
-    batch = SimpleNamespace(reqs=[], forward_mode=Mode(True), seq_lens=empty, req_pool_indices=empty,
-                            input_ids=empty)
+    batch = SimpleNamespace(reqs=[], forward_mode=Mode(True), seq_lens=empty, req_pool_indices=empty, input_ids=empty)
     out = s.run(batch, target_output(0, 0, seed=1))
     assert out.next_draft_input == "next" and called == [batch]
     assert torch.equal(s.policy.table.ids, before)
@@ -421,8 +427,10 @@ def test_reused_slot_gets_the_set_a_fresh_server_gives_after_abort_and_retract(m
         s.rows = [row]
         s.worker.req_to_token_pool.alloc(row)
         fill = list(prompt) + list(output)
-        s.run(schedule_batch([req_out(rid, row, prompt, output)], fill[prefix:], [prefix], [len(fill) - prefix]),
-              target_output(len(fill) - prefix, 1, seed=seed))
+        s.run(
+            schedule_batch([req_out(rid, row, prompt, output)], fill[prefix:], [prefix], [len(fill) - prefix]),
+            target_output(len(fill) - prefix, 1, seed=seed),
+        )
 
     def state(s, row):
         tel = s.draft_worker.dynvocab_telemetry

@@ -105,8 +105,9 @@ def test_verify_updates_policy_as_literal_window_and_telemetry(W, monkeypatch, c
     gen = torch.Generator().manual_seed(3 + chain)
     nd, steps, topk = (5, 4, 1) if chain else (8, 4, 3)
     rounds = [sglang_round(gen, 3, nd, steps, V, chain, accept_depths=[r, 4 - r, 2]) for r in range(4)]
-    w, calls = make_worker(W, monkeypatch, pol, topk=topk, nd=nd,
-                           results=[verify_result(r, compacted=topk > 1) for r in rounds])
+    w, calls = make_worker(
+        W, monkeypatch, pol, topk=topk, nd=nd, results=[verify_result(r, compacted=topk > 1) for r in rounds]
+    )
     rows = torch.tensor([5, 2, 7])
     lit = {r: LiteralWindow(cap, 2, k, ["context", "extension"]) for r in rows.tolist()}
     want = {r: [0.0, 0, 0, 0] for r in rows.tolist()}  # set_sum, rounds, in_set, committed
@@ -117,8 +118,9 @@ def test_verify_updates_policy_as_literal_window_and_telemetry(W, monkeypatch, c
             want[r][1] += 1
             want[r][2] += sum(t in active for t in committed)
             want[r][3] += len(committed)
-        batch = SimpleNamespace(spec_info=SimpleNamespace(draft_token=rnd["draft_token"]), req_pool_indices=rows,
-                                forward_mode=Mode())
+        batch = SimpleNamespace(
+            spec_info=SimpleNamespace(draft_token=rnd["draft_token"]), req_pool_indices=rows, forward_mode=Mode()
+        )
         res = w.verify(batch)
         assert res is not None and calls[-1] is batch
         for r, (drafts, vt, _) in zip(rows.tolist(), literal_event(rnd, k), strict=True):
@@ -201,7 +203,9 @@ def test_prefill_slot_reuse_and_report(W, monkeypatch):
     w.note_request_finished(rid="a", natural_stop=True)
     size, cov = len(lw.active()), 1 / int(t.committed[4])
     assert a.customized_info == {
-        SET_SIZE_KEY: [pytest.approx(size)], COVERAGE_KEY: [pytest.approx(cov)], UNSEEDED_KEY: [0]
+        SET_SIZE_KEY: [pytest.approx(size)],
+        COVERAGE_KEY: [pytest.approx(cov)],
+        UNSEEDED_KEY: [0],
     }
     assert gauges == [(pytest.approx(size), pytest.approx(cov))]
     w.note_request_finished(rid="a", natural_stop=True)  # twice (or unknown rid): no second report
@@ -265,8 +269,12 @@ def test_telemetry_mirror_on_cuda():
     assert t.mirror and all(h.is_pinned() for h in t._host)
     rows = torch.tensor([3, 5], device="cuda")
     for size in (100.0, 200.0):
-        t.record(rows, torch.full((2,), size, device="cuda"), torch.tensor([1, 2], device="cuda"),
-                 torch.tensor([2, 2], device="cuda"))
+        t.record(
+            rows,
+            torch.full((2,), size, device="cuda"),
+            torch.tensor([1, 2], device="cuda"),
+            torch.tensor([2, 2], device="cuda"),
+        )
         t.publish()
     torch.cuda.synchronize()
     assert t.summary(3) == (150.0, 0.5) and t.summary(5) == (150.0, 1.0)
@@ -329,12 +337,17 @@ def test_stepwise_inputs_layouts(W):
 def test_stepwise_inputs_meta_device_no_sync(W):
     meta = torch.device("meta")
     rows = torch.empty(4, dtype=torch.int64, device=meta)
-    h, t = W.stepwise_inputs("decode", torch.empty(8, 16, device=meta), torch.empty(8, dtype=torch.int64, device=meta),
-                             rows)
+    h, t = W.stepwise_inputs(
+        "decode", torch.empty(8, 16, device=meta), torch.empty(8, dtype=torch.int64, device=meta), rows
+    )
     assert h.shape == (4, 2, 16) and t.shape == (4, 2)
-    h, t = W.stepwise_inputs("draft_extend", torch.empty(12, 16, device=meta),
-                             torch.empty(12, dtype=torch.int64, device=meta), rows,
-                             num_accept_tokens=torch.empty(4, dtype=torch.int64, device=meta))
+    h, t = W.stepwise_inputs(
+        "draft_extend",
+        torch.empty(12, 16, device=meta),
+        torch.empty(12, dtype=torch.int64, device=meta),
+        rows,
+        num_accept_tokens=torch.empty(4, dtype=torch.int64, device=meta),
+    )
     assert h.shape == (4, 1, 16) and t.shape == (4, 1)
 
 
@@ -379,7 +392,6 @@ def test_copied_methods_load_by_path_and_signatures_are_recorded(W):
                 owner = next(c for c in cls.__mro__[1:] if name in vars(c))
                 assert f"{owner.__module__}.{owner.__qualname__}.{name}" in recorded, (base, name)
     P.check_signatures(recorded)  # and they all match the installed SGLang
-
 
 
 # --- the target's LM head under language_model (multimodal wrappers), resolved at start -------------

@@ -19,9 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from literal import LiteralWindow, literal_logits, runs_to_slots
 from logits_cases import RUN_CASES, runs_case
+from sglang_specvocab.csrc import recipe
 
 from sglang_specvocab import ops
-from sglang_specvocab.csrc import recipe
 from sglang_specvocab.errors import ConfigError
 from sglang_specvocab.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
 from sglang_specvocab.ops import _ext, reference

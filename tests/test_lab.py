@@ -20,8 +20,12 @@ def tiny_checkpoint(tmp_path_factory):
     corpus = [t for q in load_questions() for t in q.turns] * 3
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=["<pad>", "<s>", "</s>", "<unk>"]))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
+    tok.train_from_iterator(
+        corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=["<pad>", "<s>", "</s>", "<unk>"])
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
     path = tmp_path_factory.mktemp("tiny-ckpt")
     fast.save_pretrained(path)
     model = tiny_llama(vocab_size=len(fast), dtype=torch.float32)
@@ -33,18 +37,50 @@ def test_lab_writes_table_json_markdown_and_plot(tiny_checkpoint, tmp_path, caps
     cfg = tmp_path / "small-window.yaml"
     cfg.write_text("policy: window\ncapacity: 64\n")
     out = tmp_path / "out"
-    rc = main(["lab", "--config", str(cfg), "--model", str(tiny_checkpoint), "--draft-layers", "2",
-               "--per-category", "1", "--max-new-tokens", "6", "--topk", "2", "--steps", "3", "--draft-tokens", "5",
-               "--out", str(out), "--no-progress"])
+    rc = main(
+        [
+            "lab",
+            "--config",
+            str(cfg),
+            "--model",
+            str(tiny_checkpoint),
+            "--draft-layers",
+            "2",
+            "--per-category",
+            "1",
+            "--max-new-tokens",
+            "6",
+            "--topk",
+            "2",
+            "--steps",
+            "3",
+            "--draft-tokens",
+            "5",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     printed = capsys.readouterr().out
     assert rc == 0
     result = json.loads((out / "lab.json").read_text())
     assert result["lossless"] is True and result["mismatches"] == []
     assert result["model"] == str(tiny_checkpoint) and "command" in result and result["versions"]["torch"]
     cats = ["math_reasoning", "mt_bench", "qa", "rag", "summarization", "translation", "overall"]
-    assert [(r["config"], r["category"]) for r in result["rows"]] == [(c, k) for c in ("full", "small-window") for k in cats]
-    keys = {"config", "policy", "category", "accept_length", "coverage", "mean_set_size", "max_set_size",
-            "tokens_per_s", "n_prompts"}
+    assert [(r["config"], r["category"]) for r in result["rows"]] == [
+        (c, k) for c in ("full", "small-window") for k in cats
+    ]
+    keys = {
+        "config",
+        "policy",
+        "category",
+        "accept_length",
+        "coverage",
+        "mean_set_size",
+        "max_set_size",
+        "tokens_per_s",
+        "n_prompts",
+    }
     for r in result["rows"]:
         assert keys <= set(r)
         assert r["accept_length"] >= 1.0 and 0.0 <= r["coverage"] <= 1.0 and r["tokens_per_s"] > 0
@@ -63,16 +99,22 @@ def test_lab_refuses_a_capacity_larger_than_the_vocabulary(tiny_checkpoint, tmp_
     assert rc == 2 and "configs/microspec.yaml: capacity = 3072 is invalid: must be at most the vocabulary size" in err
 
 
-@pytest.mark.parametrize("args,piece", [
-    (["--config", "nope.yaml"], "cannot read config file nope.yaml"),
-    (["--config", "configs/full.yaml", "--model", "/nonexistent"], "not 'gemma3-270m' and not a directory"),
-    (["--config", "configs/full.yaml", "--draft-layers", "x"], "--draft-layers = 'x' is invalid"),
-    (["--config", "configs/full.yaml", "--draft", "eagle3"], "--draft = 'eagle3' is invalid"),
-    (["--config", "configs/full.yaml", "--draft", "eagle3:/nonexistent"], "EAGLE-3 draft /nonexistent: cannot read"),
-    (["--config", "configs/full.yaml", "--max-new-tokens", "0"], "argument --max-new-tokens: must be at least 1"),
-    (["--config", "configs/full.yaml", "--topk", "0"], "argument --topk: must be at least 1"),
-    (["--config", "configs/full.yaml", "--questions", "/nonexistent.jsonl"], "cannot read questions file"),
-])
+@pytest.mark.parametrize(
+    "args,piece",
+    [
+        (["--config", "nope.yaml"], "cannot read config file nope.yaml"),
+        (["--config", "configs/full.yaml", "--model", "/nonexistent"], "not 'gemma3-270m' and not a directory"),
+        (["--config", "configs/full.yaml", "--draft-layers", "x"], "--draft-layers = 'x' is invalid"),
+        (["--config", "configs/full.yaml", "--draft", "eagle3"], "--draft = 'eagle3' is invalid"),
+        (
+            ["--config", "configs/full.yaml", "--draft", "eagle3:/nonexistent"],
+            "EAGLE-3 draft /nonexistent: cannot read",
+        ),
+        (["--config", "configs/full.yaml", "--max-new-tokens", "0"], "argument --max-new-tokens: must be at least 1"),
+        (["--config", "configs/full.yaml", "--topk", "0"], "argument --topk: must be at least 1"),
+        (["--config", "configs/full.yaml", "--questions", "/nonexistent.jsonl"], "cannot read questions file"),
+    ],
+)
 def test_lab_argument_errors(args, piece, capsys, tmp_path):
     assert main(["lab", *args, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
@@ -99,8 +141,18 @@ def test_lab_with_an_eagle3_draft(tiny_checkpoint, tmp_path, monkeypatch):
     cfg.write_text("policy: window\ncapacity: 64\n")
     questions = tmp_path / "q.jsonl"
     questions.write_text('{"category": "qa", "turns": ["Why?"]}\n{"category": "math", "turns": ["1+1?", "2+2?"]}\n')
-    common = ["lab", "--config", str(cfg), "--model", str(tiny_checkpoint), "--questions", str(questions),
-              "--max-new-tokens", "8", "--no-progress"]
+    common = [
+        "lab",
+        "--config",
+        str(cfg),
+        "--model",
+        str(tiny_checkpoint),
+        "--questions",
+        str(questions),
+        "--max-new-tokens",
+        "8",
+        "--no-progress",
+    ]
     for draft, name in ((None, "auto"), (f"eagle3:{tmp_path / 'd2t'}", "d2t")):
         out = tmp_path / name
         assert main([*common, "--out", str(out), *(["--draft", draft] if draft else [])]) == 0
@@ -130,7 +182,10 @@ def test_prompt_format_without_chat_template():
         chat_template = None
 
     assert format_prompt(Plain(), ["Hi?"], []) == "Question: Hi?\nAnswer:"
-    assert format_prompt(Plain(), ["Hi?", "More?"], [" Hello. "]) == "Question: Hi?\nAnswer: Hello.\nQuestion: More?\nAnswer:"
+    assert (
+        format_prompt(Plain(), ["Hi?", "More?"], [" Hello. "])
+        == "Question: Hi?\nAnswer: Hello.\nQuestion: More?\nAnswer:"
+    )
 
 
 def test_interrupted_lab_keeps_the_finished_turns(tiny_checkpoint, tmp_path, monkeypatch, capsys):
@@ -149,8 +204,22 @@ def test_interrupted_lab_keeps_the_finished_turns(tiny_checkpoint, tmp_path, mon
     cfg = tmp_path / "w.yaml"
     cfg.write_text("policy: window\ncapacity: 64\n")
     out = tmp_path / "out"
-    rc = main(["lab", "--config", str(cfg), "--model", str(tiny_checkpoint), "--draft-layers", "1",
-               "--max-new-tokens", "4", "--out", str(out), "--no-progress"])
+    rc = main(
+        [
+            "lab",
+            "--config",
+            str(cfg),
+            "--model",
+            str(tiny_checkpoint),
+            "--draft-layers",
+            "1",
+            "--max-new-tokens",
+            "4",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 130
     result = json.loads((out / "lab.json").read_text())
     assert result["complete"] is False

@@ -97,6 +97,7 @@ def test_first_use_build_without_a_compiler_says_so(monkeypatch):
     assert not _ext.available()
     assert "first-use build failed: no C++ compiler" in _ext.reason()
 
+
 def test_build_prints_no_setuptools_warnings(tmp_path):
     """Collecting the package's files (what pip's build does first) prints no setuptools warning (setup once
     printed ~45 lines: a data folder that looked like an undeclared package); the wheel holds the data files."""
@@ -105,7 +106,10 @@ def test_build_prints_no_setuptools_warnings(tmp_path):
 
     out = subprocess.run(
         [sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert out.returncode == 0, out.stderr
     noise = [line for line in (out.stdout + out.stderr).splitlines() if "Warning" in line or "!!" in line]

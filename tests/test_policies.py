@@ -387,7 +387,7 @@ def test_replay_runs_event_policies_and_refuses_rankers(files, tmp_path, capsys)
 def test_per_step_and_per_round_paths_never_read_tensors_on_the_host(files, cache):
     meta = dict(device="meta")
     rows = torch.tensor([1, 3], **meta)
-    ids = lambda *s: torch.zeros(*s, dtype=torch.int64, **meta)  # noqa: E731
+    ids = lambda *s: torch.zeros(*s, dtype=torch.int64, **meta)
     w = torch.randn(V, 16)
     for name, data in all_configs(files).items():
         pol = build_policy(parse_config(data), 5, device="meta", fallback_id=2, model=model_ctx(w, cache))

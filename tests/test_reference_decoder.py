@@ -72,7 +72,9 @@ def test_oracle_draft_with_full_head_accepts_every_draft_token(models, prompts):
 def test_small_set_limits_an_oracle_draft(models, prompts):
     target, drafter = models["oracle"]
     full = SpeculativeDecoder(target, drafter, parse_config(CONFIGS["full"]), SHAPES["chain"]).generate(prompts[1], 40)
-    tiny = SpeculativeDecoder(target, drafter, parse_config(CONFIGS["tiny-window"]), SHAPES["chain"]).generate(prompts[1], 40)
+    tiny = SpeculativeDecoder(target, drafter, parse_config(CONFIGS["tiny-window"]), SHAPES["chain"]).generate(
+        prompts[1], 40
+    )
     assert tiny.tokens == full.tokens
     assert tiny.coverage < 1.0 and tiny.accept_length < full.accept_length
     assert max(r.set_size for r in tiny.rounds) <= 6
@@ -113,7 +115,7 @@ def test_policy_receives_sglang_events(models, prompts):
         assert verify_topk.shape == (1, len(committed), 3)
         assert verify_topk[0, :, 0].tolist() == committed  # greedy: the target's top-1 is what it commits
         assert committed == out[: len(committed)]
-        out, root = out[len(committed):], committed[-1]
+        out, root = out[len(committed) :], committed[-1]
     assert out == []
 
 

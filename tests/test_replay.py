@@ -30,7 +30,9 @@ def traces(draw):
             "rounds": [
                 {
                     "draft_tokens": draw(st.lists(tok, max_size=10)),
-                    "verify_topk": draw(st.lists(st.lists(tok, min_size=max(kver, 1), max_size=kver + 2), min_size=1, max_size=5)),
+                    "verify_topk": draw(
+                        st.lists(st.lists(tok, min_size=max(kver, 1), max_size=kver + 2), min_size=1, max_size=5)
+                    ),
                     "accepted": draw(st.lists(tok, min_size=1, max_size=5)),
                 }
                 for _ in range(draw(st.integers(0, 12)))
@@ -68,21 +70,63 @@ def test_replay_matches_literal_on_every_round(tmp_path_factory, t, batch):
     tmp = tmp_path_factory.mktemp("replay")
     cfg, trace = write_case(tmp, t)
     out = tmp / "o.jsonl"
-    assert main(["replay", "--config", str(cfg), "--trace", str(trace), "--out", str(out),
-                 "--batch-size", str(batch), "--vocab-size", str(max(t["vocab"], t["cap"]))]) == 0
+    assert (
+        main(
+            [
+                "replay",
+                "--config",
+                str(cfg),
+                "--trace",
+                str(trace),
+                "--out",
+                str(out),
+                "--batch-size",
+                str(batch),
+                "--vocab-size",
+                str(max(t["vocab"], t["cap"])),
+            ]
+        )
+        == 0
+    )
     got = [json.loads(line) for line in out.read_text().splitlines()]
     assert got == literal_sets(t)
 
 
 def test_replay_as_a_subprocess(tmp_path):
-    t = {"sources": ["context", "extension"], "kpre": 2, "kver": 2, "cap": 5, "vocab": 50, "requests": [
-        {"prompt_ids": [2, 9, 9, 4], "prompt_topk": [[9, 1], [3, 9], [7, 7], [1, 8]],
-         "rounds": [{"draft_tokens": [8, 30, 31, 30], "verify_topk": [[30, 40], [41, 30]], "accepted": [30, 41]}]},
-    ]}
+    t = {
+        "sources": ["context", "extension"],
+        "kpre": 2,
+        "kver": 2,
+        "cap": 5,
+        "vocab": 50,
+        "requests": [
+            {
+                "prompt_ids": [2, 9, 9, 4],
+                "prompt_topk": [[9, 1], [3, 9], [7, 7], [1, 8]],
+                "rounds": [
+                    {"draft_tokens": [8, 30, 31, 30], "verify_topk": [[30, 40], [41, 30]], "accepted": [30, 41]}
+                ],
+            },
+        ],
+    }
     cfg, trace = write_case(tmp_path, t)
     out = tmp_path / "o.jsonl"
-    run = subprocess.run([sys.executable, "-m", "sglang_specvocab", "replay", "--config", str(cfg),
-                          "--trace", str(trace), "--out", str(out)], capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sglang_specvocab",
+            "replay",
+            "--config",
+            str(cfg),
+            "--trace",
+            str(trace),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     # stream: 2 9 9 4 | 9 1 3 7 8 | 8 30 31 | 30 40 41 -> last 5 after round 1: 30 31 30 40 41
@@ -96,14 +140,22 @@ BAD_TRACES = [
     ('{"prompt_ids": [1, 2], "prompt_topk": [[1, 2, 3]]}', "line 1: prompt_topk has 1 positions but prompt_ids has 2"),
     ('{"prompt_ids": [], "prompt_topk": []}', "line 1: prompt_ids must not be empty"),
     ('{"prompt_ids": [1, -4], "prompt_topk": [[1,2,3],[1,2,3]]}', "prompt_ids has token id -4"),
-    ('{"prompt_ids": [1, 2], "prompt_topk": [[1,2,3],[1,2]]}', "prompt_topk[1] has 2 ids; the policy needs 3 per position"),
-    ('{"prompt_ids": [1], "prompt_topk": [[1,2,3]], "rounds": [{"draft_tokens": [1]}]}', "rounds[0]: missing key 'verify_topk'"),
-    ('{"prompt_ids": [1], "prompt_topk": [[1,2,3]], "rounds": [{"draft_tokens": ["a"], "verify_topk": []}]}',
-     "rounds[0].draft_tokens must be a list of integer token ids"),
+    (
+        '{"prompt_ids": [1, 2], "prompt_topk": [[1,2,3],[1,2]]}',
+        "prompt_topk[1] has 2 ids; the policy needs 3 per position",
+    ),
+    (
+        '{"prompt_ids": [1], "prompt_topk": [[1,2,3]], "rounds": [{"draft_tokens": [1]}]}',
+        "rounds[0]: missing key 'verify_topk'",
+    ),
+    (
+        '{"prompt_ids": [1], "prompt_topk": [[1,2,3]], "rounds": [{"draft_tokens": ["a"], "verify_topk": []}]}',
+        "rounds[0].draft_tokens must be a list of integer token ids",
+    ),
     ('{"prompt_ids": [1], "promt_topk": [[1,2,3]]}', "unknown key 'promt_topk'"),
     ('{"prompt_ids": [1]}', "missing key 'prompt_topk'"),
     ('{"prompt_ids": [99999], "prompt_topk": [[1,2,3]]}', "token id 99999; ids must be [0, 1000)"),
-    ('[1, 2]', "line 1 must be a JSON object"),
+    ("[1, 2]", "line 1 must be a JSON object"),
     ('{"prompt_ids": [1], ', "line 1: not valid JSON"),
 ]
 
@@ -114,8 +166,19 @@ def test_bad_trace_is_refused(tmp_path, capsys, line, piece):
     cfg.write_text("policy: window\ncapacity: 16\n")
     trace = tmp_path / "t.jsonl"
     trace.write_text(line + "\n")
-    rc = main(["replay", "--config", str(cfg), "--trace", str(trace), "--out", str(tmp_path / "o.jsonl"),
-               "--vocab-size", "1000"])
+    rc = main(
+        [
+            "replay",
+            "--config",
+            str(cfg),
+            "--trace",
+            str(trace),
+            "--out",
+            str(tmp_path / "o.jsonl"),
+            "--vocab-size",
+            "1000",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("error: ") and piece in err, err
     assert "t.jsonl" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
@@ -131,7 +194,10 @@ def test_replay_refuses_dense_policy_and_missing_files(tmp_path, capsys):
     cfg.write_text("policy: window\ncapacity: 4\n")
     assert main(["replay", "--config", str(cfg), "--trace", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
     assert "cannot read trace file" in capsys.readouterr().err
-    assert main(["replay", "--config", str(cfg), "--trace", str(trace), "--out", str(tmp_path / "o"), "--vocab-size", "3"]) == 2
+    assert (
+        main(["replay", "--config", str(cfg), "--trace", str(trace), "--out", str(tmp_path / "o"), "--vocab-size", "3"])
+        == 2
+    )
     assert "capacity = 4 is invalid: must be at most the vocabulary size 3" in capsys.readouterr().err
 
 
@@ -143,19 +209,23 @@ def random_trace(rng: random.Random) -> dict:
     reqs = []
     for _ in range(rng.randint(1, 5)):
         n = rng.randint(1, 2 * cap + 3)
-        reqs.append({
-            "prompt_ids": [tok() for _ in range(n)],
-            "prompt_topk": [[tok() for _ in range(rng.randint(kpre, kpre + 1))] for _ in range(n)],
-            "rounds": [
-                {
-                    "draft_tokens": [tok() for _ in range(rng.randint(0, 10))],
-                    "verify_topk": [[tok() for _ in range(rng.randint(max(kver, 1), kver + 2))]
-                                    for _ in range(rng.randint(1, 5))],
-                    "accepted": [tok() for _ in range(rng.randint(1, 5))],
-                }
-                for _ in range(rng.randint(0, 8))
-            ],
-        })
+        reqs.append(
+            {
+                "prompt_ids": [tok() for _ in range(n)],
+                "prompt_topk": [[tok() for _ in range(rng.randint(kpre, kpre + 1))] for _ in range(n)],
+                "rounds": [
+                    {
+                        "draft_tokens": [tok() for _ in range(rng.randint(0, 10))],
+                        "verify_topk": [
+                            [tok() for _ in range(rng.randint(max(kver, 1), kver + 2))]
+                            for _ in range(rng.randint(1, 5))
+                        ],
+                        "accepted": [tok() for _ in range(rng.randint(1, 5))],
+                    }
+                    for _ in range(rng.randint(0, 8))
+                ],
+            }
+        )
     return {"sources": sources, "kpre": kpre, "kver": kver, "cap": cap, "vocab": vocab, "requests": reqs}
 
 
@@ -171,13 +241,19 @@ def test_replay_of_1000_random_traces_matches_literal():
         t = random_trace(rng)
         ext = "extension" in t["sources"]
         window = {"sources": t["sources"], **({"prefill_topk": t["kpre"], "verify_topk": t["kver"]} if ext else {})}
-        policy = replay_policy(parse_config({"policy": "window", "capacity": t["cap"], "window": window}),
-                               rng.randint(1, 4))
+        policy = replay_policy(
+            parse_config({"policy": "window", "capacity": t["cap"], "window": window}), rng.randint(1, 4)
+        )
         kpre, kver = policy.prefill_topk, policy.verify_topk
         requests = [
-            Request(q["prompt_ids"], [p[:kpre] for p in q["prompt_topk"]] if kpre else [],
-                    [Round(r["draft_tokens"], [v[:kver] for v in r["verify_topk"]] if kver else [], r["accepted"])
-                     for r in q["rounds"]])
+            Request(
+                q["prompt_ids"],
+                [p[:kpre] for p in q["prompt_topk"]] if kpre else [],
+                [
+                    Round(r["draft_tokens"], [v[:kver] for v in r["verify_topk"]] if kver else [], r["accepted"])
+                    for r in q["rounds"]
+                ],
+            )
             for q in t["requests"]
         ]
         got = sorted(replay(policy, requests), key=lambda d: (d["request"], d["round"]))

@@ -42,12 +42,18 @@ def make_tokenizer(path: Path, chat_template: bool = True) -> Path:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     corpus = [t for q in QUESTIONS for t in q["turns"]] * 2 + ["answer words and more words"]
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=320, special_tokens=specials,
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A <bos> $B",
-                                                       special_tokens=[("<bos>", tok.token_to_id("<bos>"))])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-                                   unk_token="<unk>")
+    tok.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=320, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A <bos> $B", special_tokens=[("<bos>", tok.token_to_id("<bos>"))]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
+    )
     if chat_template:
         fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(path)
@@ -70,14 +76,20 @@ class FakeSGLang(FakeServer):
         fake = self
 
         class Handler(JsonHandler):
-
             def do_GET(self):
                 if self.path == "/health":
                     self._send(200)
                 elif self.path in ("/model_info", "/get_model_info"):
-                    self._send(200, {"model_path": fake.tokenizer_path, "tokenizer_path": fake.tokenizer_path,
-                                     "is_generation": True, "model_type": "gemma3_text",
-                                     "architectures": ["Gemma3ForCausalLM"]})
+                    self._send(
+                        200,
+                        {
+                            "model_path": fake.tokenizer_path,
+                            "tokenizer_path": fake.tokenizer_path,
+                            "is_generation": True,
+                            "model_type": "gemma3_text",
+                            "architectures": ["Gemma3ForCausalLM"],
+                        },
+                    )
                 else:
                     self._send(404, {"detail": "Not Found"})
 
@@ -96,13 +108,26 @@ class FakeSGLang(FakeServer):
         params = payload["sampling_params"]
         n = min(params["max_new_tokens"], 3 + sum(ids) % 9)
         text = f" answer-{sum(ids) % 1000}-{n} words"
-        meta = {"id": uuid.uuid4().hex, "finish_reason": {"type": "length", "length": n}, "prompt_tokens": len(ids),
-                "weight_version": "default", "num_retractions": 0, "reasoning_tokens": 0, "completion_tokens": n,
-                "cached_tokens": 0, "e2e_latency": self.overhead + n / self.speed}
+        meta = {
+            "id": uuid.uuid4().hex,
+            "finish_reason": {"type": "length", "length": n},
+            "prompt_tokens": len(ids),
+            "weight_version": "default",
+            "num_retractions": 0,
+            "reasoning_tokens": 0,
+            "completion_tokens": n,
+            "cached_tokens": 0,
+            "e2e_latency": self.overhead + n / self.speed,
+        }
         if self.accept:
             verify = math.ceil(n / self.accept)
-            meta.update(spec_accept_rate=0.5, spec_accept_length=n / verify, spec_num_correct_drafts=n - verify,
-                        spec_num_proposed_drafts=3 * verify, spec_verify_ct=verify)
+            meta.update(
+                spec_accept_rate=0.5,
+                spec_accept_length=n / verify,
+                spec_num_correct_drafts=n - verify,
+                spec_num_proposed_drafts=3 * verify,
+                spec_verify_ct=verify,
+            )
         if self.telemetry:
             meta["dynvocab_set_size"] = [2000 + n, 2100 + n]  # accumulated per output batch, as customized_info is
             meta["dynvocab_coverage"] = 0.9
@@ -114,7 +139,6 @@ class FakeSGLang(FakeServer):
     def timed(self):
         """(payload, reply) of the recorded requests: those of full length (not warmup)."""
         return [r for r in self.requests if r["payload"]["sampling_params"]["max_new_tokens"] > 32]
-
 
 
 def serve_from_argv() -> None:
@@ -151,8 +175,11 @@ def _spec_bench_expected(fake):
         meta = r["reply"]["meta_info"]
         qid = r["qid"]
         tokens, seconds, verify = by_q.get(qid, (0, 0.0, 0))
-        by_q[qid] = (tokens + meta["completion_tokens"], seconds + meta["e2e_latency"],
-                     verify + meta.get("spec_verify_ct", 0))
+        by_q[qid] = (
+            tokens + meta["completion_tokens"],
+            seconds + meta["e2e_latency"],
+            verify + meta.get("spec_verify_ct", 0),
+        )
     return by_q
 
 
@@ -169,16 +196,32 @@ def test_end_to_end_two_configs(tokdir, questions, tmp_path, capsys):
 
     out = tmp_path / "out"
     with FakeSGLang(tokdir, speed=100.0) as base, FakeSGLang(tokdir, speed=260.0, accept=2.5, telemetry=True) as fast:
-        rc, cap = _run(["--config", f"name=base,algorithm=none,url={base.url}",
-                        "--config", f"name=fast,algorithm=DYNVOCAB,url={fast.url}",
-                        "--questions", str(questions), "--out", str(out), "--warmup", "1", "--no-progress",
-                        "--max-new-tokens", "64"], capsys)
+        rc, cap = _run(
+            [
+                "--config",
+                f"name=base,algorithm=none,url={base.url}",
+                "--config",
+                f"name=fast,algorithm=DYNVOCAB,url={fast.url}",
+                "--questions",
+                str(questions),
+                "--out",
+                str(out),
+                "--warmup",
+                "1",
+                "--no-progress",
+                "--max-new-tokens",
+                "64",
+            ],
+            capsys,
+        )
     assert rc == 0, cap.err
     assert "| fast | DYNVOCAB | overall |" in cap.out and f"wrote {out / 'specbench.json'}" in cap.out
     result = json.loads((out / "specbench.json").read_text())
     assert set(result) == EXPECTED_KEYS
     assert result["concurrency"] == 1 and result["temperature"] == 0.0
-    assert result["command"].startswith("sglang-specvocab bench specbench ") and "--max-new-tokens 64" in result["command"]
+    assert (
+        result["command"].startswith("sglang-specvocab bench specbench ") and "--max-new-tokens 64" in result["command"]
+    )
     assert set(result["versions"]) >= {"sglang", "torch", "sglang-specvocab"} and result["device"]
     assert (out / "specbench.md").is_file() and (out / "specbench.png").stat().st_size > 0
 
@@ -187,8 +230,12 @@ def test_end_to_end_two_configs(tokdir, questions, tmp_path, capsys):
     assert [k for k in rows if k[0] == "base"] == [("base", c) for c in ("mt_bench", "translation", "qa", "overall")]
     for r in result["runs"]:
         assert RUN_KEYS <= set(r) and set(r) - RUN_KEYS <= {"dynvocab_set_size", "dynvocab_coverage"}
-    members = {"mt_bench": {"81", "91"}, "translation": {"201", "202"}, "qa": {"301"},
-               "overall": {"81", "91", "201", "202", "301"}}
+    members = {
+        "mt_bench": {"81", "91"},
+        "translation": {"201", "202"},
+        "qa": {"301"},
+        "overall": {"81", "91", "201", "202", "301"},
+    }
     expected = {}
     for name, fake in (("base", base), ("fast", fast)):
         assert len(fake.requests) == 1 + 7  # one warmup (max 32 new tokens) + 7 turns
@@ -211,7 +258,9 @@ def test_end_to_end_two_configs(tokdir, questions, tmp_path, capsys):
         assert "dynvocab_set_size" not in rows[("base", category)]
         assert rows[("fast", category)]["dynvocab_coverage"] == pytest.approx(0.9)
         sizes = [r["reply"]["meta_info"]["dynvocab_set_size"] for r in fast.timed() if r["qid"] in qids]
-        assert rows[("fast", category)]["dynvocab_set_size"] == pytest.approx(sum(sum(s) / 2 for s in sizes) / len(sizes))
+        assert rows[("fast", category)]["dynvocab_set_size"] == pytest.approx(
+            sum(sum(s) / 2 for s in sizes) / len(sizes)
+        )
     assert 1.5 < rows[("fast", "overall")]["speedup"] < 2.6  # 2.6x faster per token, minus a fixed overhead
 
 
@@ -220,8 +269,21 @@ def test_second_turn_carries_the_first_answer(tokdir, questions, tmp_path):
 
     tokenizer = AutoTokenizer.from_pretrained(tokdir)
     with FakeSGLang(tokdir, accept=2.0) as fake:
-        rc, _ = _run(["--config", f"name=x,algorithm=EAGLE3,url={fake.url}", "--questions", str(questions),
-                      "--out", str(tmp_path / "o"), "--warmup", "0", "--no-progress", "--categories", "mt_bench"])
+        rc, _ = _run(
+            [
+                "--config",
+                f"name=x,algorithm=EAGLE3,url={fake.url}",
+                "--questions",
+                str(questions),
+                "--out",
+                str(tmp_path / "o"),
+                "--warmup",
+                "0",
+                "--no-progress",
+                "--categories",
+                "mt_bench",
+            ]
+        )
     assert rc == 0
     assert len(fake.requests) == 4  # two questions, two turns each
     by_prompt = {}
@@ -234,9 +296,11 @@ def test_second_turn_carries_the_first_answer(tokdir, questions, tmp_path):
         second = next(p for p in by_prompt if q["turns"][1] in p)
         assert first == f"<bos><start_of_turn>user\n{q['turns'][0]}<end_of_turn>\n<start_of_turn>model\n"
         # the second prompt is the first conversation, the model's own answer, then the new question
-        assert second == (f"<bos><start_of_turn>user\n{q['turns'][0]}<end_of_turn>\n<start_of_turn>assistant\n"
-                          f"{by_prompt[first]}<end_of_turn>\n<start_of_turn>user\n{q['turns'][1]}<end_of_turn>\n"
-                          "<start_of_turn>model\n")
+        assert second == (
+            f"<bos><start_of_turn>user\n{q['turns'][0]}<end_of_turn>\n<start_of_turn>assistant\n"
+            f"{by_prompt[first]}<end_of_turn>\n<start_of_turn>user\n{q['turns'][1]}<end_of_turn>\n"
+            "<start_of_turn>model\n"
+        )
 
 
 def test_resume_skips_finished_turns(tokdir, questions, tmp_path, capsys):
@@ -255,7 +319,9 @@ def test_resume_skips_finished_turns(tokdir, questions, tmp_path, capsys):
 
         cache = out / "specbench-cache.jsonl"
         lines = cache.read_text().splitlines()
-        kept = [line for line in lines if not (json.loads(line)["question_id"] == "81" and json.loads(line)["turn"] == 1)]
+        kept = [
+            line for line in lines if not (json.loads(line)["question_id"] == "81" and json.loads(line)["turn"] == 1)
+        ]
         cache.write_text("\n".join(kept) + "\n" + '{"key": "half-writ')  # and a line cut by a crash
         rc, cap = _run(spec + args, capsys)
         assert rc == 0 and "1 of 7 turns to run" in cap.out and "ignored 1 unreadable line" in cap.err
@@ -269,8 +335,11 @@ def test_resume_skips_finished_turns(tokdir, questions, tmp_path, capsys):
 
 
 def test_launches_servers_and_stops_them(tokdir, questions, tmp_path, capsys):
-    launcher = [sys.executable, "-c", (f"import sys; sys.path.insert(0, {str(TESTS)!r}); "
-                "import test_specbench; test_specbench.serve_from_argv()")]
+    launcher = [
+        sys.executable,
+        "-c",
+        (f"import sys; sys.path.insert(0, {str(TESTS)!r}); import test_specbench; test_specbench.serve_from_argv()"),
+    ]
     configs = tmp_path / "configs.yaml"
     configs.write_text(
         "configs:\n"
@@ -279,8 +348,24 @@ def test_launches_servers_and_stops_them(tokdir, questions, tmp_path, capsys):
         f"    launcher: {json.dumps(launcher)}\n    env: {{SPECBENCH_TEST: '1'}}\n"
     )
     out = tmp_path / "out"
-    rc, cap = _run(["--configs", str(configs), "--questions", str(questions), "--out", str(out), "--warmup", "0",
-                    "--no-progress", "--limit-per-category", "1", "--server-timeout", "120"], capsys)
+    rc, cap = _run(
+        [
+            "--configs",
+            str(configs),
+            "--questions",
+            str(questions),
+            "--out",
+            str(out),
+            "--warmup",
+            "0",
+            "--no-progress",
+            "--limit-per-category",
+            "1",
+            "--server-timeout",
+            "120",
+        ],
+        capsys,
+    )
     assert rc == 0, cap.err
     assert cap.out.count("launching:") == 2 and "--host 127.0.0.1 --port" in cap.out
     result = json.loads((out / "specbench.json").read_text())
@@ -299,13 +384,28 @@ def test_launches_servers_and_stops_them(tokdir, questions, tmp_path, capsys):
             port = shlex.split(line)[-1]
             with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
                 urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
-                    f"http://127.0.0.1:{port}/health", timeout=2)
+                    f"http://127.0.0.1:{port}/health", timeout=2
+                )
 
 
 def test_server_that_dies_shows_its_log(tokdir, questions, tmp_path, capsys):
-    crash = shlex.join([sys.executable, "-c", "import sys; print('RuntimeError: no CUDA GPUs are available'); sys.exit(3)"])
-    rc, cap = _run(["--config", "name=broken,args=--model-path x", "--launcher", crash, "--questions", str(questions),
-                    "--out", str(tmp_path / "o"), "--no-progress"], capsys)
+    crash = shlex.join(
+        [sys.executable, "-c", "import sys; print('RuntimeError: no CUDA GPUs are available'); sys.exit(3)"]
+    )
+    rc, cap = _run(
+        [
+            "--config",
+            "name=broken,args=--model-path x",
+            "--launcher",
+            crash,
+            "--questions",
+            str(questions),
+            "--out",
+            str(tmp_path / "o"),
+            "--no-progress",
+        ],
+        capsys,
+    )
     assert rc == 2
     assert "server 'broken' exited with code 3 before it became healthy" in cap.err
     assert "no CUDA GPUs are available" in cap.err and "broken.log" in cap.err
@@ -313,19 +413,57 @@ def test_server_that_dies_shows_its_log(tokdir, questions, tmp_path, capsys):
 
 def test_server_that_never_gets_healthy_times_out(tokdir, questions, tmp_path, capsys):
     hang = shlex.join([sys.executable, "-c", "import time; print('loading weights', flush=True); time.sleep(600)"])
-    rc, cap = _run(["--config", "name=slow,args=--model-path x", "--launcher", hang, "--questions", str(questions),
-                    "--out", str(tmp_path / "o"), "--no-progress", "--server-timeout", "2"], capsys)
+    rc, cap = _run(
+        [
+            "--config",
+            "name=slow,args=--model-path x",
+            "--launcher",
+            hang,
+            "--questions",
+            str(questions),
+            "--out",
+            str(tmp_path / "o"),
+            "--no-progress",
+            "--server-timeout",
+            "2",
+        ],
+        capsys,
+    )
     assert rc == 2
     assert "server 'slow' did not become healthy within 2 s" in cap.err and "loading weights" in cap.err
 
 
 def test_server_errors_and_unreachable_urls_are_clear(tokdir, questions, tmp_path, capsys):
     with FakeSGLang(tokdir, fail="The input (9000 tokens) is longer than the model's context length") as fake:
-        rc, cap = _run(["--config", f"name=a,algorithm=none,url={fake.url}", "--questions", str(questions),
-                        "--out", str(tmp_path / "o"), "--warmup", "0", "--no-progress"], capsys)
+        rc, cap = _run(
+            [
+                "--config",
+                f"name=a,algorithm=none,url={fake.url}",
+                "--questions",
+                str(questions),
+                "--out",
+                str(tmp_path / "o"),
+                "--warmup",
+                "0",
+                "--no-progress",
+            ],
+            capsys,
+        )
     assert rc == 2 and "/generate: HTTP 400" in cap.err and "longer than the model's context length" in cap.err
-    rc, cap = _run(["--config", "name=a,algorithm=none,url=http://127.0.0.1:9", "--questions", str(questions),
-                    "--out", str(tmp_path / "o"), "--no-progress", "--server-timeout", "1"], capsys)
+    rc, cap = _run(
+        [
+            "--config",
+            "name=a,algorithm=none,url=http://127.0.0.1:9",
+            "--questions",
+            str(questions),
+            "--out",
+            str(tmp_path / "o"),
+            "--no-progress",
+            "--server-timeout",
+            "1",
+        ],
+        capsys,
+    )
     assert rc == 2 and "no healthy SGLang server at http://127.0.0.1:9" in cap.err
 
 
@@ -335,8 +473,19 @@ def test_plain_prompts_and_missing_templates(questions, tmp_path, capsys):
 
     tokenizer = AutoTokenizer.from_pretrained(plain_tok)
     with FakeSGLang(plain_tok) as fake:
-        base = ["--config", f"name=a,algorithm=none,url={fake.url}", "--questions", str(questions), "--out",
-                str(tmp_path / "o"), "--warmup", "0", "--no-progress", "--categories", "qa"]
+        base = [
+            "--config",
+            f"name=a,algorithm=none,url={fake.url}",
+            "--questions",
+            str(questions),
+            "--out",
+            str(tmp_path / "o"),
+            "--warmup",
+            "0",
+            "--no-progress",
+            "--categories",
+            "qa",
+        ]
         rc, cap = _run(base + ["--prompt-format", "chat"], capsys)
         assert rc == 2 and "the tokenizer has no chat template" in cap.err
         rc, cap = _run(base, capsys)  # auto: no template, so the plain transcript; the tokenizer adds BOS
@@ -348,29 +497,46 @@ def test_plain_prompts_and_missing_templates(questions, tmp_path, capsys):
 def test_concurrency_gives_the_same_answers(tokdir, questions, tmp_path):
     with FakeSGLang(tokdir, accept=2.0) as fake:
         for c in ("1", "3"):
-            rc, _ = _run(["--config", f"name=a,algorithm=EAGLE3,url={fake.url}", "--questions", str(questions),
-                          "--out", str(tmp_path / c), "--warmup", "0", "--no-progress", "--concurrency", c])
+            rc, _ = _run(
+                [
+                    "--config",
+                    f"name=a,algorithm=EAGLE3,url={fake.url}",
+                    "--questions",
+                    str(questions),
+                    "--out",
+                    str(tmp_path / c),
+                    "--warmup",
+                    "0",
+                    "--no-progress",
+                    "--concurrency",
+                    c,
+                ]
+            )
             assert rc == 0
     one, three = (json.loads((tmp_path / c / "specbench.json").read_text()) for c in ("1", "3"))
     assert three["concurrency"] == 3
     assert [(r["category"], r["accept_length"], r["n"]) for r in one["runs"]] == [
-        (r["category"], r["accept_length"], r["n"]) for r in three["runs"]]
+        (r["category"], r["accept_length"], r["n"]) for r in three["runs"]
+    ]
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("name=a,algorithm=medusa,url=http://h:1", "'algorithm' must be one of none, EAGLE, EAGLE3, DYNVOCAB"),
-    ("algorithm=none,url=http://h:1", "'name' must be a non-empty string"),
-    ("name=a b,url=http://h:1,algorithm=none", "'name' must be a non-empty string"),
-    ("name=a,url=http://h:1", "a server reached by url needs 'algorithm'"),
-    ("name=a,algorithm=none", "needs 'args' (server arguments to launch with) or 'url'"),
-    ("name=a,args=--model-path m,url=http://h:1,algorithm=none", "either 'url'"),
-    ("name=a,url=h:1,algorithm=none", "'url' must start with http://"),
-    ("name=a,colour=red,url=http://h:1", "unknown key(s) colour"),
-    ("name=a,args=\"--model-path m", "check the quotes"),
-    ("name=a,justaword", "'justaword' is not key=value"),
-    ("name=a,name=b,url=http://h:1", "'name' given twice"),
-    ("name=a,env=NOEQUALS,args=--model-path m", "'env' must be 'KEY=VALUE"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("name=a,algorithm=medusa,url=http://h:1", "'algorithm' must be one of none, EAGLE, EAGLE3, DYNVOCAB"),
+        ("algorithm=none,url=http://h:1", "'name' must be a non-empty string"),
+        ("name=a b,url=http://h:1,algorithm=none", "'name' must be a non-empty string"),
+        ("name=a,url=http://h:1", "a server reached by url needs 'algorithm'"),
+        ("name=a,algorithm=none", "needs 'args' (server arguments to launch with) or 'url'"),
+        ("name=a,args=--model-path m,url=http://h:1,algorithm=none", "either 'url'"),
+        ("name=a,url=h:1,algorithm=none", "'url' must start with http://"),
+        ("name=a,colour=red,url=http://h:1", "unknown key(s) colour"),
+        ('name=a,args="--model-path m', "check the quotes"),
+        ("name=a,justaword", "'justaword' is not key=value"),
+        ("name=a,name=b,url=http://h:1", "'name' given twice"),
+        ("name=a,env=NOEQUALS,args=--model-path m", "'env' must be 'KEY=VALUE"),
+    ],
+)
 def test_bad_config_specs(spec, message):
     with pytest.raises(SpecBenchError) as err:
         parse_config_spec(spec)
@@ -378,8 +544,9 @@ def test_bad_config_specs(spec, message):
 
 
 def test_config_spec_parsing():
-    c = parse_config_spec('name=e3,args="--model-path /m --cuda-graph-bs 1,2,4 --speculative-algorithm=EAGLE3",'
-                          'env="A=1 B=\'two words\'"')
+    c = parse_config_spec(
+        'name=e3,args="--model-path /m --cuda-graph-bs 1,2,4 --speculative-algorithm=EAGLE3",env="A=1 B=\'two words\'"'
+    )
     assert c.name == "e3" and c.algorithm == "EAGLE3" and c.url is None
     assert c.args == ["--model-path", "/m", "--cuda-graph-bs", "1,2,4", "--speculative-algorithm=EAGLE3"]
     assert c.env == {"A": "1", "B": "two words"}
@@ -413,23 +580,31 @@ def test_bad_inputs_give_clear_errors(tokdir, questions, tmp_path, capsys):
     yaml_file.write_text("configs:\n  - name: a\n    algorithm: none\n")
     rc, cap = _run(["--configs", str(yaml_file), "--questions", str(questions)] + common, capsys)
     assert rc == 2 and "c.yaml entry 1 (config 'a'): needs 'args'" in cap.err
-    for args, message in ((["--concurrency", "0"], "argument --concurrency: must be at least 1, got 0"),
-                          (["--temperature", "-1"], "argument --temperature: must be at least 0.0, got -1.0"),
-                          ([], "no configurations: give --config and/or --configs")):
+    for args, message in (
+        (["--concurrency", "0"], "argument --concurrency: must be at least 1, got 0"),
+        (["--temperature", "-1"], "argument --temperature: must be at least 0.0, got -1.0"),
+        ([], "no configurations: give --config and/or --configs"),
+    ):
         rc, cap = _run((["--config", url] if args else []) + args + ["--questions", str(questions)] + common, capsys)
         assert rc == 2 and message in cap.err and len(cap.err.strip().splitlines()) == 1
 
 
 def test_summary_skips_unfinished_questions_and_compares_common_ones():
-    base, other = (make_config({"name": n, "algorithm": a, "url": "http://x:1"}, "t")
-                   for n, a in (("b", "none"), ("o", "EAGLE3")))
+    base, other = (
+        make_config({"name": n, "algorithm": a, "url": "http://x:1"}, "t") for n, a in (("b", "none"), ("o", "EAGLE3"))
+    )
     from sglang_specvocab.prompts import Question
 
     qs = [Question("1", "qa", ("a",)), Question("2", "qa", ("b",)), Question("3", "mt_bench", ("c", "d"))]
 
     def rec(qid, turn, tokens, seconds, verify=None):
-        return {"question_id": qid, "turn": turn, "completion_tokens": tokens, "time_s": seconds,
-                "spec_verify_ct": verify}
+        return {
+            "question_id": qid,
+            "turn": turn,
+            "completion_tokens": tokens,
+            "time_s": seconds,
+            "spec_verify_ct": verify,
+        }
 
     records = {
         "b": [rec("1", 0, 10, 1.0), rec("2", 0, 10, 2.0), rec("3", 0, 5, 1.0)],  # q3 lacks turn 2: not counted

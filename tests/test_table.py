@@ -45,11 +45,14 @@ def test_unique_first_and_compact():
     assert compact(x, x >= 2).tolist() == [[3, 3, 2, -1, -1, -1], [4, 4, 4, -1, -1, -1]]
 
 
-@pytest.mark.parametrize("kwargs,msg", [
-    (dict(num_rows=0, capacity=4), "num_rows = 0"),
-    (dict(num_rows=2, capacity=0), "capacity = 0"),
-    (dict(num_rows=2, capacity=4, fallback_id=-1), "fallback_id = -1"),
-])
+@pytest.mark.parametrize(
+    "kwargs,msg",
+    [
+        (dict(num_rows=0, capacity=4), "num_rows = 0"),
+        (dict(num_rows=2, capacity=0), "capacity = 0"),
+        (dict(num_rows=2, capacity=4, fallback_id=-1), "fallback_id = -1"),
+    ],
+)
 def test_bad_table_arguments(kwargs, msg):
     with pytest.raises(ValueError, match=msg):
         CandidateTable(**kwargs)

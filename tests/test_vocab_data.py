@@ -223,7 +223,12 @@ def test_script_counts_text(hf_dir, tmp_path):
     data.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(docs)))
     freq, succ = tmp_path / "out" / "f.npz", tmp_path / "out" / "s.npz"
     args = ["--model", hf_dir, "--text", data, "--limit", 20, "--out", freq, "--cooccurrence", succ, "--successors", 4]
-    done = subprocess.run([sys.executable, "-m", "sglang_specvocab", "build-freq", *map(str, args)], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "sglang_specvocab", "build-freq", *map(str, args)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     out = done.stdout
     streams = [ids_of(t) for t in docs[:20]]

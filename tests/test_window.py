@@ -36,8 +36,9 @@ def topk(vocab, k, lo=1, hi=6):
 def test_interleaved_events_on_many_rows_match_literal(data, setup):
     """Random events on random row subsets, resets included (slot reuse), against the literal rule."""
     sources, kpre, kver, cap, vocab = setup
-    cfg = parse_config({"policy": "window", "capacity": cap,
-                        "window": {"prefill_topk": kpre, "verify_topk": kver, "sources": sources}})
+    cfg = parse_config(
+        {"policy": "window", "capacity": cap, "window": {"prefill_topk": kpre, "verify_topk": kver, "sources": sources}}
+    )
     rows_n = data.draw(st.integers(2, 6))
     pol = build_policy(cfg, num_rows=rows_n, fallback_id=0)
     table = pol.table
@@ -88,13 +89,17 @@ def test_empty_event_blocks_change_nothing():
     rows = torch.tensor([1, 2])
     pol.on_prefill(rows, torch.tensor([[5, 6, -1], [7, -1, -1]]), torch.tensor([[[1, 2, 3]] * 3, [[4, 4, 4]] * 3]))
     before = pol.table.ids.clone(), pol.table.cnt.clone()
-    pol.on_verify(rows, torch.empty(2, 0, dtype=torch.long), torch.full((2, 1, 3), -1), torch.empty(2, 0, dtype=torch.long))
+    pol.on_verify(
+        rows, torch.empty(2, 0, dtype=torch.long), torch.full((2, 1, 3), -1), torch.empty(2, 0, dtype=torch.long)
+    )
     assert torch.equal(pol.table.ids, before[0]) and torch.equal(pol.table.cnt, before[1])
     assert pol.table.row(2) == [4, 7]  # top-K ids of padding positions (-1) are not entries
 
 
 def test_required_topk_follows_sources():
-    both = build_policy(parse_config({"policy": "window", "capacity": 8, "window": {"prefill_topk": 2, "verify_topk": 5}}), 2)
+    both = build_policy(
+        parse_config({"policy": "window", "capacity": 8, "window": {"prefill_topk": 2, "verify_topk": 5}}), 2
+    )
     ctx = build_policy(parse_config({"policy": "window", "capacity": 8, "window": {"sources": ["context"]}}), 2)
     assert (both.prefill_topk, both.verify_topk) == (2, 5)
     assert (ctx.prefill_topk, ctx.verify_topk) == (0, 0)

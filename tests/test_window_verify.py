@@ -211,7 +211,9 @@ def test_a_d2t_draft_takes_the_fused_round_with_its_vocabulary_as_holes(kernel):
         d, top, acc = verify_event(draft, index, lens, predict, logits, num_draft_tokens=nd, k=3, vocab_size=V)
         tel_generic.record_verify(generic.table, rows, acc, V)
         generic.on_verify(rows, d, top, acc)  # the wrapper's holes
-        fused.on_verify_round(rows, draft, index, lens, predict, logits, compacted=False, vocab_size=V, acc=tel_fused.acc)
+        fused.on_verify_round(
+            rows, draft, index, lens, predict, logits, compacted=False, vocab_size=V, acc=tel_fused.acc
+        )
         assert torch.equal(fused.table.ids, generic.table.ids) and torch.equal(fused.table.cnt, generic.table.cnt)
         assert torch.equal(tel_fused.acc, tel_generic.acc)
         assert bool(mask[fused.table.ids[rows].long()].all())  # sets hold only ids with a head row

@@ -18,7 +18,7 @@ import sys
 import types
 from array import array
 
-from sglang_specvocab.testing.standins import install  # noqa: E402
+from sglang_specvocab.testing.standins import install
 
 install(("torchvision", "vllm"))  # stand-ins where they are missing (a CPU machine)
 

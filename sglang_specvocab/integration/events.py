@@ -37,7 +37,7 @@ distinct ids differently inside the ring; and ``accepted`` holds all ``accept_le
 from __future__ import annotations
 
 import functools
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -135,7 +135,9 @@ def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 def _host_ints(values, what: str) -> list[int]:
     if isinstance(values, torch.Tensor):
         if values.device.type != "cpu":
-            raise ValueError(f"prefill_event: {what} must be host values (a list or a CPU tensor), not on {values.device}")
+            raise ValueError(
+                f"prefill_event: {what} must be host values (a list or a CPU tensor), not on {values.device}"
+            )
         return [int(v) for v in values.tolist()]
     return [int(v) for v in values]
 
@@ -194,7 +196,9 @@ def prefill_event(
     fed = [0] * b if fed_lens is None else _host_ints(fed_lens, "fed_lens")
     hit = [max(p - f, 0) for p, f in zip(pre, fed, strict=True)]
     if extend_start_loc is None:
-        start = torch.cumsum(torch.tensor([0] + ext[:-1], dtype=torch.int64), 0) if b else torch.zeros(0, dtype=torch.int64)
+        start = (
+            torch.cumsum(torch.tensor([0] + ext[:-1], dtype=torch.int64), 0) if b else torch.zeros(0, dtype=torch.int64)
+        )
     else:
         start = torch.tensor(_host_ints(extend_start_loc, "extend_start_loc"), dtype=torch.int64)
     width = max([h + e for h, e in zip(hit, ext, strict=True)] + [0])

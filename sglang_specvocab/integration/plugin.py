@@ -129,7 +129,7 @@ def _register_refusal(reason: Exception) -> None:
 def add_cli_args_hook(result, parser):
     """AFTER ``ServerArgs.add_cli_args(parser)``: add ``--speculative-dynvocab-config``."""
     if any(FLAG in action.option_strings for action in parser._actions):
-        return None
+        return
     parser.add_argument(
         FLAG,
         dest=DEST,
@@ -139,7 +139,7 @@ def add_cli_args_hook(result, parser):
         help=f"The policy YAML of --speculative-algorithm {NAME} (sglang-specvocab). Default: ${ENV}, "
         "else the shipped microspec.yaml.",
     )
-    return None
+    return
 
 
 def from_cli_args_hook(result, cls, args):

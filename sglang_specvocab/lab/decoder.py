@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
 

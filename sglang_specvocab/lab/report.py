@@ -45,10 +45,17 @@ def plot(result: dict, path: Path) -> None:
     markers = "osD^vP*Xhp<>"
     for i, r in enumerate(overall):  # a marker and colour per config; names beside the points
         label = f"{r['config']}: coverage {r['coverage']:.3f}, accept length {r['accept_length']:.2f}"
-        ax.scatter(r["mean_set_size"], r["coverage"], s=50, label=label, marker=markers[i % len(markers)],
-                   color=plt.cm.tab20(i % 20))
-        ax.annotate(r["config"], (r["mean_set_size"], r["coverage"]), textcoords="offset points", xytext=(5, 4),
-                    fontsize=7)
+        ax.scatter(
+            r["mean_set_size"],
+            r["coverage"],
+            s=50,
+            label=label,
+            marker=markers[i % len(markers)],
+            color=plt.cm.tab20(i % 20),
+        )
+        ax.annotate(
+            r["config"], (r["mean_set_size"], r["coverage"]), textcoords="offset points", xytext=(5, 4), fontsize=7
+        )
     ax.set_xscale("log")
     lowest = min((r["coverage"] for r in overall), default=0.0)
     ax.set_ylim(max(0.0, lowest - 0.1), 1.02)

@@ -7,9 +7,9 @@ policy sees at serve time), against the draft's own full-vocabulary head as the 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable, Sequence
 from itertools import islice
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import torch
 

@@ -19,7 +19,7 @@ import functools
 import importlib.util
 import logging
 import os
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

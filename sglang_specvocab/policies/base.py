@@ -183,6 +183,10 @@ def load_trained(path, keys: tuple[str, ...], what: str, command: str, where: st
         data = torch.load(path, weights_only=True, map_location="cpu")
         return {k: data[k] for k in keys}
     except FileNotFoundError:
-        raise ConfigError(f"{where}: {what} file {path} does not exist (train one with sglang-specvocab {command})") from None
+        raise ConfigError(
+            f"{where}: {what} file {path} does not exist (train one with sglang-specvocab {command})"
+        ) from None
     except Exception as exc:  # noqa: BLE001  (any unreadable file gets the same clear message)
-        raise ConfigError(f"{where}: {what} file {path} is not a {what} from sglang-specvocab {command} ({exc!r})") from None
+        raise ConfigError(
+            f"{where}: {what} file {path} is not a {what} from sglang-specvocab {command} ({exc!r})"
+        ) from None

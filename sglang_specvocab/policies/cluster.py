@@ -40,7 +40,7 @@ class ClusterSection(Section):
     seed: int = Field(0, ge=0, description="k-means seed")
 
     @model_validator(mode="after")
-    def _budget(self) -> "ClusterSection":
+    def _budget(self) -> ClusterSection:
         for name, k in zip(("k0", "k1"), self.budget, strict=True):
             if not 1 <= k <= self.clusters:
                 raise ValueError(f"cluster.budget {name} = {k} is invalid: must be in [1, clusters = {self.clusters}]")

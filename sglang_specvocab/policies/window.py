@@ -49,7 +49,7 @@ class WindowSection(Section):
         return v
 
     @model_validator(mode="after")
-    def _never_empty(self) -> "WindowSection":
+    def _never_empty(self) -> WindowSection:
         if self.sources == ["extension"] and self.prefill_topk == 0:
             raise ValueError(
                 "prefill_topk = 0 is invalid with sources = ['extension']: must be >= 1, "
