@@ -38,7 +38,7 @@ from sglang.srt.speculative.eagle_info import EagleDraftInput
 from ..policies import build_policy, parse_config
 from .logits import DynVocabLogitsProcessor
 from .telemetry import Gauges, Telemetry
-from .worker import DynVocabDraftWorker, DynVocabWorkerV2
+from .worker import DynVocabDraftWorker, DynVocabWorkerV2, prefill_head
 
 ARCH = "LlamaForCausalLMEagle3"
 
@@ -255,6 +255,8 @@ class Stack:
         if dyn:
             dw.dynvocab_policy, dw.dynvocab_proc = self.policy, self.proc
             dw.dynvocab_telemetry = Telemetry(shape.rows)
+            # resolved at start by install_dynvocab_head, which this hand-built worker skips
+            dw.dynvocab_target_head = prefill_head(self.target.model_runner.model.lm_head, lambda: None)
             w._dv_seen = w._dv_fed = None
             w._dv_live, w._dv_row_rid = {}, {}
             w.dynvocab_gauges = Gauges(False)
