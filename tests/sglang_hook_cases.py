@@ -121,11 +121,13 @@ def test_install_dynvocab_head_sets_the_hook(mods):
     target_lp = SimpleNamespace()
     dw.target_worker = SimpleNamespace(
         model_runner=SimpleNamespace(
-            model=SimpleNamespace(logits_processor=target_lp), model_config=SimpleNamespace(vocab_size=loop.V)
+            model=SimpleNamespace(logits_processor=target_lp, lm_head=model.lm_head),
+            model_config=SimpleNamespace(vocab_size=loop.V),
         )
     )
     dw.hot_token_id = None
     dw.install_dynvocab_head()
+    assert dw.dynvocab_target_head is model.lm_head.weight  # the prefill top-K's head, resolved at start
     assert isinstance(dw.draft_topk_hook, W.CompactTopKHook) and dw.draft_topk_hook.proc is dw.dynvocab_proc
     assert dw.draft_runner.model.logits_processor is dw.dynvocab_proc and target_lp.keep_last_hidden_states
 

@@ -528,6 +528,8 @@ def test_build_without_nvcc_installs_cpu_kernels_and_says_so(tmp_path):
         shutil.copy(ROOT / name, tmp_path / name)
     shutil.copytree(ROOT / "csrc", tmp_path / "csrc")
     (tmp_path / "sglang_specvocab").mkdir()
+    # the version's one source (setuptools reads it without importing the package)
+    shutil.copy(ROOT / "sglang_specvocab" / "__init__.py", tmp_path / "sglang_specvocab" / "__init__.py")
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
     env["SPECVOCAB_NO_CUDA"] = "1"
     build = subprocess.run(
