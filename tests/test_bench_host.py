@@ -35,9 +35,9 @@ def result(tmp_path_factory):
         "host",
         "--quick",
         "--reps",
-        "3",
+        "5",  # the chains' time target is asserted: five interleaved reps keep one noisy stretch out of the minimum
         "--rounds",
-        "10",
+        "20",
         "--out",
         str(out),
         "--port",
@@ -58,7 +58,7 @@ def test_every_case_is_timed_for_both_stacks_with_versions_and_command(result):
         for stack in ("EAGLE3", "DYNVOCAB"):
             for phase in ("draft", "verify", "extend", "round"):
                 t = c["decode"][stack][phase]
-                assert math.isfinite(t["us"]) and t["us"] > 0 and len(t["rep_medians_us"]) == 3
+                assert math.isfinite(t["us"]) and t["us"] > 0 and len(t["rep_medians_us"]) == 5
                 assert t["us"] == min(t["rep_medians_us"]) and t["spread_us"] >= 0
             assert c["prefill"][stack]["us"] > 0
         added = c["decode"]["DYNVOCAB"]["round"]["us"] - c["decode"]["EAGLE3"]["round"]["us"]
