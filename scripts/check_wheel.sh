@@ -28,8 +28,10 @@ quiet_pip() {
 say "building the wheel (isolated build: no torch, so no compiled kernels)"
 quiet_pip "$python" -m pip wheel --no-deps --wheel-dir "$work/dist" "$root"
 wheel=$(ls "$work"/dist/sglang_specvocab-*.whl)
-unzip -l "$wheel" | grep -q "sglang_specvocab/csrc/binding.cpp" || { echo "check_wheel: csrc/ is not in $wheel" >&2; exit 1; }
-if unzip -l "$wheel" | grep -q "sglang_specvocab/_C"; then echo "check_wheel: $wheel carries a binary" >&2; exit 1; fi
+# The listing goes to a file: `unzip | grep -q` fails under pipefail once grep stops reading (SIGPIPE).
+unzip -l "$wheel" >"$work/wheel-files.txt"
+grep -q "sglang_specvocab/csrc/binding.cpp" "$work/wheel-files.txt" || { echo "check_wheel: csrc/ is not in $wheel" >&2; exit 1; }
+if grep -q "sglang_specvocab/_C" "$work/wheel-files.txt"; then echo "check_wheel: $wheel carries a binary" >&2; exit 1; fi
 
 say "installing $(basename "$wheel") into a clean venv"
 cd "$work"  # away from the checkout, whose sglang_specvocab/ would shadow the installed one
