@@ -11,6 +11,8 @@ All methods take ``rows`` as an int64 tensor on the table's device and do no hos
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 _EMPTY = -1  # padding in every event tensor: negative ids are "no entry"
@@ -43,6 +45,39 @@ def unique_first(values: torch.Tensor) -> torch.Tensor:
     _, order, first = _sorted_runs(values, stable=True)
     keep = torch.empty_like(first).scatter_(1, order, first)
     return compact(values, keep)
+
+
+@functools.lru_cache(maxsize=64)
+def _earlier_in_segment(lengths: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """bool ``[n, n]``: ``[i, j]`` when entry j comes before entry i in the same segment (made once per shape)."""
+    seg = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    pos = torch.arange(seg.numel())
+    return ((seg[:, None] == seg[None, :]) & (pos[None, :] < pos[:, None])).to(device)
+
+
+def distinct_segments(segments: list[torch.Tensor]) -> torch.Tensor:
+    """``[B, sum n_i]``: the segments side by side, each id that repeats an earlier one of its own segment
+    replaced by -1 (a hole). The window stream is the same as ``unique_first`` of each segment's (holes are
+    skipped), in O(n^2) elementwise work and a fixed handful of ops: for a verify round's few entries."""
+    block = torch.cat(segments, dim=1) if len(segments) > 1 else segments[0]
+    earlier = _earlier_in_segment(tuple(s.shape[1] for s in segments), block.device)
+    repeat = ((block[:, :, None] == block[:, None, :]) & earlier).any(dim=2)
+    return torch.where(repeat, -1, block)
+
+
+def set_contains(
+    ids: torch.Tensor, cnt: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, columns: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``out[b, j]``: whether ``tokens[b, j]`` (-1: none) is in the set of table row ``rows[b]`` (``ids``/``cnt``).
+    ``columns``: ``arange(capacity)`` made once by a caller that runs every round."""
+    if columns is None:
+        columns = torch.arange(ids.shape[1], device=ids.device)
+    sel = ids.index_select(0, rows)
+    live = columns[None, :] < cnt.index_select(0, rows)[:, None]
+    sel = torch.where(live, sel, torch.iinfo(torch.int32).max)  # sorted rows for searchsorted
+    tok = tokens.to(torch.int32).contiguous()
+    pos = torch.searchsorted(sel, tok).clamp(max=ids.shape[1] - 1)
+    return (sel.gather(1, pos) == tok) & (tokens >= 0)
 
 
 def assign_sets(
@@ -119,12 +154,7 @@ class CandidateTable:
 
     def contains(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """``out[b, j]``: whether ``tokens[b, j]`` is in the set of ``rows[b]``."""
-        ids = self.ids.index_select(0, rows)
-        live = self._columns < self.cnt.index_select(0, rows)[:, None]
-        ids = torch.where(live, ids, torch.iinfo(torch.int32).max)  # sorted rows for searchsorted
-        tok = tokens.to(torch.int32).contiguous()
-        pos = torch.searchsorted(ids, tok).clamp(max=self.capacity - 1)
-        return (ids.gather(1, pos) == tok) & (tokens >= 0)
+        return set_contains(self.ids, self.cnt, rows, tokens, self._columns)
 
     def row(self, r: int) -> list[int]:
         """Host copy of slot r's set (for tools and tests, never per step)."""

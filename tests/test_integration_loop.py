@@ -206,8 +206,7 @@ def test_verify_event_never_copies_vocabulary_rows(nd, steps, compacted):
 
 
 def test_distinct_segments_is_unique_first_per_segment_with_holes():
-    from sglang_specvocab.policies.window import distinct_segments
-    from sglang_specvocab.table import unique_first
+    from sglang_specvocab.table import distinct_segments, unique_first
 
     g = torch.Generator().manual_seed(1)
     for n1, n2 in ((6, 12), (1, 9), (8, 0)):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ..table import assign_sets, compact
+from ..table import assign_sets, compact, distinct_segments, set_contains
 from .checks import (
     REFERENCE_FLOATS,
     check_indexed_logits,
@@ -163,27 +163,19 @@ def window_verify(
             ok &= (t < hot.numel()) & hot[t.clamp(0, max(hot.numel() - 1, 0))]
         return torch.where(ok, t, -1)
 
-    def hole_repeats(seg: torch.Tensor) -> torch.Tensor:
-        n = seg.shape[1]
-        earlier = torch.ones(n, n, dtype=torch.bool, device=dev).tril(-1)  # [i, j]: j before i
-        repeat = ((seg[:, :, None] == seg[:, None, :]) & earlier).any(2) & (seg >= 0)
-        return torch.where(repeat, -1, seg)
-
     segments = []
     if context:
-        segments.append(hole_repeats(keep(draft_token.long().view(B, nd))))
+        segments.append(keep(draft_token.long().view(B, nd)))
     if k:
         kk = topk_ids.shape[1]
         top = torch.where(valid[:, :, None] & (topk_values[pos] > float("-inf")), topk_ids[pos], -1)  # [B, S, kk]
         top = torch.nn.functional.pad(top[:, :, :k], (0, k - min(kk, k)), value=-1)
-        segments.append(hole_repeats(keep(top.reshape(B, S * k))))
-    block = torch.cat(segments, 1) if segments else torch.empty((B, 0), dtype=torch.int64, device=dev)
+        segments.append(keep(top.reshape(B, S * k)))
+    # each id that repeats an earlier one of its own segment is a hole
+    block = distinct_segments(segments) if segments else torch.empty((B, 0), dtype=torch.int64, device=dev)
 
-    table = ids.index_select(0, rows)
     live = cnt.index_select(0, rows)
-    cols = torch.arange(ids.shape[1], device=dev)[None, :]
-    in_set = ((table.long()[:, None, :] == accepted[:, :, None]) & (cols[:, None, :] < live[:, None, None])).any(2)
-    hit = (in_set & (accepted >= 0)).sum(1)
+    hit = set_contains(ids, cnt, rows, accepted).sum(1)
     committed = (accepted >= 0).sum(1)
     acc.index_add_(
         1,

@@ -20,7 +20,6 @@ memory O(R x capacity), independent of the vocabulary size.
 
 from __future__ import annotations
 
-import functools
 from typing import Literal
 
 import torch
@@ -28,7 +27,7 @@ from pydantic import Field, field_validator, model_validator
 
 from .. import ops
 from ..config import PolicyConfig, Section
-from ..table import CandidateTable, unique_first
+from ..table import CandidateTable, distinct_segments, unique_first
 from .base import ModelContext, Policy
 
 Source = Literal["context", "extension"]
@@ -69,24 +68,6 @@ class WindowConfig(PolicyConfig):
     policy: Literal["window"]
     capacity: int = Field(ge=1, description="W_max, the most ids in a request's set; an integer >= 1")
     window: WindowSection = Field(default_factory=WindowSection)
-
-
-@functools.lru_cache(maxsize=64)
-def _earlier_in_segment(lengths: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """bool ``[n, n]``: ``[i, j]`` when entry j comes before entry i in the same segment (made once per shape)."""
-    seg = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
-    pos = torch.arange(seg.numel())
-    return ((seg[:, None] == seg[None, :]) & (pos[None, :] < pos[:, None])).to(device)
-
-
-def distinct_segments(segments: list[torch.Tensor]) -> torch.Tensor:
-    """``[B, sum n_i]``: the segments side by side, each id that repeats an earlier one of its own segment
-    replaced by -1 (a hole). The window stream is the same as ``unique_first`` of each segment's (holes are
-    skipped), in O(n^2) elementwise work and a fixed handful of ops: for a verify round's few entries."""
-    block = torch.cat(segments, dim=1) if len(segments) > 1 else segments[0]
-    earlier = _earlier_in_segment(tuple(s.shape[1] for s in segments), block.device)
-    repeat = ((block[:, :, None] == block[:, None, :]) & earlier).any(dim=2)
-    return torch.where(repeat, -1, block)
 
 
 class WindowPolicy(Policy):
