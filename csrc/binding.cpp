@@ -36,6 +36,12 @@ TORCH_LIBRARY(specvocab, m) {
       "window_verify(Tensor(a!) ring, Tensor(b!) length, Tensor(c!) ids, Tensor(d!) cnt, Tensor(e!) acc, Tensor rows, "
       "Tensor draft_token, Tensor accept_index, Tensor accept_lens, Tensor predict, Tensor topk_values, "
       "Tensor topk_ids, Tensor? hot, int k, bool context, bool compacted, int fallback_id, int vocab_size) -> Tensor");
+  // The draft head's top-k: per row the top k columns (value descending, then column ascending), their token ids
+  // through col_ids (none, [W], or [R, W] with each request's map row in rows), the row's logsumexp; values raw
+  // (mode 0), log-probabilities (1) or probabilities (2) (ops/reference.py::compact_topk is the definition).
+  m.def(
+      "compact_topk(Tensor logits, Tensor? col_ids, Tensor? rows, int k, int fallback_id, int mode) -> "
+      "(Tensor, Tensor, Tensor)");
   m.def(
       "pack_update(Tensor(a!) packed, Tensor(b!) packed_ids, Tensor weight, Tensor ids, Tensor cnt, Tensor rows) -> "
       "()");
@@ -55,6 +61,7 @@ TORCH_LIBRARY_IMPL(specvocab, CPU, m) {
   m.impl("logits_pieces", &specvocab::logits_pieces_op);
   m.impl("window_update", &specvocab::window_update_cpu);
   m.impl("window_verify", &specvocab::window_verify_cpu);
+  m.impl("compact_topk", &specvocab::compact_topk_cpu);
   m.impl("pack_update", &specvocab::pack_update_cpu);
 }
 
@@ -64,6 +71,7 @@ TORCH_LIBRARY_IMPL(specvocab, CUDA, m) {
   m.impl("packed_logits", &specvocab::packed_logits_cuda);
   m.impl("window_update", &specvocab::window_update_cuda);
   m.impl("window_verify", &specvocab::window_verify_cuda);
+  m.impl("compact_topk", &specvocab::compact_topk_cuda);
   m.impl("pack_update", &specvocab::pack_update_cuda);
 }
 #endif

@@ -18,8 +18,9 @@ struct SpecvocabLogitsPlan {
   int64_t nsteps;
 };
 
-// window_verify's arguments (window_verify_row.h).
+// window_verify's and compact_topk's arguments (window_verify_row.h, compact_topk_row.h).
 struct SpecvocabVerifyArgs;
+struct SpecvocabTopkArgs;
 
 extern "C" {
 const char* specvocab_cuda_error_string(int code);
@@ -36,6 +37,8 @@ int specvocab_window_update_launch(int32_t* ring, int64_t* length, int32_t* ids,
                                    int32_t fallback_id, int64_t vocab_size, void* stream);
 // One thread per request of window_verify (the window update is a separate launch). Returns a cudaError_t.
 int specvocab_window_verify_launch(const struct SpecvocabVerifyArgs* args, int64_t B, void* stream);
+// One block per logits row of compact_topk. Returns a cudaError_t.
+int specvocab_compact_topk_launch(const struct SpecvocabTopkArgs* args, void* stream);
 int specvocab_pack_update_launch(void* packed, int32_t* packed_ids, const void* weight, const int32_t* ids,
                                  const int32_t* cnt, const int64_t* rows, int32_t* scratch, int64_t B, int64_t W,
                                  int64_t d, int64_t vocab_size, int dtype, void* stream);

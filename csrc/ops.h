@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 
+#include <tuple>
 #include <vector>
 
 #include "launchers.h"
@@ -47,6 +48,17 @@ at::Tensor window_verify_cuda(at::Tensor& ring, at::Tensor& length, at::Tensor& 
                               const at::Tensor& accept_lens, const at::Tensor& predict, const at::Tensor& topk_values,
                               const at::Tensor& topk_ids, const c10::optional<at::Tensor>& hot, int64_t k, bool context,
                               bool compacted, int64_t fallback_id, int64_t vocab_size);
+
+// compact_topk: the draft head's top-k per logits row through its column map, with the row's logsumexp; returns
+// (values [N, k], tokens [N, k] int64, lse [N]).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> compact_topk_cpu(const at::Tensor& logits,
+                                                                const c10::optional<at::Tensor>& col_ids,
+                                                                const c10::optional<at::Tensor>& rows, int64_t k,
+                                                                int64_t fallback_id, int64_t mode);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> compact_topk_cuda(const at::Tensor& logits,
+                                                                 const c10::optional<at::Tensor>& col_ids,
+                                                                 const c10::optional<at::Tensor>& rows, int64_t k,
+                                                                 int64_t fallback_id, int64_t mode);
 
 // pack_update: bring the packed rows [R, W, d] and their ids up to date with the table.
 void pack_update_cpu(at::Tensor& packed, at::Tensor& packed_ids, const at::Tensor& weight, const at::Tensor& ids,

@@ -16,12 +16,20 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-CPU_SOURCES = ["binding.cpp", "indexed_logits.cpp", "window_update.cpp", "window_verify.cpp", "pack_update.cpp"]
+CPU_SOURCES = [
+    "binding.cpp",
+    "indexed_logits.cpp",
+    "window_update.cpp",
+    "window_verify.cpp",
+    "compact_topk.cpp",
+    "pack_update.cpp",
+]
 # Object names must differ from the .cpp ones (same stem, one build folder).
 CUDA_SOURCES = [
     "indexed_logits_kernel.cu",
     "window_update_kernel.cu",
     "window_verify_kernel.cu",
+    "compact_topk_kernel.cu",
     "pack_update_kernel.cu",
 ]
 NO_CUDA_SOURCE = "no_cuda.cpp"  # the launchers' stand-ins when no CUDA kernels are built

@@ -33,18 +33,23 @@ stream; the head waits for that copy just before it runs (a caller replaying the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from . import headcost, ops
-from .ops.topk import NEG_INF, head_row_map, local_topk, merge_topk, row_slots
+from .ops.checks import TOPK_MAX_K
+from .ops.topk import NEG_INF, column_tokens, head_row_map, local_topk, merge_topk, row_slots
 from .table import CandidateTable
 
 BATCH_MODES = ("auto", "per-request", "union", "stock")  # the config's head.batch
 PLANS = headcost.MODES  # what a call runs; "union" is either union plan (the cost model picks), a plan name forces it
 UNION_VIEWS = ("own", "all")
+# compact_topk runs one CUDA block per logits row: right for compact widths (per-request sets, small unions), while
+# for the stock heads' 32k-262k columns torch's multi-block top-k spreads a row over more SMs (to measure: bench kernels)
+FUSED_TOPK_MAX_WIDTH = 16384
 
 
 @dataclass
@@ -58,18 +63,19 @@ class HeadOutput:
     col_offset: int = 0  # global column of local column 0 (a stock head's TP shard)
     group: Any = None  # process group of the top-k merge (tp_size > 1)
     tp_size: int = 1
+    topk_op: Callable | None = None  # compact_topk of the head's backend: the one-rank top-k in one op
+
+    def _fused(self, k: int, mode: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """``compact_topk`` where it applies (one rank, k within the op's limit), else None."""
+        if self.topk_op is None or self.tp_size > 1 or self.col_offset or k > TOPK_MAX_K:
+            return None
+        if self.logits.shape[1] > FUSED_TOPK_MAX_WIDTH:
+            return None
+        return self.topk_op(self.logits, self.col_ids, self.rows, k, self.fallback_id, mode)
 
     def tokens(self, cols: torch.Tensor) -> torch.Tensor:
         """int64 target ids of global columns ``cols [N, k]`` (-1 where a column has no token)."""
-        cols = cols.long()
-        if self.col_ids is None:
-            return cols
-        if self.col_ids.dim() == 1:
-            return self.col_ids.long()[cols]
-        width = self.col_ids.shape[1]
-        flat = self.col_ids.reshape(-1)
-        col_row = row_slots(self.rows, cols.shape[0]).long()  # here, not per head call: most calls need no ids
-        return flat[col_row[:, None] * width + cols].long()
+        return column_tokens(self.col_ids, self.rows, cols)
 
     def topk(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(values fp32 ``[N, k]``, token ids int64 ``[N, k]``), best first, identical on every rank."""
@@ -78,6 +84,9 @@ class HeadOutput:
 
     def topk_lse(self, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``topk`` and the logsumexp ``[N]`` of each row's logits (over all ranks)."""
+        fused = self._fused(k, 0)
+        if fused is not None:
+            return fused
         values, cols, lse = local_topk(self.logits, k)
         if self.col_offset:
             cols = cols + self.col_offset
@@ -89,11 +98,17 @@ class HeadOutput:
 
     def topk_logprobs(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(log-probabilities over the row's live columns ``[N, k]``, token ids): -inf for a -inf entry."""
+        fused = self._fused(k, 1)
+        if fused is not None:
+            return fused[0], fused[1]
         values, tokens, lse = self.topk_lse(k)
         return torch.where(torch.isneginf(values), NEG_INF, values - lse[:, None]), tokens
 
     def topk_probs(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(probabilities over the row's live columns ``[N, k]``, token ids): 0 for a -inf entry."""
+        fused = self._fused(k, 2)
+        if fused is not None:
+            return fused[0], fused[1]
         logp, tokens = self.topk_logprobs(k)
         return torch.exp(logp), tokens
 
@@ -161,6 +176,8 @@ class DraftHead:
         self._plans: dict[tuple[int, int], str] = {}
         self.last_mode: str | None = None
         self._union_ids: torch.Tensor | None = None
+        # The top-k has no Triton version: a Triton head (or auto) gets the extension's where it runs, else torch.
+        self._topk = ops.implementation(ops.update_backend(kernel), dev, "compact_topk")
         if table is None:
             self.capacity = 0
             return
@@ -275,7 +292,7 @@ class DraftHead:
         if mode is None:
             raise RuntimeError("DraftHead.output: no head call yet (the logits' mode is unknown)")
         fallback = self.table.fallback_id if self.table is not None else 0
-        common = {"fallback_id": fallback, "group": self.group, "tp_size": self.tp_size}
+        common = {"fallback_id": fallback, "group": self.group, "tp_size": self.tp_size, "topk_op": self._topk}
         if mode == "stock":
             out = HeadOutput(logits, self.stock_ids, col_offset=self.start, **common)
         elif mode == "per-request":

@@ -58,6 +58,18 @@ def pack_args():
     }
 
 
+def topk_args():
+    g = torch.Generator().manual_seed(0)
+    return {
+        "logits": torch.randn(M, W, generator=g),
+        "col_ids": torch.randint(0, V, (R, W), generator=g, dtype=torch.int32),
+        "rows": torch.tensor([2, 0]),
+        "k": 3,
+        "fallback_id": 0,
+        "mode": 2,
+    }
+
+
 BAD = {  # op -> (valid arguments, [(change, a phrase every backend's message has)])
     "indexed_logits": (logits_args, [
         ({"ids": lambda a: a["ids"].long()}, "ids must be int32"),
@@ -110,6 +122,19 @@ BAD = {  # op -> (valid arguments, [(change, a phrase every backend's message ha
         ({"ids": lambda a: a["ids"] + V}, "ids[rows, :cnt] must be in [0, V=20)"),
         ({"ids": lambda a: a["ids"].flip(1)}, "ids[rows, :cnt] must be strictly ascending"),
         ({"packed_ids": lambda a: a["packed_ids"] - 1}, "packed_ids[rows] must be live ids >= 0 followed by -1"),
+    ]),
+    "compact_topk": (topk_args, [
+        ({"logits": lambda a: a["logits"].double()}, "logits must be float32 [N, W]"),
+        ({"logits": lambda a: a["logits"][0]}, "logits must be float32 [N, W]"),
+        ({"k": lambda a: 0}, "k = 0 must be in [1, min(16, W=5)]"),
+        ({"k": lambda a: W + 1}, "k = 6 must be in [1, min(16, W=5)]"),
+        ({"mode": lambda a: 3}, "mode = 3 must be 0 (values), 1 (log-probabilities) or 2 (probabilities)"),
+        ({"col_ids": lambda a: a["col_ids"].float()}, "col_ids must be int32 or int64"),
+        ({"col_ids": lambda a: a["col_ids"][:, :4]}, "col_ids must be [W=5] or [R, W=5]"),
+        ({"rows": lambda a: None}, "a 2-D col_ids [R, W] needs rows"),
+        ({"rows": lambda a: a["rows"].float()}, "rows must be int32 or int64 [bs]"),
+        ({"rows": lambda a: torch.tensor([0, 1, 2])}, "4 logits rows do not split evenly over 3 requests"),
+        ({"rows": lambda a: torch.tensor([0, 3])}, "rows must be in [0, R=3)"),
     ]),
 }  # fmt: skip
 CASES = [(op, i) for op, (_, bad) in BAD.items() for i in range(len(bad))]

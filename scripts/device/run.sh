@@ -47,7 +47,7 @@ RADIX_ARGS="${RADIX_ARGS:-}"
 SERVER_ARGS="--attention-backend triton --sampling-backend pytorch${RADIX_ARGS:+ $RADIX_ARGS}"
 # The SV_* variables below trim a phase when a lease runs short (README, "When time runs short").
 GPU_TESTS="${SV_TESTS:-tests/test_kernels_gpu.py tests/test_packed.py tests/test_kernels.py tests/test_triton_ops.py
-  tests/test_window_verify.py tests/test_bench_kernels.py tests/test_integration_worker.py}"
+  tests/test_window_verify.py tests/test_compact_topk.py tests/test_bench_kernels.py tests/test_integration_worker.py}"
 BENCH_ARGS="${SV_BENCH_ARGS:---iters 100 --no-progress}" # plus --time-budget-s (phase time - 90 s), --out
 # --dtype auto (check-lossless' default): fp32, where the tiny target is batch-invariant (bf16 was not:
 # device-staging.md, finding 6); bf16 if the engine does not serve fp32 (the reason is kept and reported).

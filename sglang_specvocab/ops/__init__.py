@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "cuda", "triton", "torch")
 _TRITON_OPS = ("indexed_logits", "packed_logits")
-OPS = ("indexed_logits", "packed_logits", "window_update", "window_verify", "pack_update")
+OPS = ("indexed_logits", "packed_logits", "window_update", "window_verify", "compact_topk", "pack_update")
 
 
 class BackendError(SpecVocabError):
@@ -179,6 +179,11 @@ def window_verify(
     )
 
 
+def compact_topk(logits, col_ids, rows, k: int, *, fallback_id: int, mode: int, backend: str = "auto"):
+    """The draft head's top-k through its column map, with the logsumexp (see ``reference.compact_topk``)."""
+    return implementation(backend, logits.device, "compact_topk")(logits, col_ids, rows, k, fallback_id, mode)
+
+
 def pack_update(packed, packed_ids, weight, ids, cnt, rows, *, backend: str = "auto"):
     """Copy the rows that entered each listed slot's set into its packed buffer (see ``reference.pack_update``)."""
     implementation(backend, ids.device, "pack_update")(packed, packed_ids, weight, ids, cnt, rows)
@@ -188,6 +193,7 @@ __all__ = [
     "BACKENDS",
     "BackendError",
     "available_backends",
+    "compact_topk",
     "implementation",
     "indexed_logits",
     "pack_update",

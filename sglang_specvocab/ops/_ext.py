@@ -26,7 +26,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-OPS = ("indexed_logits", "packed_logits", "window_update", "window_verify", "pack_update")
+OPS = ("indexed_logits", "packed_logits", "window_update", "window_verify", "compact_topk", "pack_update")
 _state: dict[str, object] = {}
 
 
@@ -158,6 +158,11 @@ def _register_fakes() -> None:
     @torch.library.register_fake(lib + "window_verify")
     def _(ring, length, ids, cnt, acc, rows, draft_token, accept_index, *rest):
         return rows.new_empty(tuple(accept_index.shape), dtype=torch.int64)
+
+    @torch.library.register_fake(lib + "compact_topk")
+    def _(logits, col_ids, rows, k, fallback_id, mode):
+        N = logits.shape[0]
+        return logits.new_empty((N, k)), logits.new_empty((N, k), dtype=torch.int64), logits.new_empty((N,))
 
     @torch.library.register_fake(lib + "pack_update")
     def _(packed, packed_ids, weight, ids, cnt, rows):

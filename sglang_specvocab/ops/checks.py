@@ -259,3 +259,46 @@ def check_window_verify(
     )
     block = torch.empty((B, 0), dtype=torch.int32, device=ids.device)
     check_window_update(ring, length, ids, cnt, rows, block, fallback_id, vocab_size)
+
+
+TOPK_MAX_K = 16  # compact_topk's largest k (csrc/compact_topk_row.h kTopkMaxK)
+
+
+def check_compact_topk(logits, col_ids, rows, k: int, fallback_id: int, mode: int) -> None:
+    op = "compact_topk"
+    _need(
+        logits.dim() == 2 and logits.dtype == torch.float32,
+        op,
+        f"logits must be float32 [N, W], got {logits.dtype} {tuple(logits.shape)}",
+    )
+    N, W = logits.shape
+    _need(W >= 1, op, f"logits must have at least one column, got W={W}")
+    _need(1 <= k <= min(TOPK_MAX_K, W), op, f"k = {k} must be in [1, min({TOPK_MAX_K}, W={W})]")
+    _need(mode in (0, 1, 2), op, f"mode = {mode} must be 0 (values), 1 (log-probabilities) or 2 (probabilities)")
+    if col_ids is None:
+        return
+    _need(col_ids.dtype in (torch.int32, torch.int64), op, f"col_ids must be int32 or int64, got {col_ids.dtype}")
+    _one_device(op, logits, col_ids)
+    _need(
+        col_ids.dim() in (1, 2) and col_ids.shape[-1] == W,
+        op,
+        f"col_ids must be [W={W}] or [R, W={W}], got {tuple(col_ids.shape)}",
+    )
+    if col_ids.dim() == 1:
+        return
+    _need(rows is not None, op, "a 2-D col_ids [R, W] needs rows (each request's map row)")
+    _need(
+        rows.dim() == 1 and rows.dtype in (torch.int32, torch.int64),
+        op,
+        f"rows must be int32 or int64 [bs], got {rows.dtype} {tuple(rows.shape)}",
+    )
+    _one_device(op, logits, rows)
+    bs = rows.shape[0]
+    _need(
+        N == 0 or (bs > 0 and N % bs == 0),
+        op,
+        f"{N} logits rows do not split evenly over {bs} requests (rows must be request-major)",
+    )
+    if rows.device.type == "cpu":
+        R = col_ids.shape[0]
+        _need(bool(((rows >= 0) & (rows < R)).all()), op, f"rows must be in [0, R={R})")

@@ -10,12 +10,14 @@ import torch
 from ..table import assign_sets, compact, distinct_segments, set_contains
 from .checks import (
     REFERENCE_FLOATS,
+    check_compact_topk,
     check_indexed_logits,
     check_pack_update,
     check_packed_logits,
     check_window_update,
     check_window_verify,
 )
+from .topk import column_tokens, local_topk
 
 
 def indexed_logits(
@@ -44,6 +46,35 @@ def indexed_logits(
     out = torch.einsum("mwd,md->mw", rows, hidden.to(acc)).float()
     dead = torch.arange(ids.shape[1], device=ids.device)[None, :] >= cnt.long().index_select(0, slot)[:, None]
     return out.masked_fill_(dead | (sel < 0), float("-inf"))
+
+
+def compact_topk(
+    logits: torch.Tensor,
+    col_ids: torch.Tensor | None,
+    rows: torch.Tensor | None,
+    k: int,
+    fallback_id: int,
+    mode: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The draft head's top-k of fp32 logits ``[N, W]``: (values ``[N, k]``, token ids int64 ``[N, k]``, lse ``[N]``).
+
+    Per row: the k best columns, value descending, then column ascending (``ops.topk.local_topk``); the column's
+    token through the head's column map ``col_ids`` (``ops.topk.column_tokens``: None, ``[W]``, or ``[R, W]`` with
+    ``rows [bs]`` the map row of each request's ``N // bs`` request-major rows); an entry of value ``-inf`` (k above
+    the row's live columns) or of a negative id is ``fallback_id``. ``lse``: the row's logsumexp. Values: the raw
+    logit (``mode`` 0), the log-probability ``v - lse`` (1; ``-inf`` for a ``-inf`` entry) or the probability (2; 0
+    for a ``-inf`` entry). ``k <= 16``. The order of NaN logits is unspecified.
+    """
+    check_compact_topk(logits, col_ids, rows, k, fallback_id, mode)
+    values, cols, lse = local_topk(logits, k)
+    tokens = column_tokens(col_ids, rows, cols)
+    empty = torch.isneginf(values)
+    tokens = torch.where(empty | (tokens < 0), fallback_id, tokens)
+    if mode == 1:
+        values = torch.where(empty, float("-inf"), values - lse[:, None])
+    elif mode == 2:
+        values = torch.where(empty, 0.0, torch.exp(values - lse[:, None]))
+    return values, tokens, lse
 
 
 # --- MicroSpec window update -------------------------------------------------------------------

@@ -125,6 +125,20 @@ def local_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     return values, cols, torch.logsumexp(logits, dim=1)
 
 
+def column_tokens(col_ids: torch.Tensor | None, rows: torch.Tensor | None, cols: torch.Tensor) -> torch.Tensor:
+    """int64 target ids of columns ``cols [N, k]`` through a head's column map: the column itself (``col_ids`` None),
+    ``col_ids[c]`` (``[W]``, one map for all rows) or ``col_ids[rows[m // (N // bs)], c]`` (``[R, W]``, a map row
+    per request, request-major logits rows)."""
+    cols = cols.long()
+    if col_ids is None:
+        return cols
+    if col_ids.dim() == 1:
+        return col_ids.long()[cols]
+    width = col_ids.shape[1]
+    col_row = row_slots(rows, cols.shape[0]).long()
+    return col_ids.reshape(-1)[col_row[:, None] * width + cols].long()
+
+
 def _world(group: Any) -> int:
     if group is not None and hasattr(group, "all_gather_into_tensor") and hasattr(group, "world_size"):
         return int(group.world_size)  # an SGLang GroupCoordinator
@@ -181,6 +195,7 @@ def sharded_topk(
 
 
 __all__ = [
+    "column_tokens",
     "head_row_map",
     "local_topk",
     "merge_topk",

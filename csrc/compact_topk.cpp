@@ -1,0 +1,122 @@
+// compact_topk: argument checks, the C++ CPU implementation, the CUDA wrapper.
+// The draft head's top-k in one op (ops/reference.py::compact_topk is the definition): per logits row the top k
+// columns (value descending, then column ascending), their target token ids through the head's column map, the
+// row's logsumexp, and the values as raw logits, log-probabilities or probabilities. It replaces some thirty small
+// ops per draft step (an exact-order top-k, the column map, the log-softmax and the fallback of -inf entries).
+#include <ATen/Parallel.h>
+#include <c10/core/DeviceGuard.h>
+
+#include <vector>
+
+#include "compact_topk_row.h"
+#include "ops.h"
+
+namespace specvocab {
+namespace {
+
+struct Prepared {
+  at::Tensor logits, ids, rows, values, tokens, lse;
+  SpecvocabTopkArgs args;
+};
+
+Prepared prepare(const at::Tensor& logits, const c10::optional<at::Tensor>& col_ids,
+                 const c10::optional<at::Tensor>& rows, int64_t k, int64_t fallback_id, int64_t mode) {
+  const char* op = "compact_topk";
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat, op, ": logits must be float32 [N, W], got ",
+              logits.scalar_type(), " ", logits.sizes());
+  const int64_t N = logits.size(0), W = logits.size(1);
+  TORCH_CHECK(W >= 1 && W < kTopkNoColumn, op, ": logits must have 1 to 2^31 - 2 columns, got W=", W);
+  TORCH_CHECK(k >= 1 && k <= kTopkMaxK && k <= W, op, ": k = ", k, " must be in [1, min(", kTopkMaxK, ", W=", W, ")]");
+  TORCH_CHECK(mode >= 0 && mode <= 2, op, ": mode = ", mode, " must be 0 (values), 1 (log-probabilities) or 2 "
+              "(probabilities)");
+  Prepared p;
+  p.logits = logits.contiguous();
+  int64_t per = 1;
+  if (col_ids.has_value()) {
+    const at::Tensor& m = *col_ids;
+    TORCH_CHECK(m.scalar_type() == at::kInt || m.scalar_type() == at::kLong, op,
+                ": col_ids must be int32 or int64, got ", m.scalar_type());
+    TORCH_CHECK(m.device() == logits.device(), op, ": all tensors must be on one device, got ", logits.device(),
+                " and ", m.device());
+    TORCH_CHECK((m.dim() == 1 || m.dim() == 2) && m.size(-1) == W, op, ": col_ids must be [W=", W, "] or [R, W=", W,
+                "], got ", m.sizes());
+    p.ids = m.contiguous();
+    if (m.dim() == 2) {
+      TORCH_CHECK(rows.has_value(), op, ": a 2-D col_ids [R, W] needs rows (each request's map row)");
+      const at::Tensor& r = *rows;
+      TORCH_CHECK(r.dim() == 1 && (r.scalar_type() == at::kInt || r.scalar_type() == at::kLong), op,
+                  ": rows must be int32 or int64 [bs], got ", r.scalar_type(), " ", r.sizes());
+      TORCH_CHECK(r.device() == logits.device(), op, ": all tensors must be on one device, got ", logits.device(),
+                  " and ", r.device());
+      const int64_t bs = r.size(0);
+      TORCH_CHECK(N == 0 || (bs > 0 && N % bs == 0), op, ": ", N, " logits rows do not split evenly over ", bs,
+                  " requests (rows must be request-major)");
+      per = bs > 0 && N > 0 ? N / bs : 1;
+      p.rows = r.to(at::kLong).contiguous();
+    }
+  }
+  p.values = at::empty({N, k}, logits.options());
+  p.tokens = at::empty({N, k}, logits.options().dtype(at::kLong));
+  p.lse = at::empty({N}, logits.options());
+  SpecvocabTopkArgs& a = p.args;
+  a.logits = p.logits.data_ptr<float>();
+  a.ids32 = p.ids.defined() && p.ids.scalar_type() == at::kInt ? p.ids.data_ptr<int32_t>() : nullptr;
+  a.ids64 = p.ids.defined() && p.ids.scalar_type() == at::kLong ? p.ids.data_ptr<int64_t>() : nullptr;
+  a.rows = p.rows.defined() ? p.rows.data_ptr<int64_t>() : nullptr;
+  a.values = p.values.data_ptr<float>();
+  a.tokens = p.tokens.data_ptr<int64_t>();
+  a.lse = p.lse.data_ptr<float>();
+  a.N = N;
+  a.W = W;
+  a.k = k;
+  a.per = per;
+  a.fallback_id = fallback_id;
+  a.mode = static_cast<int32_t>(mode);
+  return p;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> compact_topk_cpu(const at::Tensor& logits,
+                                                                const c10::optional<at::Tensor>& col_ids,
+                                                                const c10::optional<at::Tensor>& rows, int64_t k,
+                                                                int64_t fallback_id, int64_t mode) {
+  Prepared p = prepare(logits, col_ids, rows, k, fallback_id, mode);
+  if (p.rows.defined()) {  // values are checked where reading them costs no device sync
+    const int64_t R = p.ids.size(0), bs = p.rows.size(0);
+    const int64_t* r = p.rows.data_ptr<int64_t>();
+    for (int64_t b = 0; b < bs; ++b)
+      TORCH_CHECK(r[b] >= 0 && r[b] < R, "compact_topk: rows must be in [0, R=", R, "), got ", r[b]);
+  }
+  const SpecvocabTopkArgs args = p.args;
+  at::parallel_for(0, args.N, 1, [&](int64_t m0, int64_t m1) {
+    // The kernel's lanes one after the other, then its merge tree (compact_topk_row.h).
+    std::vector<float> v(kTopkLanes * kTopkMaxK), mx(kTopkLanes), sum(kTopkLanes);
+    std::vector<int32_t> c(kTopkLanes * kTopkMaxK);
+    for (int64_t m = m0; m < m1; ++m) {
+      for (int t = 0; t < kTopkLanes; ++t)
+        sv_topk_lane(args, m, t, &v[t * kTopkMaxK], &c[t * kTopkMaxK], &mx[t], &sum[t]);
+      for (int s = kTopkLanes / 2; s > 0; s /= 2)
+        for (int t = 0; t < s; ++t) {
+          sv_topk_merge(&v[t * kTopkMaxK], &c[t * kTopkMaxK], &v[(t + s) * kTopkMaxK], &c[(t + s) * kTopkMaxK],
+                        static_cast<int>(args.k));
+          sv_lse_merge(&mx[t], &sum[t], mx[t + s], sum[t + s]);
+        }
+      sv_topk_write(args, m, v.data(), c.data(), mx[0], sum[0]);
+    }
+  });
+  return {p.values, p.tokens, p.lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> compact_topk_cuda(const at::Tensor& logits,
+                                                                 const c10::optional<at::Tensor>& col_ids,
+                                                                 const c10::optional<at::Tensor>& rows, int64_t k,
+                                                                 int64_t fallback_id, int64_t mode) {
+  c10::DeviceGuard guard(logits.device());
+  Prepared p = prepare(logits, col_ids, rows, k, fallback_id, mode);
+  // rows are SGLang's req_pool_indices, in range by construction (no host check: no sync in the draft loop).
+  check_launch(specvocab_compact_topk_launch(&p.args, current_cuda_stream(logits.device())), "compact_topk");
+  return {p.values, p.tokens, p.lse};
+}
+
+}  // namespace specvocab

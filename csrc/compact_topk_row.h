@@ -1,0 +1,139 @@
+// One logits row's part of compact_topk, shared by the C++ CPU op (compact_topk.cpp) and the CUDA kernel
+// (compact_topk_kernel.cu) so that both run the same code: the CPU op runs the kTopkLanes lanes of a row one
+// after the other, the kernel runs them as the threads of one block. The CPU tests then cover the GPU's
+// arithmetic; only the launch differs. No torch header (nvcc compiles this without torch).
+//
+// For logits row m of [N, W] (ops/reference.py::compact_topk is the definition):
+// - the top k columns, value descending then column ascending; -inf columns never enter (an entry left empty
+//   is -inf and reads as the fallback token);
+// - the logsumexp of the row's live (finite) values, -inf when none;
+// - tokens: column c's target id is c (no map), ids[c] (one map for all rows) or ids[rows[m / per] * W + c]
+//   (a map row per request, `per` logits rows each); a -inf entry or a negative id gives fallback_id;
+// - values: the raw value (mode 0), the log-probability v - lse (1) or the probability exp(v - lse) (2).
+//
+// Lane t of kTopkLanes scans columns t, t + kTopkLanes, ... in ascending order and keeps its top k sorted
+// (a later column of equal value never passes an earlier one, so strict > is the tie rule); the lanes' lists
+// are then merged pairwise in a fixed tree (lane t absorbs lane t + s for s = kTopkLanes/2, ..., 1). The
+// (value, column) keys are distinct, so the merged top k is exact whatever the tree; the logsumexp's rounding
+// follows the tree, the same on both devices.
+#pragma once
+
+#include <math.h>
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define SV_HD __host__ __device__ __forceinline__
+#else
+#define SV_HD inline
+#endif
+
+constexpr int kTopkMaxK = 16;   // the largest k (draft top-k is 1-10 in practice)
+constexpr int kTopkLanes = 128;  // lanes per row: the CUDA block size
+constexpr int32_t kTopkNoColumn = 0x7fffffff;
+
+struct SpecvocabTopkArgs {
+  const float* logits;  // [N, W], contiguous
+  const int32_t* ids32;  // the column map as int32, or null
+  const int64_t* ids64;  // ... as int64, or null (both null: token = column)
+  const int64_t* rows;   // [bs]: each request's map row (a 2-D map), or null (one map row for all)
+  float* values;         // [N, k] out
+  int64_t* tokens;       // [N, k] out
+  float* lse;            // [N] out
+  int64_t N, W, k, per, fallback_id;
+  int32_t mode;  // 0 raw, 1 log-probability, 2 probability
+};
+
+// Whether entry (va, ca) comes before (vb, cb): value descending, then column ascending.
+SV_HD bool sv_topk_before(float va, int32_t ca, float vb, int32_t cb) { return va > vb || (va == vb && ca < cb); }
+
+// Lane t's scan of row m: its sorted top k (v, c; empty entries -inf / kTopkNoColumn) and the running max and
+// scaled sum of exp over its live columns (max -inf, sum 0 when it has none).
+SV_HD void sv_topk_lane(const SpecvocabTopkArgs& a, int64_t m, int t, float* v, int32_t* c, float* mx, float* sum) {
+  const int k = static_cast<int>(a.k);
+  for (int i = 0; i < k; ++i) {
+    v[i] = -INFINITY;
+    c[i] = kTopkNoColumn;
+  }
+  float M = -INFINITY, S = 0.0f;
+  const float* row = a.logits + m * a.W;
+  for (int64_t j = t; j < a.W; j += kTopkLanes) {
+    const float x = row[j];
+    if (!(x > -INFINITY)) continue;  // -inf (and NaN) columns are not live
+    if (x > M) {
+      S = S * expf(M - x) + 1.0f;  // exp(-inf) = 0 for the first live column
+      M = x;
+    } else {
+      S += expf(x - M);
+    }
+    if (x > v[k - 1]) {  // strict: an equal value from a later column stays behind
+      int i = k - 1;
+      for (; i > 0 && x > v[i - 1]; --i) {
+        v[i] = v[i - 1];
+        c[i] = c[i - 1];
+      }
+      v[i] = x;
+      c[i] = static_cast<int32_t>(j);
+    }
+  }
+  *mx = M;
+  *sum = S;
+}
+
+// (av, ac) becomes the top k of the two sorted lists (av, ac) and (bv, bc).
+SV_HD void sv_topk_merge(float* av, int32_t* ac, const float* bv, const int32_t* bc, int k) {
+  if (!(bv[0] > -INFINITY)) return;  // b is empty (a lane past W, or all -inf): a stays as it is
+  float v[kTopkMaxK];
+  int32_t c[kTopkMaxK];
+  int i = 0, j = 0;
+  for (int o = 0; o < k; ++o) {
+    if (sv_topk_before(bv[j], bc[j], av[i], ac[i])) {
+      v[o] = bv[j];
+      c[o] = bc[j];
+      ++j;
+    } else {
+      v[o] = av[i];
+      c[o] = ac[i];
+      ++i;
+    }
+  }
+  for (int o = 0; o < k; ++o) {
+    av[o] = v[o];
+    ac[o] = c[o];
+  }
+}
+
+// (am, as) absorbs (bm, bs): two (max, sum of exp(x - max)) pairs of disjoint column sets.
+SV_HD void sv_lse_merge(float* am, float* as, float bm, float bs) {
+  if (!(bm > -INFINITY)) return;
+  if (!(*am > -INFINITY)) {
+    *am = bm;
+    *as = bs;
+  } else if (bm > *am) {
+    *as = *as * expf(*am - bm) + bs;
+    *am = bm;
+  } else {
+    *as += bs * expf(bm - *am);
+  }
+}
+
+// Row m's outputs from its merged top k and (max, sum).
+SV_HD void sv_topk_write(const SpecvocabTopkArgs& a, int64_t m, const float* v, const int32_t* c, float mx, float sum) {
+  const float lse = mx > -INFINITY ? mx + logf(sum) : -INFINITY;
+  a.lse[m] = lse;
+  const int64_t map_row = a.rows != nullptr ? a.rows[m / a.per] * a.W : 0;
+  for (int64_t i = 0; i < a.k; ++i) {
+    const float x = v[i];
+    const bool live = x > -INFINITY;
+    int64_t token = a.fallback_id;
+    if (live) {
+      const int64_t col = c[i];
+      token = a.ids32 != nullptr ? a.ids32[map_row + col] : a.ids64 != nullptr ? a.ids64[map_row + col] : col;
+      if (token < 0) token = a.fallback_id;
+    }
+    float out = x;
+    if (a.mode == 1) out = live ? x - lse : -INFINITY;
+    if (a.mode == 2) out = live ? expf(x - lse) : 0.0f;
+    a.values[m * a.k + i] = out;
+    a.tokens[m * a.k + i] = token;
+  }
+}
