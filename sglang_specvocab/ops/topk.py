@@ -86,9 +86,9 @@ def row_slots(req_pool_indices: torch.Tensor, num_rows: int) -> torch.Tensor:
         raise ValueError(
             f"dynvocab logits: {num_rows} rows do not split evenly over {bs} requests (rows must be request-major)"
         )
-    # contiguous: for one request, reshape of the expand is a stride-0 view, which the C++ op's CPU value check
-    # reads as if dense
-    return req_pool_indices[:, None].expand(bs, num_rows // bs).reshape(-1).to(torch.int32).contiguous()
+    # contiguous before the flat view: two ops at every bs (a reshape of the expand copies, then casts), and never a
+    # stride-0 view (for one request), which the C++ op's CPU value check would read as if dense
+    return req_pool_indices.view(bs, 1).to(torch.int32).expand(bs, num_rows // bs).contiguous().view(-1)
 
 
 # --- top-k: local, merged across ranks --------------------------------------------------------------
