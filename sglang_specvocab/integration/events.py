@@ -206,7 +206,7 @@ def prefill_event(
 
     ext_t = torch.tensor(ext, dtype=torch.int64)
     hit_t = torch.tensor(hit, dtype=torch.int64)
-    n_ext = int(ext_t.sum()) if b else 0
+    n_ext = sum(ext)
     # Extended token t of request i: source row start[i] + t, destination i * width + hit[i] + t.
     owner = torch.repeat_interleave(torch.arange(b), ext_t)
     offset = torch.arange(n_ext) - torch.repeat_interleave(torch.cumsum(ext_t, 0) - ext_t, ext_t)
