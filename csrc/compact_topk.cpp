@@ -27,7 +27,8 @@ Prepared prepare(const at::Tensor& logits, const c10::optional<at::Tensor>& col_
   const int64_t N = logits.size(0), W = logits.size(1);
   TORCH_CHECK(W >= 1 && W < kTopkNoColumn, op, ": logits must have 1 to 2^31 - 2 columns, got W=", W);
   TORCH_CHECK(k >= 1 && k <= kTopkMaxK && k <= W, op, ": k = ", k, " must be in [1, min(", kTopkMaxK, ", W=", W, ")]");
-  TORCH_CHECK(mode >= 0 && mode <= 2, op, ": mode = ", mode, " must be 0 (values), 1 (log-probabilities) or 2 "
+  TORCH_CHECK(mode >= 0 && mode <= 2, op, ": mode = ", mode,
+              " must be 0 (values), 1 (log-probabilities) or 2 "
               "(probabilities)");
   Prepared p;
   p.logits = logits.contiguous();

@@ -27,12 +27,12 @@
 #define SV_HD inline
 #endif
 
-constexpr int kTopkMaxK = 16;   // the largest k (draft top-k is 1-10 in practice)
+constexpr int kTopkMaxK = 16;    // the largest k (draft top-k is 1-10 in practice)
 constexpr int kTopkLanes = 128;  // lanes per row: the CUDA block size
 constexpr int32_t kTopkNoColumn = 0x7fffffff;
 
 struct SpecvocabTopkArgs {
-  const float* logits;  // [N, W], contiguous
+  const float* logits;   // [N, W], contiguous
   const int32_t* ids32;  // the column map as int32, or null
   const int64_t* ids64;  // ... as int64, or null (both null: token = column)
   const int64_t* rows;   // [bs]: each request's map row (a 2-D map), or null (one map row for all)

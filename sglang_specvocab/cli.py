@@ -668,6 +668,8 @@ KERNEL_OPS = (
     "head",
     "stock",
     "gemma4_mtp",
+    "topk",
+    "topk_stock",
 )
 KERNEL_BACKENDS = ("auto", "cuda", "triton", "torch")
 

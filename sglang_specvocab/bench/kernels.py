@@ -51,8 +51,12 @@ OPS = (
     "head",
     "stock",
     "gemma4_mtp",
+    "topk",
+    "topk_stock",
 )
-HEAD_OPS = ("head", "stock", "gemma4_mtp")  # one draft step's head per batch mode (bench/heads.py)
+HEAD_OPS = ("head", "stock", "gemma4_mtp")
+TOPK_OPS = ("topk", "topk_stock")  # a draft step's top-k alone: ours (cuda: compact_topk; torch: unfused), EAGLE3's
+TOPK_K = 4  # the draft tree's top-k of the top-k cases  # one draft step's head per batch mode (bench/heads.py)
 BACKENDS = ("auto", "cuda", "triton", "torch")
 
 GRIDS = {
@@ -78,6 +82,8 @@ GRIDS = {
         "head_width": 3072,
         "head_kinds": ["d2t", "full"],
         "d2t_rows": D2T_ROWS,
+        "topk_widths": [3072, 16384, 49152, 262144],
+        "topk_rows": [1, 4, 40, 256],
     },
     # a first look: exactly the headline (target) shapes, one full head
     "quick": {
@@ -88,6 +94,8 @@ GRIDS = {
         "full_vocabs": [128256],
         "window_batches": [1, 8, 64],
         "head_dims": [4096],
+        "topk_widths": [3072, 49152],
+        "topk_rows": [4, 40],
     },
     # seconds on a CPU: for the test and a sanity run
     "tiny": {
@@ -110,6 +118,8 @@ GRIDS = {
         "head_batches": [1, 3],
         "head_width": 48,
         "d2t_rows": 512,
+        "topk_widths": [48, 300],
+        "topk_rows": [1, 3],
     },
 }
 
@@ -189,6 +199,13 @@ def expand(args: argparse.Namespace) -> list[Case]:
         for b in args.window_batches:
             for be in args.backends:
                 cases.append(Case("window_update", be, args.capacity, None, None, b, args.index_vocab, n))
+    for W in args.topk_widths if sel & set(TOPK_OPS) else ():
+        for n in args.topk_rows:
+            if "topk" in sel:
+                backends = dict.fromkeys(b for b in (*args.backends, "torch") if b != "triton")  # no Triton top-k
+                cases.extend(Case("topk", be, W, None, n, 1) for be in backends)
+            if "topk_stock" in sel:
+                cases.append(Case("topk_stock", "torch", W, None, n, 1))
     dims = sorted(args.dims, key=lambda d: (d != args.target_d, d))
     for d in dims:
         for W in args.widths:
@@ -251,6 +268,8 @@ def case_bytes(case: Case, elem: int) -> int:
         return case.W * case.d * elem
     if case.op in HEAD_OPS:
         return head_bytes(case, elem)
+    if case.op in TOPK_OPS:
+        return case.M * case.W * 4  # the fp32 logits read once
     return case.batch * case.W * case.d * elem
 
 
@@ -416,6 +435,8 @@ class Bench:
         nbytes = case_bytes(case, self.elem)
         if case.op == "window_update":
             return self.window_fns(case)
+        if case.op in TOPK_OPS:
+            return self.topk_fns(case)
         if case.op in HEAD_OPS:
             return self.head_fns(case, nbytes)
         if case.op in ("dense_static", "dense_full"):
@@ -515,6 +536,18 @@ class Bench:
             return float((got - ref).norm() / ref.norm().clamp_min(1e-30))
 
         return calls, sets, check
+
+    def topk_fns(self, case: Case) -> tuple[list[Callable[[], object]], int, None]:
+        """A draft step's top-k of fp32 logits [rows, W] (10 % -inf) with probabilities: compact_topk (backend
+        cuda) or the unfused exact-order path (torch) through a column map, or EAGLE3's softmax + topk."""
+        N, W, dev = case.M, case.W, self.device
+        logits = torch.randn(N, W, generator=self.gen, device=dev)
+        logits.masked_fill_(torch.rand(N, W, generator=self.gen, device=dev) < 0.1, float("-inf"))
+        if case.op == "topk_stock":
+            return [lambda: torch.softmax(logits, dim=-1).topk(TOPK_K, dim=-1)], 1, None
+        fn = _op("compact_topk")
+        col_ids = torch.randperm(1 << 20, generator=self.gen, device=dev)[:W]  # target ids of the columns
+        return [lambda: fn(logits, col_ids, None, TOPK_K, fallback_id=0, mode=2, backend=case.backend)], 1, None
 
     def window_fns(self, case: Case) -> tuple[list[Callable[[], object]], int, None]:
         fn = _op("window_update")
@@ -655,7 +688,7 @@ def run_case(bench: Bench, case: Case, avail: list[str] | None, avail_err: str |
 
 
 def _run_case(bench: Bench, case: Case, avail: list[str] | None, avail_err: str | None, result: dict) -> dict:
-    if case.op in (*OURS, "window_update", "head"):
+    if case.op in (*OURS, "window_update", "head", "topk"):
         if avail is None:
             return record_of(case, status="skipped", reason=avail_err)
         if case.backend not in avail:
@@ -684,7 +717,7 @@ def _run_case(bench: Bench, case: Case, avail: list[str] | None, avail_err: str 
     bw = result["bandwidth"]
     rec = record_of(case, status="ok", **stats, inner=timing.inner, sets=sets, graph=timing.graph)
     rec.update(bandwidth_fields(case_bytes(case, bench.elem), stats["median_us"], bw["peak_Bps"], bw["copy_Bps"]))
-    if case.op == "window_update":  # no bandwidth ideal for a sort-bound op
+    if case.op in ("window_update", *TOPK_OPS):  # no bandwidth ideal for sort-bound ops
         for k in ("ideal_us_peak", "frac_ideal", "ideal_us_copy", "frac_ideal_copy"):
             rec[k] = None
     if case.op in (*OURS, "head"):

@@ -329,6 +329,31 @@ def _cell(r: dict | None) -> str:
     return f"{_us(r['median_us'])} ({_f(r['frac_ideal'])}){wrong}"
 
 
+def topk_markdown(result: dict) -> list[str]:
+    """A draft step's top-k alone: ours fused (cuda: compact_topk) and unfused (torch), EAGLE3's softmax + topk."""
+    recs = [r for r in result["records"] if r["op"] in ("topk", "topk_stock")]
+    if not recs:
+        return []
+    ok = {(r["op"], r["backend"], r["W"], r["rows"]): r for r in recs if r["status"] == "ok"}
+    lines = ["", "## Draft top-k (k 4, probabilities, fp32 logits with 10 % -inf)", ""]
+    lines += [
+        "Microseconds (median). `fused`: `compact_topk`; `unfused`: the exact-order top-k in torch ops, then the "
+    ]
+    lines += ["column map; `softmax+topk`: EAGLE3's (no tie rule). The head uses `fused` up to 16,384 columns.", ""]
+    lines += [
+        "| W | rows | fused (cuda) | unfused (torch) | softmax+topk | fused vs unfused |",
+        "|---|---|---|---|---|---|",
+    ]
+    for W, n in dict.fromkeys((r["W"], r["rows"]) for r in recs):
+        f, u, s = (
+            ok.get(key) for key in (("topk", "cuda", W, n), ("topk", "torch", W, n), ("topk_stock", "torch", W, n))
+        )
+        ratio = f"{u['median_us'] / f['median_us']:.1f}x" if f and u else "-"
+        cells = [_us(x["median_us"]) if x else "-" for x in (f, u, s)]
+        lines.append(f"| {W} | {n} | " + " | ".join(cells) + f" | {ratio} |")
+    return lines
+
+
 def markdown(result: dict) -> str:
     a, dev, bw = result["config"], result["device"], result["bandwidth"]
     recs = result["records"]
@@ -392,6 +417,7 @@ def markdown(result: dict) -> str:
                 )
             else:
                 lines.append(f"| {r['backend']} | {r['batch']} | {r['status']} | {r['reason']} |")
+    lines += topk_markdown(result)
     lines += heads_markdown(result)
     lines += ["", "## Targets" + (" (CPU run: the targets are for the GPU)" if cpu else ""), ""]
     lines += ["| target | op | backend | cases | worst | where | met |", "|---|---|---|---|---|---|---|"]
@@ -422,7 +448,7 @@ def plot(result: dict, path: Path) -> bool:
     recs = [
         r
         for r in result["records"]
-        if r["status"] == "ok" and r["op"] not in ("window_update", "head", "stock", "gemma4_mtp")
+        if r["status"] == "ok" and r["op"] not in ("window_update", "head", "stock", "gemma4_mtp", "topk", "topk_stock")
     ]
     if not recs:
         return False
