@@ -18,14 +18,7 @@
 // follows the tree, the same on both devices.
 #pragma once
 
-#include <math.h>
-#include <stdint.h>
-
-#ifdef __CUDACC__
-#define SV_HD __host__ __device__ __forceinline__
-#else
-#define SV_HD inline
-#endif
+#include "row_code.h"
 
 constexpr int kTopkMaxK = 16;    // the largest k (draft top-k is 1-10 in practice)
 constexpr int kTopkLanes = 128;  // lanes per row: the CUDA block size

@@ -16,14 +16,7 @@
 // tree path moved to the front), else predict[accept_index[b, s]].
 #pragma once
 
-#include <math.h>
-#include <stdint.h>
-
-#ifdef __CUDACC__
-#define SV_HD __host__ __device__ __forceinline__
-#else
-#define SV_HD inline
-#endif
+#include "row_code.h"
 
 struct SpecvocabVerifyArgs {
   const int64_t* draft_token;   // [B * nd]
