@@ -92,14 +92,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> compact_topk_cpu(const at::Tensor
   const SpecvocabTopkArgs args = p.args;
   at::parallel_for(0, args.N, 1, [&](int64_t m0, int64_t m1) {
     // The kernel's lanes one after the other, then its merge tree (compact_topk_row.h).
-    std::vector<float> v(kTopkLanes * kTopkMaxK), mx(kTopkLanes), sum(kTopkLanes);
-    std::vector<int32_t> c(kTopkLanes * kTopkMaxK);
+    std::vector<float> v(kTopkLanes * kTopkStride), mx(kTopkLanes), sum(kTopkLanes);
+    std::vector<int32_t> c(kTopkLanes * kTopkStride);
     for (int64_t m = m0; m < m1; ++m) {
       for (int t = 0; t < kTopkLanes; ++t)
-        sv_topk_lane(args, m, t, &v[t * kTopkMaxK], &c[t * kTopkMaxK], &mx[t], &sum[t]);
+        sv_topk_lane(args, m, t, &v[t * kTopkStride], &c[t * kTopkStride], &mx[t], &sum[t]);
       for (int s = kTopkLanes / 2; s > 0; s /= 2)
         for (int t = 0; t < s; ++t) {
-          sv_topk_merge(&v[t * kTopkMaxK], &c[t * kTopkMaxK], &v[(t + s) * kTopkMaxK], &c[(t + s) * kTopkMaxK],
+          sv_topk_merge(&v[t * kTopkStride], &c[t * kTopkStride], &v[(t + s) * kTopkStride], &c[(t + s) * kTopkStride],
                         static_cast<int>(args.k));
           sv_lse_merge(&mx[t], &sum[t], mx[t + s], sum[t + s]);
         }

@@ -11,16 +11,16 @@
 namespace {
 
 __global__ void __launch_bounds__(kTopkLanes) compact_topk_kernel(SpecvocabTopkArgs a) {
-  __shared__ float v[kTopkLanes * kTopkMaxK];
-  __shared__ int32_t c[kTopkLanes * kTopkMaxK];
+  __shared__ float v[kTopkLanes * kTopkStride];
+  __shared__ int32_t c[kTopkLanes * kTopkStride];
   __shared__ float mx[kTopkLanes], sum[kTopkLanes];
   const int64_t m = blockIdx.x;
   const int t = threadIdx.x;
-  sv_topk_lane(a, m, t, &v[t * kTopkMaxK], &c[t * kTopkMaxK], &mx[t], &sum[t]);
+  sv_topk_lane(a, m, t, &v[t * kTopkStride], &c[t * kTopkStride], &mx[t], &sum[t]);
   __syncthreads();
   for (int s = kTopkLanes / 2; s > 0; s /= 2) {
     if (t < s) {
-      sv_topk_merge(&v[t * kTopkMaxK], &c[t * kTopkMaxK], &v[(t + s) * kTopkMaxK], &c[(t + s) * kTopkMaxK],
+      sv_topk_merge(&v[t * kTopkStride], &c[t * kTopkStride], &v[(t + s) * kTopkStride], &c[(t + s) * kTopkStride],
                     static_cast<int>(a.k));
       sv_lse_merge(&mx[t], &sum[t], mx[t + s], sum[t + s]);
     }

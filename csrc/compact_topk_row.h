@@ -20,8 +20,9 @@
 
 #include "row_code.h"
 
-constexpr int kTopkMaxK = 16;    // the largest k (draft top-k is 1-10 in practice)
-constexpr int kTopkLanes = 128;  // lanes per row: the CUDA block size
+constexpr int kTopkMaxK = 16;               // the largest k (draft top-k is 1-10 in practice)
+constexpr int kTopkLanes = 128;             // lanes per row: the CUDA block size
+constexpr int kTopkStride = kTopkMaxK + 1;  // a lane's list stride: odd, so the lanes' lists spread over the banks
 constexpr int32_t kTopkNoColumn = 0x7fffffff;
 
 struct SpecvocabTopkArgs {
@@ -47,7 +48,7 @@ SV_HD void sv_topk_lane(const SpecvocabTopkArgs& a, int64_t m, int t, float* v, 
     v[i] = -INFINITY;
     c[i] = kTopkNoColumn;
   }
-  float M = -INFINITY, S = 0.0f;
+  float M = -INFINITY, S = 0.0f, low = -INFINITY;  // low: the list's last value, kept in a register
   const float* row = a.logits + m * a.W;
   for (int64_t j = t; j < a.W; j += kTopkLanes) {
     const float x = row[j];
@@ -58,7 +59,7 @@ SV_HD void sv_topk_lane(const SpecvocabTopkArgs& a, int64_t m, int t, float* v, 
     } else {
       S += expf(x - M);
     }
-    if (x > v[k - 1]) {  // strict: an equal value from a later column stays behind
+    if (x > low) {  // strict: an equal value from a later column stays behind
       int i = k - 1;
       for (; i > 0 && x > v[i - 1]; --i) {
         v[i] = v[i - 1];
@@ -66,6 +67,7 @@ SV_HD void sv_topk_lane(const SpecvocabTopkArgs& a, int64_t m, int t, float* v, 
       }
       v[i] = x;
       c[i] = static_cast<int32_t>(j);
+      low = v[k - 1];
     }
   }
   *mx = M;
