@@ -47,9 +47,6 @@ from .table import CandidateTable
 BATCH_MODES = ("auto", "per-request", "union", "stock")  # the config's head.batch
 PLANS = headcost.MODES  # what a call runs; "union" is either union plan (the cost model picks), a plan name forces it
 UNION_VIEWS = ("own", "all")
-# compact_topk runs one CUDA block per logits row: right for compact widths (per-request sets, small unions), while
-# for the stock heads' 32k-262k columns torch's multi-block top-k spreads a row over more SMs (to measure: bench kernels)
-FUSED_TOPK_MAX_WIDTH = 16384
 
 
 @dataclass
@@ -69,7 +66,7 @@ class HeadOutput:
         """``compact_topk`` where it applies (one rank, k within the op's limit), else None."""
         if self.topk_op is None or self.tp_size > 1 or self.col_offset or k > TOPK_MAX_K:
             return None
-        if self.logits.shape[1] > FUSED_TOPK_MAX_WIDTH:
+        if self.logits.shape[1] > headcost.FUSED_TOPK_MAX_WIDTH:
             return None
         return self.topk_op(self.logits, self.col_ids, self.rows, k, self.fallback_id, mode)
 

@@ -13,7 +13,8 @@ the draft extends). The ways (``MODES``):
 
 Each piece is a roofline with a fixed start, ``t = t0 + max(bytes / bandwidth, flops / throughput)``, of one of three
 kinds: ``indexed`` (our head kernel), ``dense`` (a cuBLAS GEMM) and ``copy`` (elementwise passes: gathers, the union's
-bitmap and prefix sum, the mask, the top-k). Every mode also pays the exact top-k over its logits' width. The
+bitmap and prefix sum, the mask, the top-k). Every mode also pays the exact top-k over its logits' width (fused up
+to ``FUSED_TOPK_MAX_WIDTH`` columns). The
 constants come from a file written by ``sglang-specvocab bench fit`` (device name, the measurements and command
 they were fit to); a device with no file gets ``fallback_costs``: bandwidth only, so ``auto`` then picks the mode
 that moves the fewest bytes.
@@ -38,8 +39,12 @@ MODES = ("per-request", "union-indexed", "union-gemm", "stock")
 UNION_MODES = ("union-indexed", "union-gemm")
 SCHEMA = "head_costs/1"
 UNION_SCHEMA = "union_sizes/1"
-#: Bytes per element of the exact top-k (an int64 key per logit: built, then read by torch.topk) and the logsumexp.
+#: Bytes per element of the unfused exact top-k (an int64 key per logit: built, then read by torch.topk) and the
+#: logsumexp; the fused one (``compact_topk``, up to ``FUSED_TOPK_MAX_WIDTH`` columns) reads each fp32 logit once.
 TOPK_BYTES = 4 + 8 + 8 + 4
+#: The widest logits the head gives to ``compact_topk`` (one CUDA block per row); wider ones (the stock heads) keep
+#: torch's top-k, whose multi-block selection spreads a row over more SMs (to measure: ``bench kernels`` topk).
+FUSED_TOPK_MAX_WIDTH = 16384
 #: Extra kernels the union pays per call (bitmap, scatter, prefix sum, compaction, map, membership, mask).
 UNION_KERNELS = 8
 
@@ -195,7 +200,7 @@ def predict(shape: Shape, costs: HeadCosts, sizes: UnionSizes = DISJOINT) -> dic
     N, d = s.N, s.d
 
     def topk(width: int) -> float:
-        return costs.copy.time(N * width * TOPK_BYTES)
+        return costs.copy.time(N * width * (4 if width <= FUSED_TOPK_MAX_WIDTH else TOPK_BYTES))
 
     def gemm(H: int) -> float:  # the GEMM, then its logits cast to fp32 (one more pass)
         return costs.dense.time(*dense_work(H, N, d, e)) + costs.copy.time(N * H * (e + 4))
