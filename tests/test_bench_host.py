@@ -64,6 +64,8 @@ def test_every_case_is_timed_for_both_stacks_with_versions_and_command(result):
         added = c["decode"]["DYNVOCAB"]["round"]["us"] - c["decode"]["EAGLE3"]["round"]["us"]
         assert c["added_round_us"] == pytest.approx(added)
         assert c["meets_target"] == (added <= data["target_us"])
+        # the target top-k alone is part of DYNVOCAB's verify (the hook runs it and one more op)
+        assert 0 < c["verify_topk_us"] < c["decode"]["DYNVOCAB"]["verify"]["us"]
         row = f"| {c['shape']['bs']} | {c['shape']['topk']} |"
         assert row in md and ("met" if c["meets_target"] else "MISSED") in md
     assert [r["chunk"] for r in data["prefill_topk"]["rows"]] == [256, 1024]
