@@ -345,8 +345,11 @@ def markdown(result: dict) -> str:
     missed = [c for c in result["cases"] if not c["meets_target"]]
     lines += [
         "",
-        "`of which target top-k`: the verify hook's top-k of the target's logits `[bs x draft tokens, V]` timed alone "
-        "(min of the rep medians): arithmetic that DYNVOCAB's verify time holds here, one device kernel on a GPU.",
+        (
+            "`of which target top-k`: the verify hook's top-k of the target's logits `[bs x draft tokens, V]` timed "
+            "alone (min of the rep medians): arithmetic that DYNVOCAB's verify time holds here, one device kernel on a "
+            "GPU."
+        ),
     ]
     lines += ["", f"Verdict: {'every case meets' if not missed else f'{len(missed)} case(s) miss'} the target.", ""]
     return "\n".join(lines)
