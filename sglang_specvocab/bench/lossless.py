@@ -51,12 +51,14 @@ from .server import (
     ServerStartError,
     SpecBenchError,
     check_unique,
+    config_fingerprint,
     configs_from_args,
     device_name,
     fmt,
     run_concurrently,
     server_settings,
     sigterm_as_interrupt,
+    speculative_args,
     versions,
 )
 
@@ -146,19 +148,6 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def _fingerprint(config: ServerConfig, facts: dict) -> str:
-    """What a cached result depends on: the server (arguments, url, environment) and the check's settings."""
-    facts = {
-        "algorithm": config.algorithm,
-        "args": config.args,
-        "url": config.url,
-        "env": config.env,
-        "launcher": config.launcher,
-        **facts,
-    }
-    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
-
-
 class GreedyCheck:
     """Every prompt through every route and concurrency, greedy; compared with the reference and the control."""
 
@@ -172,7 +161,7 @@ class GreedyCheck:
         return True
 
     def fp(self, config: ServerConfig) -> str:
-        return _fingerprint(config, {"check": "greedy", "max_new_tokens": self.settings.max_new_tokens})
+        return config_fingerprint(config, {"check": "greedy", "max_new_tokens": self.settings.max_new_tokens})
 
     def _key(self, config: ServerConfig, route: str, concurrency: int, p: Prompt) -> str:
         return f"greedy|{config.name}|{self.fp(config)}|{route}|{concurrency}|{p.pid}|{_digest(p.text)}"
@@ -376,8 +365,8 @@ def _checks(settings: LosslessSettings, prompts: list[Prompt]) -> list:
         raise SpecBenchError(f"unknown check(s) {', '.join(unknown) or '(none)'}; checks: {', '.join(CHECKS)}")
     made = {
         "greedy": lambda: GreedyCheck(settings, prompts),
-        "sampling": lambda: SamplingCheck(settings.sampling, settings.server, prompts, _fingerprint),
-        "load": lambda: LoadCheck(settings.load, settings.server, prompts, _fingerprint),
+        "sampling": lambda: SamplingCheck(settings.sampling, settings.server, prompts, config_fingerprint),
+        "load": lambda: LoadCheck(settings.load, settings.server, prompts, config_fingerprint),
     }
     return [made[c]() for c in CHECKS if c in settings.checks]
 
@@ -566,20 +555,7 @@ def tiny_configs(
             continue
         args = list(common)
         if algorithm != "none":
-            args += [
-                "--speculative-algorithm",
-                algorithm,
-                "--speculative-draft-model-path",
-                str(root / draft),
-                "--speculative-eagle-topk",
-                str(topk),
-                "--speculative-num-steps",
-                str(steps),
-                "--speculative-num-draft-tokens",
-                str(nd),
-            ]
-        if algorithm == "DYNVOCAB" and dynvocab_config:
-            args += ["--speculative-dynvocab-config", str(dynvocab_config)]
+            args += speculative_args(algorithm, root / draft, topk, steps, nd, dynvocab_config)
         out.append(ServerConfig(name, algorithm, args))
     return out
 

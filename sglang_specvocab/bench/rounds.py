@@ -48,6 +48,7 @@ from .server import (
     run_concurrently,
     server_settings,
     sigterm_as_interrupt,
+    speculative_args,
     versions,
 )
 
@@ -102,21 +103,7 @@ def rounds_configs(
             name = f"{alg.lower()}-{kind}"
             if names and name not in names:
                 continue
-            args = [
-                *common,
-                "--speculative-algorithm",
-                alg,
-                "--speculative-draft-model-path",
-                str(root / f"draft-{kind}"),
-                "--speculative-eagle-topk",
-                str(topk),
-                "--speculative-num-steps",
-                str(steps),
-                "--speculative-num-draft-tokens",
-                str(draft_tokens),
-            ]
-            if alg == "DYNVOCAB" and dynvocab_config:
-                args += ["--speculative-dynvocab-config", str(dynvocab_config)]
+            args = [*common, *speculative_args(alg, root / f"draft-{kind}", topk, steps, draft_tokens, dynvocab_config)]
             out.append(ServerConfig(name, alg, args))
     return out
 

@@ -15,6 +15,7 @@ Every failure is a ``SpecBenchError`` naming the configuration, the URL or the f
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -84,6 +85,40 @@ class ServerConfig:
     env: dict[str, str] = field(default_factory=dict)
     launcher: list[str] | None = None
     control: str | None = None  # check-lossless: the EAGLE3 configuration a DYNVOCAB one is compared with
+
+
+def config_fingerprint(config: ServerConfig, facts: dict) -> str:
+    """What a cached result depends on: the server (arguments, url, environment, launcher) and a check's ``facts``."""
+    facts = {
+        "algorithm": config.algorithm,
+        "args": config.args,
+        "url": config.url,
+        "env": config.env,
+        "launcher": config.launcher,
+        **facts,
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def speculative_args(
+    algorithm: str, draft: str | Path, topk: int, steps: int, draft_tokens: int, dynvocab_config: str | Path | None
+) -> list[str]:
+    """The server arguments of a speculative configuration (the DYNVOCAB config file for DYNVOCAB alone)."""
+    args = [
+        "--speculative-algorithm",
+        algorithm,
+        "--speculative-draft-model-path",
+        str(draft),
+        "--speculative-eagle-topk",
+        str(topk),
+        "--speculative-num-steps",
+        str(steps),
+        "--speculative-num-draft-tokens",
+        str(draft_tokens),
+    ]
+    if algorithm == "DYNVOCAB" and dynvocab_config:
+        args += ["--speculative-dynvocab-config", str(dynvocab_config)]
+    return args
 
 
 def make_config(raw: dict, where: str) -> ServerConfig:

@@ -32,6 +32,7 @@ from .server import (
     ServerSettings,
     SpecBenchError,
     check_unique,
+    config_fingerprint,
     configs_from_args,
     device_name,
     http_json,
@@ -60,18 +61,13 @@ class BenchSettings(ServerSettings):
 def fingerprint(config: ServerConfig, settings: BenchSettings) -> str:
     """What a cached result depends on: a change of any of these re-runs the question."""
     facts = {
-        "algorithm": config.algorithm,
-        "args": config.args,
-        "url": config.url,
-        "env": config.env,
-        "launcher": config.launcher,
         "temperature": settings.temperature,
         "max_new_tokens": settings.max_new_tokens,
         "concurrency": settings.concurrency,
         "prompt_format": settings.prompt_format,
         "tokenizer": settings.tokenizer,
     }
-    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+    return config_fingerprint(config, facts)
 
 
 def turn_key(config: str, fp: str, q: Question, turn: int) -> str:
