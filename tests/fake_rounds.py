@@ -5,35 +5,25 @@ starts in a blink): ``python fake_rounds.py --model-path M --speculative-algorit
 (``ROUND_S``) and answers the tokens asked for (it insists on greedy and ignore_eos) with
 rounds = ceil(tokens / ``ACCEPT``) verify steps."""
 
-import json
 import math
 import sys
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
+
+from fake_http import JsonHandler  # beside this file: the script's folder is on sys.path
 
 ROUND_S = {"EAGLE3": 0.004, "DYNVOCAB": 0.003}
 ACCEPT = 1.25  # tokens per round
 
 
 def handler(round_s: float):
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def _send(self, code, body=None):
-            data = b"" if body is None else json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(JsonHandler):
         def do_GET(self):
             self._send(200 if self.path == "/health" else 404)
 
         def do_POST(self):
-            payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            payload = self._payload()
             params = payload["sampling_params"]
             if self.path != "/generate" or not params.get("ignore_eos") or params["temperature"] != 0:
                 return self._send(400, {"error": {"message": "greedy /generate with ignore_eos only"}})
