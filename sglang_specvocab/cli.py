@@ -443,11 +443,30 @@ def _add_train_eagle3(sub) -> None:
     )
     p.add_argument(
         "--data",
-        help="cache of the training token ids (.pt): read if it exists, else written "
+        help="cache of the training token ids (.pt, or .pt.xz compressed): read if it exists, else written "
         "(default: under the package cache, named by target, source and size)",
     )
     p.add_argument(
-        "--states", help="folder caching the target's states on the data, in chunks (default: under the package cache)"
+        "--val-data",
+        help="cache of the held-out validation data (.pt, .pt.xz): read if it exists, else written "
+        "(default: under the package cache)",
+    )
+    p.add_argument(
+        "--prepare-data",
+        action="store_true",
+        help="write --data and --val-data (a name ending in .xz is compressed) and stop: what a GPU lease carries "
+        "(scripts/device/README.md, Lease T)",
+    )
+    p.add_argument(
+        "--states",
+        help="folder caching the target's states on the data, in chunks (default: under the package cache); "
+        "'online': run the target on every batch instead and keep nothing (data of any size; several KB per token "
+        "otherwise)",
+    )
+    p.add_argument(
+        "--resume-state",
+        help="file keeping the training state: on SIGTERM the run finishes its step, saves the state there and the "
+        "draft so far to --out, and exits 124; the same command again continues from it (same settings)",
     )
     p.add_argument("--conversations", type=POSITIVE, default=2000, help="ShareGPT conversations to use")
     p.add_argument("--skip", type=NON_NEGATIVE, default=1000, help="ShareGPT conversations to skip first")

@@ -293,6 +293,115 @@ def test_data_cache_round_trip(data, tmp_path):
         D.SelfDistillData.load(tmp_path / "bad.pt")
 
 
+def _stage_module():
+    import importlib.util
+
+    if "device_stage" not in sys.modules:  # the name tests/test_device_staging.py loads it under
+        spec = importlib.util.spec_from_file_location("device_stage", ROOT / "scripts" / "device" / "stage.py")
+        sys.modules["device_stage"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["device_stage"])
+    return sys.modules["device_stage"]
+
+
+class _Recording:
+    """States that remember every batch the trainer asked for."""
+
+    def __init__(self, states):
+        self.states, self.meta, self.seen = states, states.meta, []
+
+    def batch(self, data, idx, pad_token_id=0):
+        b = self.states.batch(data, idx, pad_token_id)
+        self.seen.append(b)
+        return b
+
+
+def test_a_carried_data_pack_gives_the_trainer_the_same_batches(target, data, tmp_path):
+    """Lease T's data: the trainer's data file, xz-compressed, cut into chunks with a manifest, joined on
+    the device: the trainer reads it and sees the very batches the original data gives."""
+    stage = _stage_module()
+    data.save(tmp_path / "train.pt.xz")
+    data.save(tmp_path / "val.pt.xz")
+    packed = stage.pack([tmp_path / "train.pt.xz", tmp_path / "val.pt.xz"], tmp_path / "stage", 1000, {"set": "train"})
+    assert len(packed["chunks"]) >= 2 and all(c["bytes"] <= 1000 for c in packed["chunks"])
+    stage.assemble(tmp_path / "stage", tmp_path / "device")
+    back = D.SelfDistillData.load(tmp_path / "device" / "train.pt.xz", VOCAB)
+    assert back.meta == data.meta and back.prompt_lens == data.prompt_lens
+    states = D.compute_states(M.TargetTap(target, M.sglang_default_capture_layers(LAYERS)), data, 48)
+    runs = []
+    for d in (data, back):
+        rec = _Recording(states)
+        draft = _draft(target, data, "full", seed=1)
+        T.train_draft(draft, d, rec, L.Objective.for_target(target), steps=4, batch_size=3, lr=1e-3, ttt_steps=2)
+        runs.append((rec.seen, draft.checkpoint_tensors()))
+    (seen_a, w_a), (seen_b, w_b) = runs
+    for a, b in zip(seen_a, seen_b, strict=True):
+        assert all(torch.equal(getattr(a, f), getattr(b, f)) for f in a.__dataclass_fields__)
+    assert all(torch.equal(w_a[k], w_b[k]) for k in w_a)
+    (tmp_path / "bad.pt.xz").write_bytes(b"not xz")
+    with pytest.raises(SpecVocabError, match="cannot read EAGLE-3 training data"):
+        D.SelfDistillData.load(tmp_path / "bad.pt.xz")
+
+
+def test_online_states_give_the_cached_batches(target, data):
+    """--states online: the target runs per batch and gives what the cached states give."""
+    tap = M.TargetTap(target, M.sglang_default_capture_layers(LAYERS))
+    cached = D.compute_states(tap, data, 20)  # 20 cuts most sequences: the cut must match too
+    online = D.OnlineStates(tap, 20, head_rows=7)
+    for idx in ([0, 1, 2], [5], [7, 3, 6, 4]):
+        a, b = cached.batch(data, idx), online.batch(data, idx)
+        for f in ("input_ids", "lengths", "prompt_lens", "topk"):
+            assert torch.equal(getattr(a, f), getattr(b, f)), f
+        torch.testing.assert_close(b.hidden, a.hidden)
+        torch.testing.assert_close(b.aux, a.aux)
+        assert b.aux.dtype == a.aux.dtype == torch.bfloat16 and b.hidden.dtype == torch.float32
+
+
+def test_training_stopped_and_resumed_ends_where_an_unbroken_run_does(target, data, tmp_path):
+    states = D.compute_states(M.TargetTap(target, M.sglang_default_capture_layers(LAYERS)), data, 48)
+    kw = dict(steps=7, batch_size=3, lr=1e-3, ttt_steps=2, seed=2, warmup=2)
+    ref = _draft(target, data, "full", seed=4)
+    ref_hist = T.train_draft(ref, data, states, L.Objective.for_target(target), **kw)
+    state, calls, stops = tmp_path / "resume.pt", 0, []
+
+    def one_call(extra):  # a "device call": a fresh draft and optimiser, stopped after 3 steps
+        draft, done = _draft(target, data, "full", seed=4), []
+        hist = T.train_draft(
+            draft,
+            data,
+            states,
+            L.Objective.for_target(target),
+            resume=state,
+            should_stop=lambda: len(done) >= 3,
+            on_step=lambda step, _s: done.append(step),
+            extra=extra,
+            **kw,
+        )
+        return draft, hist
+
+    while True:
+        calls += 1
+        extra = {"calls": calls}
+        try:
+            draft, hist = one_call(extra)
+            break
+        except T.Stopped as exc:
+            stops.append(exc.step)
+            assert exc.path == state and state.is_file()
+    assert stops == [3, 6] and calls == 3 and extra["calls"] == 1  # the first call's extra, kept in the state
+    w, r = draft.checkpoint_tensors(), ref.checkpoint_tensors()
+    assert all(torch.equal(w[k], r[k]) for k in r)
+    assert [h.loss for h in hist] == [h.loss for h in ref_hist]
+    with pytest.raises(SpecVocabError, match=r"other settings \(batch_size 3 -> 4\)"):
+        T.train_draft(
+            _draft(target, data, "full"),
+            data,
+            states,
+            L.Objective.for_target(target),
+            resume=state,
+            **{**kw, "batch_size": 4},
+        )
+
+
 def test_responses_are_the_targets_greedy_continuation(target, data):
     from sglang_specvocab.lab.decoder import CausalLM, greedy_generate
 
@@ -354,6 +463,46 @@ def test_cli_writes_an_sglang_checkpoint(target_dir, data, tmp_path, head, capsy
     record = json.loads((out / "training.json").read_text())
     assert record["args"]["head"] == head and len(record["loss"]) == 4
     assert record["command"].startswith("sglang-specvocab train-eagle3 ") and record["machine"]["device"] == "cpu"
+
+
+def test_cli_stopped_by_sigterm_saves_and_the_same_command_continues(target_dir, data, tmp_path, monkeypatch):
+    """A device call's time limit (SIGTERM): the step ends, the state and the draft so far are saved, exit 124;
+    the same command again ends with the draft of an unbroken run (--states online, as Lease T trains)."""
+    import signal
+
+    from safetensors.torch import load_file
+
+    data.save(tmp_path / "data.pt.xz")
+
+    def argv(out, *more):
+        a = ["--target", str(target_dir), "--out", str(out), "--data", str(tmp_path / "data.pt.xz"), "--head", "full"]
+        a += ["--steps", "5", "--batch-size", "3", "--seq-len", "48", "--ttt-steps", "2", "--device", "cpu"]
+        return [*a, "--states", "online", "--save-dtype", "float32", "--log-every", "0", "--val", "0", *more]
+
+    assert _train_eagle3(argv(tmp_path / "ref")) == 0
+    real, calls = T.ttt_loss, []
+
+    def ttt_loss(*a, **k):  # the limit arrives during the second step of the first call
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*a, **k)
+
+    monkeypatch.setattr(T, "ttt_loss", ttt_loss)
+    state = tmp_path / "state.pt"
+    assert _train_eagle3(argv(tmp_path / "draft", "--resume-state", str(state))) == 124
+    assert state.is_file() and (tmp_path / "draft" / "model.safetensors").is_file()
+    assert not (tmp_path / "draft" / "training.json").exists()  # written once training has finished
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is the run's only
+    assert _train_eagle3(argv(tmp_path / "draft", "--resume-state", str(state))) == 0
+    assert len(calls) == 5  # 2 steps, then the remaining 3
+    got, ref = load_file(tmp_path / "draft" / "model.safetensors"), load_file(tmp_path / "ref" / "model.safetensors")
+    assert all(torch.equal(got[k], ref[k]) for k in ref)
+    record = json.loads((tmp_path / "draft" / "training.json").read_text())
+    assert (
+        len(record["loss"]) == 5
+        and record["loss"] == json.loads((tmp_path / "ref" / "training.json").read_text())["loss"]
+    )
 
 
 def test_report_tabulates_and_plots_the_training_record(target_dir, data, tmp_path, capsys):

@@ -7,6 +7,7 @@ Standard library only: the same file runs here (``plan``) and on the device (``a
   plan --out DIR [--set sglang|gguf] [--limit-mib 60] [--dry-run]
                                                 download (here), trim, split into DIR/chunk-NN/
                                                 and write DIR/manifest.json
+  plan --out DIR --set train --files F ...      the same for local files (EAGLE-3 training data)
   calls --stage DIR                             print the device calls (carry paths, MiB, command)
   env                                           print the device's environment switches (export lines)
   verify --stage DIR [--chunks chunk-01 ...]    check the sha256 of the pieces that are present
@@ -178,6 +179,8 @@ TRIMS = [
 SETS = {
     "sglang": {"specs": SGLANG_WHEELS + PACKAGE_WHEELS, "trims": TRIMS, "phase": "stage", "limit_mib": 46},
     "gguf": {"specs": GGUF_WHEELS, "trims": [], "phase": "gguf", "limit_mib": 60},
+    # EAGLE-3 training data for Lease T: the files `train-eagle3 --prepare-data` writes (--files), no download.
+    "train": {"specs": [], "trims": [], "phase": "data", "limit_mib": 55},
 }
 
 
@@ -568,7 +571,11 @@ def find_wheel(folder: Path, spec: str) -> Path:
     return hits[0]
 
 
-def plan(out: Path, limit: int = DEFAULT_LIMIT, dry_run: bool = False, which: str = "sglang") -> dict | None:
+def plan(
+    out: Path, limit: int = DEFAULT_LIMIT, dry_run: bool = False, which: str = "sglang", files: list[Path] | None = None
+) -> dict | None:
+    if which == "train":
+        return plan_files(out, files or [], limit, which)
     specs, trims = SETS[which]["specs"], SETS[which]["trims"]
     trimmed = {spec_name(t.spec) for t in trims}
     plain = [s for s in specs if spec_name(s) not in trimmed]
@@ -613,6 +620,28 @@ def plan(out: Path, limit: int = DEFAULT_LIMIT, dry_run: bool = False, which: st
     return manifest
 
 
+def plan_files(out: Path, files: list[Path], limit: int, which: str) -> dict:
+    """Chunk local files (the training data: nothing to download) like a wheel set."""
+    if not files:
+        raise StageError(
+            f"--set {which}: name the files to stage with --files (train-eagle3 --prepare-data writes them)"
+        )
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise StageError(f"--files: not a file: {', '.join(missing)}")
+    out.mkdir(parents=True, exist_ok=True)
+    ensure_ignored(out)
+    manifest = pack(files, out, limit, extra={"set": which})
+    repo = travel_bytes()
+    print(
+        f"stage: {len(files)} files, {sum(f['bytes'] for f in manifest['files']) / MIB:.1f} MiB in "
+        f"{len(manifest['chunks'])} chunks; repository {repo / MIB:.1f} MiB + largest chunk "
+        f"{max(c['bytes'] for c in manifest['chunks']) / MIB:.1f} MiB per call",
+        file=sys.stderr,
+    )
+    return manifest
+
+
 # -- command line ------------------------------------------------------------------------------
 
 
@@ -626,8 +655,10 @@ def main(argv: list[str] | None = None) -> int:
         dest="which",
         choices=sorted(SETS),
         default="sglang",
-        help="sglang: SGLang and what it needs; gguf: Gemma-3 270M for Spec-Bench",
+        help="sglang: SGLang and what it needs; gguf: Gemma-3 270M for Spec-Bench; train: the --files of "
+        "train-eagle3 --prepare-data for Lease T",
     )
+    p.add_argument("--files", type=Path, nargs="+", help="--set train: the files to stage")
     p.add_argument("--limit-mib", type=float, help="chunk size limit (default: the set's, 46 or 60)")
     p.add_argument("--dry-run", action="store_true", help="print the pip commands, download nothing")
     c = sub.add_parser("calls", help="print the device calls (carry list, MiB, command) as JSON")
@@ -648,7 +679,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "plan":
             limit_mib = args.limit_mib or SETS[args.which]["limit_mib"]
-            plan(args.out, int(limit_mib * MIB), args.dry_run, args.which)
+            if args.files and args.which != "train":
+                raise StageError(f"--files is for --set train, not --set {args.which}")
+            plan(args.out, int(limit_mib * MIB), args.dry_run, args.which, args.files)
         elif args.cmd == "calls":
             stage = args.stage
             print(json.dumps(call_plan(load_manifest(stage), stage.as_posix().rstrip("/"), travel_bytes()), indent=1))

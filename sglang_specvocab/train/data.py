@@ -1,16 +1,20 @@
 """Self-distilled training data for an EAGLE-3 draft: prompts answered greedily by the target itself.
 
 ``SelfDistillData`` holds prompt + response token ids (prompt first), saved in one ``.pt`` file
-(``DATA_FORMAT``) so a run reuses what an earlier one generated; ``hot_vocabulary`` picks a d2t
-draft's vocabulary (the most frequent target ids). ``compute_states`` runs the target once over
-the data and keeps what training needs of it (``TargetStates``: captured features, final hidden
-states, top-K ids), cached in chunks; ``batch_of`` assembles a training ``Batch`` from both.
+(``DATA_FORMAT``; xz-compressed when the name ends in ``.xz``, the form a GPU lease carries) so a
+run reuses what an earlier one generated; ``hot_vocabulary`` picks a d2t draft's vocabulary (the
+most frequent target ids). ``compute_states`` runs the target once over the data and keeps what
+training needs of it (``TargetStates``: captured features, final hidden states, top-K ids), cached
+in chunks; ``batch_of`` assembles a training ``Batch`` from both. ``OnlineStates`` computes the same
+batches with the target at every step instead, for data whose states would not fit in memory.
 """
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
+import lzma
 import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -42,25 +46,31 @@ class SelfDistillData:
         path.parent.mkdir(parents=True, exist_ok=True)
         lens = torch.tensor([len(s) for s in self.sequences], dtype=torch.int64)
         tmp = path.with_name(path.name + ".tmp")
-        torch.save(
-            {
-                "format": DATA_FORMAT,
-                "tokens": torch.cat(self.sequences).to(torch.int32)
-                if self.sequences
-                else torch.zeros(0, dtype=torch.int32),
-                "offsets": torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]),
-                "prompt_lens": torch.tensor(self.prompt_lens, dtype=torch.int64),
-                "meta": json.dumps(self.meta),
-            },
-            tmp,
-        )
+        payload = {
+            "format": DATA_FORMAT,
+            "tokens": torch.cat(self.sequences).to(torch.int32)
+            if self.sequences
+            else torch.zeros(0, dtype=torch.int32),
+            "offsets": torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]),
+            "prompt_lens": torch.tensor(self.prompt_lens, dtype=torch.int64),
+            "meta": json.dumps(self.meta),
+        }
+        if path.suffix == ".xz":
+            buf = io.BytesIO()
+            torch.save(payload, buf)
+            tmp.write_bytes(lzma.compress(buf.getvalue(), preset=9 | lzma.PRESET_EXTREME))
+        else:
+            torch.save(payload, tmp)
         tmp.replace(path)  # a crash never leaves a half-written cache
 
     @classmethod
     def load(cls, path: str | Path, vocab_size: int | None = None) -> SelfDistillData:
         try:
-            d = torch.load(path, weights_only=True)
-        except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+            if Path(path).suffix == ".xz":
+                d = torch.load(io.BytesIO(lzma.decompress(Path(path).read_bytes())), weights_only=True)
+            else:
+                d = torch.load(path, weights_only=True)
+        except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError, lzma.LZMAError) as exc:
             reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
             raise SpecVocabError(f"{path}: cannot read EAGLE-3 training data: {reason}") from None
         if not isinstance(d, dict) or d.get("format") != DATA_FORMAT:
@@ -186,6 +196,45 @@ class TargetStates:
 
     def rows(self, i: int) -> slice:
         return slice(int(self.offsets[i]), int(self.offsets[i + 1]))
+
+    def batch(self, data: SelfDistillData, idx: Sequence[int], pad_token_id: int = 0) -> Batch:
+        return batch_of(data, self, idx, pad_token_id)
+
+
+class OnlineStates:
+    """The target's states computed for each batch when it is asked for, on the target's device:
+    the same :class:`Batch` that ``batch_of(data, compute_states(tap, data, seq_len, topk=topk), idx)``
+    gives (up to floating-point rounding of the batch shapes), without keeping the states of the
+    whole data set (several KB per token: 6.4 KB for Gemma-3 270M, 84 GB for 20k conversations)."""
+
+    def __init__(self, tap: TargetTap, seq_len: int, topk: int = 8, head_rows: int = 4096) -> None:
+        self.tap, self.topk, self.head_rows = tap, topk, head_rows
+        self.meta = {"seq_len": seq_len, "capture_layers": tap.layers, "capture_style": tap.style, "topk": topk}
+
+    @torch.no_grad()
+    def batch(self, data: SelfDistillData, idx: Sequence[int], pad_token_id: int = 0) -> Batch:
+        head = self.tap.model.get_output_embeddings().weight
+        device = head.device
+        seqs = [data.sequences[i][: self.meta["seq_len"]] for i in idx]
+        lens = torch.tensor([len(x) for x in seqs])
+        b, t = len(seqs), int(lens.max())
+        ids = torch.full((b, t), pad_token_id, dtype=torch.int64)
+        for r, x in enumerate(seqs):
+            ids[r, : len(x)] = x
+        valid = torch.arange(t)[None, :] < lens[:, None]
+        a, h = self.tap.states(ids.to(device), valid.to(device, torch.int64))
+        keep = valid.to(device)[..., None]
+        flat = h.reshape(b * t, -1)
+        top = torch.cat([(c @ head.T).topk(self.topk, dim=-1).indices for c in flat.split(self.head_rows)])
+        prompt_lens = torch.tensor([min(data.prompt_lens[i], int(n)) for i, n in zip(idx, lens, strict=True)])
+        return Batch(
+            ids.to(device),
+            lens.to(device),
+            prompt_lens.to(device),
+            torch.where(keep, a.to(torch.bfloat16), 0),
+            torch.where(keep, h.float(), 0),
+            torch.where(keep, top.reshape(b, t, -1).to(torch.int64), 0),
+        )
 
 
 @torch.no_grad()

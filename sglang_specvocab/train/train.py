@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import pickle
+import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from importlib import resources
 from itertools import islice
 from pathlib import Path
@@ -26,7 +29,7 @@ from ..errors import SpecVocabError
 from ..lab.models import GEMMA3_270M, LoadedModel, load_model
 from ..prompts import format_prompt, sharegpt_conversations
 from .checkpoint import load_into, save_checkpoint
-from .data import SelfDistillData, TargetStates, batch_of, build_data, compute_states, hot_vocabulary
+from .data import OnlineStates, SelfDistillData, TargetStates, batch_of, build_data, compute_states, hot_vocabulary
 from .loss import Objective, StepStats, evaluate, ttt_loss
 from .model import Eagle3Config, Eagle3Draft, TargetTap, build_draft, capture_layers_from_ids, init_from_target
 from .report import machine
@@ -167,7 +170,11 @@ def validation_data(args, model, with_tokenizer) -> SelfDistillData | None:
     if not args.val:
         return None
     vocab = model.get_input_embeddings().weight.shape[0]
-    path = _cache_path(args, f"val-generated-{args.val}-new{args.val_new_tokens}.pt")
+    path = (
+        Path(args.val_data)
+        if getattr(args, "val_data", None)
+        else _cache_path(args, f"val-generated-{args.val}-new{args.val_new_tokens}.pt")
+    )
     if path.is_file():
         return SelfDistillData.load(path, vocab)
     data = generated_data(args, model, with_tokenizer(), 0, args.val, args.val_new_tokens)
@@ -223,12 +230,22 @@ def train_draft(
     progress: bool = False,
     log_every: int = 0,
     on_step: Callable[[int, StepStats], None] | None = None,
+    resume: str | Path | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    extra: dict | None = None,
 ) -> list[StepStats]:
     """AdamW on the draft's parameters over shuffled passes through the data; linear warm-up
     (``warmup`` steps, default 5 %), then cosine decay to a tenth of ``lr``; gradients clipped at 1.
     The draft's forward runs under bfloat16 autocast when ``objective.dtype`` is bfloat16.
-    ``on_step(step, stats)`` runs after every step (validation, checkpoints). Returns the
-    statistics of every step."""
+    ``states`` is a :class:`TargetStates` or an :class:`OnlineStates` (anything with ``meta`` and
+    ``batch(data, idx, pad_token_id)``). ``on_step(step, stats)`` runs after every step
+    (validation, checkpoints). Returns the statistics of every step.
+
+    With ``resume`` (a file): training continues from the state saved there, if any (parameters,
+    optimiser, schedule, data order, statistics and ``extra``, a dict the caller keeps with it);
+    when ``should_stop()`` turns true after a step, that state is saved and :class:`Stopped` is
+    raised. A run stopped and resumed any number of times ends with the same weights as one
+    that ran through."""
     from tqdm import tqdm  # the lab extra (progress bars)
 
     seq_len = int(states.meta.get("seq_len", max(len(x) for x in data.sequences)))
@@ -250,14 +267,30 @@ def train_draft(
     order: list[int] = []
     bf16 = objective.dtype == torch.bfloat16
     history: list[StepStats] = []
-    bar = tqdm(range(steps), desc="train", unit="step", disable=not progress)
+    settings = {
+        "steps": steps,
+        "batch_size": batch_size,
+        "lr": lr,
+        "ttt_steps": ttt_steps,
+        "seed": seed,
+        "warmup": warmup,
+        "sequences": len(data),
+        "trainable": len(pool),
+        "seq_len": seq_len,
+        "dtype": str(objective.dtype),
+    }
+    first = 0
+    if resume is not None and Path(resume).is_file():
+        first, order = _load_resume(resume, settings, params, opt, sched, g, history, extra)
+        print(f"[eagle3] resuming at step {first} of {steps} from {resume}", file=sys.stderr)
+    bar = tqdm(range(first, steps), desc="train", unit="step", disable=not progress, initial=first, total=steps)
     for step in bar:
         pick = []
         while len(pick) < min(batch_size, len(pool)):
             if not order:  # a new pass through the data, in a new order
                 order = [pool[i] for i in torch.randperm(len(pool), generator=g).tolist()]
             pick.append(order.pop())
-        batch = batch_of(data, states, pick, pad_token_id).to(device)
+        batch = states.batch(data, pick, pad_token_id).to(device)
         draft.train()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             loss, stats = ttt_loss(draft, batch, ttt_steps, objective)
@@ -272,8 +305,74 @@ def train_draft(
             bar.write(format_stats(step + 1, stats))
         if on_step is not None:
             on_step(step + 1, stats)
+        if step + 1 < steps and should_stop is not None and should_stop():
+            if resume is None:
+                raise Stopped(step + 1, None)
+            _save_resume(resume, step + 1, settings, params, opt, sched, g, order, history, extra)
+            draft.eval()
+            raise Stopped(step + 1, resume)
+    if resume is not None and first < steps:  # finished: the same command again just writes the draft again
+        _save_resume(resume, steps, settings, params, opt, sched, g, order, history, extra)
     draft.eval()
     return history
+
+
+RESUME_FORMAT = "sglang-specvocab/eagle3-train-state/1"
+
+
+class Stopped(Exception):
+    """Training stopped before its last step (``should_stop``); its state is in ``path`` (if any)."""
+
+    def __init__(self, step: int, path) -> None:
+        super().__init__(f"stopped after step {step}" + (f", state saved to {path}" if path else ""))
+        self.step, self.path = step, path
+
+
+def _save_resume(path, step, settings, params, opt, sched, g, order, history, extra) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(
+        {
+            "format": RESUME_FORMAT,
+            "step": step,
+            "settings": settings,
+            "params": [p.detach().cpu() for p in params],
+            "opt": opt.state_dict(),
+            "sched": sched.state_dict(),
+            "generator": g.get_state(),
+            "order": list(order),
+            "history": [asdict(h) for h in history],
+            "extra": dict(extra or {}),
+        },
+        tmp,
+    )
+    tmp.replace(path)  # a call cut off while saving keeps the previous state
+
+
+def _load_resume(path, settings, params, opt, sched, g, history, extra) -> tuple[int, list[int]]:
+    try:
+        st = torch.load(path, weights_only=False)  # our own file: optimiser state and plain lists
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+        raise SpecVocabError(f"--resume-state {path}: cannot read it ({exc}); delete it to start again") from None
+    if not isinstance(st, dict) or st.get("format") != RESUME_FORMAT:
+        raise SpecVocabError(f"--resume-state {path}: not a training state written by train-eagle3")
+    changed = [f"{k} {st['settings'].get(k)!r} -> {v!r}" for k, v in settings.items() if st["settings"].get(k) != v]
+    if changed:
+        raise SpecVocabError(
+            f"--resume-state {path} was saved by a run with other settings ({'; '.join(changed)}): "
+            "resume with the same ones, or delete it to start again"
+        )
+    with torch.no_grad():
+        for p, saved in zip(params, st["params"], strict=True):
+            p.copy_(saved)
+    opt.load_state_dict(st["opt"])
+    sched.load_state_dict(st["sched"])
+    g.set_state(st["generator"])
+    history.extend(StepStats(**h) for h in st["history"])
+    if extra is not None:
+        extra.update(st["extra"])
+    return st["step"], list(st["order"])
 
 
 def format_stats(step: int, s: StepStats) -> str:
@@ -309,6 +408,9 @@ def run(args) -> int:
         )
     data = training_data(args, model, with_tokenizer)
     val = validation_data(args, model, with_tokenizer)
+    if args.prepare_data:
+        print(f"[eagle3] --prepare-data: the training data is in {args.data}; stopping before training")
+        return 0
     ids, vocab_source = hot_ids(args, data, vocab)
     capture = (
         None
@@ -322,10 +424,13 @@ def run(args) -> int:
     layers = "-".join(map(str, cfg.capture_layers))
     states_path = (
         Path(args.states)
-        if args.states
+        if args.states and args.states != "online"
         else _cache_path(args, f"states-{args.source}-skip{args.skip}-L{args.seq_len}-{args.dtype}-c{layers}")
     )
-    states = compute_states(tap, data, args.seq_len, cache=states_path, progress=True)
+    if args.states == "online":  # the target runs at every step: nothing kept, any data size
+        states = OnlineStates(tap, args.seq_len)
+    else:
+        states = compute_states(tap, data, args.seq_len, cache=states_path, progress=True)
     val_batches = None
     if val is not None:
         val_len = max(len(x) for x in val.sequences)
@@ -356,7 +461,7 @@ def run(args) -> int:
         )
     objective = Objective.for_target(model, loss_ids=loss_ids, dtype=DTYPES[args.train_dtype])
     objective.head = objective.head.float()
-    curve: list[dict] = []
+    kept = {"curve": [], "train_seconds": 0.0, "train_cpu_seconds": 0.0}  # carried across --resume-state
 
     def validate(step: int, _stats=None) -> None:
         if val_batches is None or (step % args.val_every and step != args.steps):
@@ -367,32 +472,68 @@ def run(args) -> int:
             seconds=round(time.perf_counter() - start, 1),
             cpu_seconds=round(time.process_time() - cpu_start, 1),
         )
-        curve.append(r)
+        kept["curve"].append(r)
         print(
             f"[eagle3] step {step}: validation top-1 per step {[round(a, 3) for a in r['accuracy']]}, "
             f"accept length {r['accept_length']:.3f} ({r['rows']} positions)",
             file=sys.stderr,
         )
 
-    validate(0)
+    resume = args.resume_state
+    if not (resume and Path(resume).is_file()):
+        validate(0)
+    stop = {"asked": False}
+
+    def on_sigterm(_signum, _frame):  # a device call's time limit: finish the step, save, leave
+        stop["asked"] = True
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
     t0, c0 = time.perf_counter(), time.process_time()
-    history = train_draft(
-        draft,
-        data,
-        states,
-        objective,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        ttt_steps=args.ttt_steps,
-        seed=args.seed,
-        pad_token_id=_pad_id(model),
-        warmup=args.warmup,
-        progress=True,
-        log_every=args.log_every,
-        on_step=validate,
-    )
-    train_seconds, train_cpu = time.perf_counter() - t0, time.process_time() - c0
+
+    def train_time() -> None:
+        nonlocal t0, c0
+        kept["train_seconds"] += time.perf_counter() - t0
+        kept["train_cpu_seconds"] += time.process_time() - c0
+        t0, c0 = time.perf_counter(), time.process_time()
+
+    def should_stop() -> bool:
+        if stop["asked"]:
+            train_time()  # saved with the state
+        return stop["asked"]
+
+    try:
+        history = train_draft(
+            draft,
+            data,
+            states,
+            objective,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            ttt_steps=args.ttt_steps,
+            seed=args.seed,
+            pad_token_id=_pad_id(model),
+            warmup=args.warmup,
+            progress=True,
+            log_every=args.log_every,
+            on_step=validate,
+            resume=resume,
+            should_stop=should_stop,
+            extra=kept,
+        )
+    except Stopped as exc:
+        out = save_checkpoint(draft, args.out, DTYPES[args.save_dtype], None)
+        print(
+            f"[eagle3] stopped after step {exc.step} of {args.steps}: state in {exc.path}, the draft so far in "
+            f"{out}; run the same command again to continue",
+            file=sys.stderr,
+        )
+        return 124
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    train_time()
+    train_seconds, train_cpu = kept["train_seconds"], kept["train_cpu_seconds"]
+    curve = kept["curve"]
     import transformers  # heavy: already loaded with the target
 
     k = max(1, len(history) // 10)
@@ -410,7 +551,7 @@ def run(args) -> int:
         "args": {k_: v for k_, v in vars(args).items() if not callable(v)},
         "command": getattr(args, "command_line", None),
         "sequences": len(data),
-        "tokens": int(states.offsets[-1]),
+        "tokens": sum(min(len(x), args.seq_len) for x in data.sequences),
         "data_source": data.meta.get("source"),
         "vocab_source": vocab_source,
         "capture_style": tap.style,
