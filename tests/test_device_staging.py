@@ -555,3 +555,99 @@ def test_specbench_needs_the_gguf_stage_and_a_draft(tmp_path):
     )
     assert "--attention-backend triton --sampling-backend pytorch --mem-fraction-static 0.5" in configs[0]["args"]
     assert (dev.work / "src" / "configs" / "microspec.yaml").is_file()  # the working copy has the configs
+
+
+def test_training_data_is_staged_from_local_files(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(stage, "ensure_ignored", lambda out: None)
+    monkeypatch.setattr(stage, "pip_download", lambda *a, **k: pytest.fail("downloaded"))
+    files = _files(tmp_path, {"train.pt.xz": 250, "val.pt.xz": 30})
+    out = tmp_path / "train"
+    argv = ["plan", "--set", "train", "--out", str(out), "--limit-mib", str(100 / stage.MIB), "--files"]
+    assert stage.main([*argv, *map(str, files)]) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["set"] == "train" and len(m["chunks"]) == 3 and all(c["bytes"] <= 100 for c in m["chunks"])
+    assert [p["command"] for p in stage.call_plan(m, ".stage/train")] == [
+        f"bash scripts/device/run.sh data-{i}" for i in (1, 2, 3)
+    ]
+    assert [f.read_bytes() for f in stage.assemble(out, tmp_path / "dev")] == [f.read_bytes() for f in files]
+    assert stage.SETS["train"]["limit_mib"] + 4 < stage.CALL_LIMIT / stage.MIB  # a chunk + the checkout
+    assert stage.main(["plan", "--set", "train", "--out", str(out)]) == 2
+    assert "name the files to stage with --files" in capsys.readouterr().err
+    assert stage.main(["plan", "--set", "gguf", "--out", str(out), "--files", str(files[0])]) == 2
+    assert "--files is for --set train" in capsys.readouterr().err
+
+
+def _lease_t(dev, tmp_path):
+    """Lease T's setup calls on a fake device: the SGLang stage and install, two GGUF chunks, the data."""
+    dev.installed(extra=())
+    stage.pack(_files(tmp_path, {"g-1.0-py3-none-any.whl": 150}, seed=1), dev.stage / "gguf", 100, {"set": "gguf"})
+    for i in (1, 2):
+        assert dev.run(f"gguf-{i}", carry=["gguf/manifest.json", f"gguf/chunk-0{i}"])[0] == 0
+    (tmp_path / "data").mkdir()
+    for name, size in (("train.pt.xz", 120), ("val.pt.xz", 20)):
+        (tmp_path / "data" / name).write_bytes(random.Random(2).randbytes(size))
+    m = stage.pack(sorted((tmp_path / "data").iterdir()), dev.stage / "train", 100, {"set": "train"})
+    return len(m["chunks"])
+
+
+def test_train_needs_install_gguf_and_every_data_chunk(tmp_path):
+    dev = Device(tmp_path)
+    rc, out = dev.run("train")
+    assert rc == 2 and "train needs 'install' first" in out
+    n = _lease_t(dev, tmp_path)
+    assert n == 2
+    rc, out = dev.run("train")
+    assert rc == 2 and "no training data here; carry it with data-1 .. data-N" in out
+    rc, out = dev.run("data-1", "train", carry=["train/manifest.json", "train/chunk-01"])
+    assert rc == 2 and "verified chunk-01" in out and "train needs 'data-2' first" in out
+    rc, out = dev.run("data-2", "train", carry=["train/manifest.json", "train/chunk-02"])
+    assert rc == 0, out
+    cache = dev.work / "cache" / "train"
+    assert f"stage.py assemble --stage {dev.work}/stage/gguf --dest {cache}/gguf-wheels" in out
+    assert f"stage.py assemble --stage {dev.work}/stage/train --dest {cache}/data" in out
+    assert (
+        f"-m sglang_specvocab train-eagle3 --target gemma3-270m --head full --device cuda --states online "
+        f"--data {cache}/data/train.pt.xz --val-data {cache}/data/val.pt.xz --resume-state {cache}/resume.pt "
+        f"--out {cache}/draft-full --steps 6000 --batch-size 8 --seq-len 2048 "
+    ) in out
+
+
+def test_train_refuses_a_data_stage_without_its_files(tmp_path):
+    dev = Device(tmp_path)
+    dev.installed(extra=())
+    stage.pack(_files(tmp_path, {"g-1.0-py3-none-any.whl": 50}, seed=1), dev.stage / "gguf", 100, {"set": "gguf"})
+    assert dev.run("gguf-1", carry=["gguf/manifest.json", "gguf/chunk-01"])[0] == 0
+    stage.pack(_files(tmp_path, {"data.pt": 50}), dev.stage / "train", 100, {"set": "train"})
+    rc, out = dev.run("data-1", "train", carry=["train/manifest.json", "train/chunk-01"])
+    assert rc == 2 and "must hold train.pt.xz and val.pt.xz" in out
+
+
+def test_train_resumes_across_calls_and_returns_the_draft_every_call(tmp_path):
+    dev = Device(tmp_path)
+    n = _lease_t(dev, tmp_path)
+    carry = [x for i in range(1, n + 1) for x in ("train/manifest.json", f"train/chunk-0{i}")]
+    for i in range(1, n + 1):
+        assert dev.run(f"data-{i}", carry=carry[2 * i - 2 : 2 * i])[0] == 0
+    cache = dev.work / "cache" / "train"
+    rc, out = dev.run("train", SV_DRY_RC_train=124)  # cut off while joining the GGUF wheels
+    assert rc == 124 and "gguf-wheels" in out and "train-eagle3" not in out
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / "gguf.installed").touch()  # as a call that got further leaves them: not done again
+    (cache / "data.assembled").touch()
+    draft = cache / "draft-full"
+    draft.mkdir(parents=True)  # what the trainer leaves when the limit stops it: the draft so far
+    (draft / "config.json").write_text("{}")
+    (draft / "model.safetensors").write_bytes(b"0" * 100)
+    rc, out = dev.run("train", SV_DRY_RC_train=124, SV_CALL_BUDGET_S=300)
+    assert rc == 124 and "train: cut off by its time limit; call 'run.sh train' again to resume" in out
+    assert re.search(r"would run \(timeout (29[5-9]|300)s\).* train-eagle3 ", out), out
+    assert "assemble" not in out and "pip install" not in out
+    assert sorted(p.name for p in (dev.out / "draft-full").iterdir()) == ["config.json", "model.safetensors"]
+    assert not (dev.work / "done" / "train").exists()
+    (draft / "training.json").write_text("{}")  # as the trainer writes it once it has finished
+    rc, out = dev.run("train", SV_TRAIN_ARGS="--steps 10")
+    assert rc == 0 and "(cut off in 2 earlier call(s))" in out and f"--out {draft} --steps 10" in out
+    assert (dev.out / "draft-full" / "training.json").is_file()
+    with tarfile.open(dev.out / "train.tar.gz") as t:
+        assert "train/training.json" in t.getnames()
+    assert (dev.work / "done" / "train").read_text().strip() == "0"

