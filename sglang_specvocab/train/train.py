@@ -233,6 +233,7 @@ def train_draft(
     resume: str | Path | None = None,
     should_stop: Callable[[], bool] | None = None,
     extra: dict | None = None,
+    save_every: int = 0,
 ) -> list[StepStats]:
     """AdamW on the draft's parameters over shuffled passes through the data; linear warm-up
     (``warmup`` steps, default 5 %), then cosine decay to a tenth of ``lr``; gradients clipped at 1.
@@ -243,8 +244,8 @@ def train_draft(
 
     With ``resume`` (a file): training continues from the state saved there, if any (parameters,
     optimiser, schedule, data order, statistics and ``extra``, a dict the caller keeps with it);
-    when ``should_stop()`` turns true after a step, that state is saved and :class:`Stopped` is
-    raised. A run stopped and resumed any number of times ends with the same weights as one
+    it is saved every ``save_every`` steps (a call killed outright loses no more), and when
+    ``should_stop()`` turns true after a step, it is saved and :class:`Stopped` is raised. A run stopped and resumed any number of times ends with the same weights as one
     that ran through."""
     from tqdm import tqdm  # the lab extra (progress bars)
 
@@ -311,6 +312,8 @@ def train_draft(
             _save_resume(resume, step + 1, settings, params, opt, sched, g, order, history, extra)
             draft.eval()
             raise Stopped(step + 1, resume)
+        if resume is not None and save_every and (step + 1) % save_every == 0:
+            _save_resume(resume, step + 1, settings, params, opt, sched, g, order, history, extra)
     if resume is not None and first < steps:  # finished: the same command again just writes the draft again
         _save_resume(resume, steps, settings, params, opt, sched, g, order, history, extra)
     draft.eval()
@@ -496,10 +499,9 @@ def run(args) -> int:
         kept["train_cpu_seconds"] += time.process_time() - c0
         t0, c0 = time.perf_counter(), time.process_time()
 
-    def should_stop() -> bool:
-        if stop["asked"]:
-            train_time()  # saved with the state
-        return stop["asked"]
+    def on_step(step: int, stats) -> None:
+        train_time()  # kept with the state
+        validate(step, stats)
 
     try:
         history = train_draft(
@@ -516,10 +518,11 @@ def run(args) -> int:
             warmup=args.warmup,
             progress=True,
             log_every=args.log_every,
-            on_step=validate,
+            on_step=on_step,
             resume=resume,
-            should_stop=should_stop,
+            should_stop=lambda: stop["asked"],
             extra=kept,
+            save_every=args.val_every,
         )
     except Stopped as exc:
         out = save_checkpoint(draft, args.out, DTYPES[args.save_dtype], None)
