@@ -608,7 +608,7 @@ def test_train_needs_install_gguf_and_every_data_chunk(tmp_path):
     assert (
         f"-m sglang_specvocab train-eagle3 --target gemma3-270m --head full --device cuda --states online "
         f"--data {cache}/data/train.pt.xz --val-data {cache}/data/val.pt.xz --resume-state {cache}/resume.pt "
-        f"--out {cache}/draft-full --steps 6000 --batch-size 8 --seq-len 2048 "
+        f"--out {cache}/draft-full --steps 6000 --batch-size 8 --seq-len 2048 --lr 1e-3 --warmup 300 --init random "
     ) in out
 
 
