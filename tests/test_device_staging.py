@@ -644,6 +644,8 @@ def test_train_resumes_across_calls_and_returns_the_draft_every_call(tmp_path):
     assert "assemble" not in out and "pip install" not in out
     assert sorted(p.name for p in (dev.out / "draft-full").iterdir()) == ["config.json", "model.safetensors"]
     assert not (dev.work / "done" / "train").exists()
+    rc, out = dev.run("train", SV_DRY_RC_train=1)  # failed (out of memory, say): not done, call it again
+    assert rc == 1 and not (dev.work / "done" / "train").exists()
     (draft / "training.json").write_text("{}")  # as the trainer writes it once it has finished
     rc, out = dev.run("train", SV_TRAIN_ARGS="--steps 10")
     assert rc == 0 and "(cut off in 2 earlier call(s))" in out and f"--out {draft} --steps 10" in out

@@ -128,10 +128,11 @@ need() { # need PHASE WHY: refuse unless PHASE passed
 }
 
 # A result phase (tests, bench, ...) is done when it ends, passed or failed: failing is its result.
-# A setup phase (stage-N, gguf-N, install) is done only when it passed; otherwise call it again.
+# A setup phase (stage-N, gguf-N, install) is done only when it passed; otherwise call it again. So is
+# train: a failed run (e.g. out of memory) is called again, with other SV_TRAIN_ARGS if need be.
 ends_phase() { # ends_phase PHASE RC
   case "$1" in
-    stage-* | gguf-* | data-* | install) [ "$2" = 0 ] ;;
+    stage-* | gguf-* | data-* | install | train) [ "$2" = 0 ] ;;
     *) [ "$2" = 0 ] || [ "$2" = 1 ] ;;
   esac
 }
