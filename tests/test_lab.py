@@ -103,7 +103,10 @@ def test_lab_refuses_a_capacity_larger_than_the_vocabulary(tiny_checkpoint, tmp_
     "args,piece",
     [
         (["--config", "nope.yaml"], "cannot read config file nope.yaml"),
-        (["--config", "configs/full.yaml", "--model", "/nonexistent"], "not 'gemma3-270m' and not a directory"),
+        (
+            ["--config", "configs/full.yaml", "--model", "/nonexistent"],
+            "not one of the named models (gemma3-270m, smollm2-135m) and not a local directory",
+        ),
         (["--config", "configs/full.yaml", "--draft-layers", "x"], "--draft-layers = 'x' is invalid"),
         (["--config", "configs/full.yaml", "--draft", "eagle3"], "--draft = 'eagle3' is invalid"),
         (
