@@ -89,7 +89,11 @@ def test_lab_writes_table_json_markdown_and_plot(tiny_checkpoint, tmp_path, caps
     assert overall["small-window"]["max_set_size"] <= 64
     assert overall["full"]["n_prompts"] == 7  # 6 questions, the MT-Bench one with two turns
     assert "| small-window | window | overall |" in printed
-    assert (out / "lab.md").read_text().count("\n|") >= 15
+    md = (out / "lab.md").read_text()
+    assert md.count("\n|") >= 15
+    full, small = overall["full"]["accept_length"], overall["small-window"]["accept_length"]
+    assert f"| full | full | {full:.2f} | 100.0% | 1.000 |" in md
+    assert f"| small-window | window | {small:.2f} | {small / full:.1%} |" in md
     assert (out / "lab.png").read_bytes()[:4] == b"\x89PNG"
 
 
