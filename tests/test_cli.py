@@ -14,6 +14,7 @@ SUBCOMMANDS = {  # subcommand -> an option its help must list
     ("replay",): "--trace",
     ("check-config",): "--vocab-size",
     ("build-freq",): "--cooccurrence",
+    ("build-data",): "--conversations",
     ("train-ranker",): "--rank",
     ("train-router",): "--top-l",
     ("train-eagle3",): "--ttt-steps",

@@ -89,7 +89,11 @@ def test_lab_writes_table_json_markdown_and_plot(tiny_checkpoint, tmp_path, caps
     assert overall["small-window"]["max_set_size"] <= 64
     assert overall["full"]["n_prompts"] == 7  # 6 questions, the MT-Bench one with two turns
     assert "| small-window | window | overall |" in printed
-    assert (out / "lab.md").read_text().count("\n|") >= 15
+    md = (out / "lab.md").read_text()
+    assert md.count("\n|") >= 15
+    full, small = overall["full"]["accept_length"], overall["small-window"]["accept_length"]
+    assert f"| full | full | {full:.2f} | 100.0% | 1.000 |" in md
+    assert f"| small-window | window | {small:.2f} | {small / full:.1%} |" in md
     assert (out / "lab.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -103,7 +107,10 @@ def test_lab_refuses_a_capacity_larger_than_the_vocabulary(tiny_checkpoint, tmp_
     "args,piece",
     [
         (["--config", "nope.yaml"], "cannot read config file nope.yaml"),
-        (["--config", "configs/full.yaml", "--model", "/nonexistent"], "not 'gemma3-270m' and not a directory"),
+        (
+            ["--config", "configs/full.yaml", "--model", "/nonexistent"],
+            "not one of the named models (gemma3-270m, smollm2-135m) and not a local directory",
+        ),
         (["--config", "configs/full.yaml", "--draft-layers", "x"], "--draft-layers = 'x' is invalid"),
         (["--config", "configs/full.yaml", "--draft", "eagle3"], "--draft = 'eagle3' is invalid"),
         (

@@ -278,7 +278,9 @@ def test_script_errors(script, hf_dir, tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{data}: records have no field 'text'; available fields: id, body (use --field)" in err
     assert script.main(["--model", str(tmp_path / "nomodel"), "--sharegpt", "--out", str(tmp_path / "f.npz")]) == 2
-    assert "not 'gemma3-270m' and not a local Hugging Face directory" in capsys.readouterr().err
+    assert (
+        "not one of the named models (gemma3-270m, smollm2-135m) and not a local directory" in capsys.readouterr().err
+    )
     assert not (tmp_path / "f.npz").exists()
 
 

