@@ -123,6 +123,14 @@ def _add_lab(sub) -> None:
     p.add_argument("--draft-tokens", type=POSITIVE, default=None, help="tree nodes verified per round, root included")
     p.add_argument("--max-new-tokens", type=POSITIVE, default=48, help="per turn (default 48)")
     p.add_argument(
+        "--batch",
+        type=POSITIVE,
+        default=1,
+        metavar="B",
+        help="decode B questions in lockstep over one table, one head call per draft step for the group (first "
+        "turns only when B > 1), so head.batch union and its union_view act as in a server batch (default 1)",
+    )
+    p.add_argument(
         "--questions", default=None, metavar="JSONL", help="a Spec-Bench question file (default: the lab's own prompts)"
     )
     p.add_argument("--per-category", type=POSITIVE, default=None, metavar="N", help="first N questions per category")
@@ -171,6 +179,7 @@ def _run_lab(args) -> int:
         questions=args.questions,
         per_category=args.per_category,
         command=args.command_line,
+        batch=args.batch,
     )
     result = run_lab(settings, progress=not args.no_progress)
     paths = report.write(result, Path(args.out), args.name)

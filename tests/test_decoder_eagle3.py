@@ -77,6 +77,29 @@ def test_greedy_output_equals_target_only(target, drafts, prompts, head, config,
     assert accepted > 0  # the trained draft gets tokens accepted, so multi-token rounds are exercised
 
 
+@pytest.mark.parametrize("head", ["full", "d2t"])
+def test_lockstep_batch_with_an_eagle3_draft(target, drafts, prompts, head):
+    """Two requests in lockstep (generate_batch) with an EAGLE-3 draft, chain and tree: with per-request sets each
+    gets the rounds it gets alone; with the union head seeing the whole union, still the target's output."""
+    draft = Eagle3LM.load(drafts[head][1], target)
+    window = CONFIGS["window"]
+    union = {**window, "head": {"batch": "union", "union_view": "all"}}
+
+    def rounds(gen):
+        return [(r.set_size, r.accepted, r.committed, r.in_set, r.checked) for r in gen.rounds]
+
+    for shape in SHAPES.values():
+        alone, per, vis = (
+            SpeculativeDecoder(CausalLM(target), draft, parse_config(c), shape, eos_token_ids=[EOS], batch=b)
+            for c, b in ((window, 1), (window, 2), (union, 2))
+        )
+        for prompt, p, v in zip(prompts, per.generate_batch(prompts, 24), vis.generate_batch(prompts, 24), strict=True):
+            one = alone.generate(prompt, 24)
+            assert p.tokens == v.tokens == one.tokens == greedy_generate(CausalLM(target), prompt, 24, [EOS])
+            assert rounds(p) == rounds(one) and sum(r.accepted for r in one.rounds) > 0
+        assert vis.head.last_mode in ("union-indexed", "union-gemm")
+
+
 def test_loaded_draft_is_the_trained_one(target, drafts):
     for head, (trained, path) in drafts.items():
         loaded = Eagle3LM.load(path, target)

@@ -119,6 +119,8 @@ def test_lab_refuses_a_capacity_larger_than_the_vocabulary(tiny_checkpoint, tmp_
         ),
         (["--config", "configs/full.yaml", "--max-new-tokens", "0"], "argument --max-new-tokens: must be at least 1"),
         (["--config", "configs/full.yaml", "--topk", "0"], "argument --topk: must be at least 1"),
+        (["--config", "configs/full.yaml", "--batch", "0"], "argument --batch: must be at least 1"),
+        (["--config", "configs/full.yaml", "--batch", "two"], "argument --batch: 'two' is not an integer"),
         (["--config", "configs/full.yaml", "--questions", "/nonexistent.jsonl"], "cannot read questions file"),
     ],
 )
@@ -233,6 +235,52 @@ def test_interrupted_lab_keeps_the_finished_turns(tiny_checkpoint, tmp_path, mon
     overall = {r["config"]: r for r in result["rows"] if r["category"] == "overall"}
     assert overall["full"]["n_prompts"] == overall["w"]["n_prompts"] == 2
     assert "INTERRUPTED" in (out / "lab.md").read_text()
+
+
+def test_lab_lockstep_batch_union_masked_and_visible(tiny_checkpoint, tmp_path, capsys):
+    """--batch B: first turns decoded B at a time over one table, one head call per draft step; the union head
+    masked to each request's set (own) and seeing the whole union (all) both stay lossless; own accepts what
+    per-request accepts; the batch's union of sets is reported beside each request's own set."""
+    cfgs = []
+    for name, head in [("own", "{batch: union, union_view: own}"), ("all", "{batch: union, union_view: all}"),
+                       ("per", "{batch: per-request}")]:  # fmt: skip
+        cfgs.append(tmp_path / f"union-{name}.yaml")
+        cfgs[-1].write_text(f"policy: window\ncapacity: 64\nhead: {head}\n")
+    out = tmp_path / "out"
+    rc = main(["lab", "--config", *map(str, cfgs), "--model", str(tiny_checkpoint), "--draft-layers", "2",
+               "--per-category", "1", "--max-new-tokens", "6", "--topk", "2", "--steps", "3", "--draft-tokens", "5",
+               "--batch", "3", "--out", str(out), "--no-progress"])  # fmt: skip
+    capsys.readouterr()
+    assert rc == 0
+    result = json.loads((out / "lab.json").read_text())
+    assert result["lossless"] is True and result["batch"] == 3
+    assert result["heads"] == {"full": "stock (dense)", "union-own": "union, union_view own",
+                               "union-all": "union, union_view all", "union-per": "per-request"}  # fmt: skip
+    overall = {r["config"]: r for r in result["rows"] if r["category"] == "overall"}
+    assert all(r["n_prompts"] == 6 for r in overall.values())  # first turns only
+    assert overall["union-own"]["accept_length"] == overall["union-per"]["accept_length"]
+    assert overall["union-own"]["coverage"] == overall["union-per"]["coverage"]
+    for name in ("union-own", "union-all", "union-per"):
+        r = overall[name]
+        assert r["mean_set_size"] < r["mean_union_size"] <= 3 * 64
+    assert overall["full"]["mean_union_size"] == result["vocab_size"]
+    md = (out / "lab.md").read_text()
+    assert "3 questions in lockstep" in md and "| mean union |" in md
+
+
+def test_lab_refuses_a_lockstep_batch_with_online_lora_before_loading(tmp_path, capsys):
+    import numpy as np
+
+    from sglang_specvocab.vocab_data import save_frequency_table
+
+    save_frequency_table(tmp_path / "f.npz", np.arange(400, 0, -1), tokenizer="tiny", source="test")
+    cfg = tmp_path / "evo.yaml"
+    cfg.write_text(
+        f"policy: retrieval\nretrieval: {{table: {tmp_path / 'f.npz'}, static_size: 64, dynamic_size: 16}}\nalign: {{}}\n"
+    )
+    rc = main(["lab", "--config", str(cfg), "--model", "/nonexistent", "--batch", "2", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{cfg}: align (online LoRA" in err and "batch = 2 is invalid with it, must be 1" in err
 
 
 def test_union_stats_count_distinct_ids_of_distinct_questions():

@@ -5,6 +5,7 @@ import torch
 from helpers import tiny_llama
 
 from sglang_specvocab import SpecVocabError
+from sglang_specvocab.head import DraftHead
 from sglang_specvocab.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
 from sglang_specvocab.policies import parse_config
 
@@ -156,3 +157,128 @@ def test_union_head_is_lossless_and_union_own_drafts_as_per_request(models, prom
         assert gen.tokens == greedy_generate(target, prompt, 24, eos_token_ids=[2])
         if view == "own":
             assert [r.accepted for r in gen.rounds] == [r.accepted for r in per.generate(prompt, 24).rounds]
+
+
+# --- lockstep batches (generate_batch): B requests over one table, one head call per draft step ----------------
+
+LOCKSTEP = {
+    "window": {"policy": "window", "capacity": 48},
+    "lowrank": {"policy": "lowrank", "lowrank": {"rank": 8, "topk": 16}},  # a ranker: sets chosen per draft step
+    "full": {"policy": "full"},
+}
+
+
+def _round_stats(gen):
+    return [(r.set_size, r.accepted, r.committed, r.in_set, r.checked) for r in gen.rounds]
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+@pytest.mark.parametrize("config", list(LOCKSTEP))
+def test_lockstep_batch_decodes_each_request_as_alone(models, prompts, tmp_path, monkeypatch, config, shape):
+    """Three requests in lockstep (the first stops early at an EOS, so the batch shrinks): each gets the
+    target's greedy output and, with its own set per request, the very rounds it gets decoded alone."""
+    monkeypatch.setenv("SGLANG_SPECVOCAB_CACHE", str(tmp_path))  # the low-rank ranker's SVD
+    target, drafter = models["self-draft"]
+    eos = [greedy_generate(target, prompts[0], 16)[3]]
+    cfg = parse_config(LOCKSTEP[config])
+    alone = SpeculativeDecoder(target, drafter, cfg, SHAPES[shape], eos_token_ids=eos)
+    batch = SpeculativeDecoder(target, drafter, cfg, SHAPES[shape], eos_token_ids=eos, batch=3)
+    gens = batch.generate_batch(prompts, 16)
+    assert len(gens[0].tokens) <= 4 < min(len(g.tokens) for g in gens[1:])  # the batch shrank as requests finished
+    for prompt, gen in zip(prompts, gens, strict=True):
+        one = alone.generate(prompt, 16)
+        assert gen.tokens == one.tokens == greedy_generate(target, prompt, 16, eos_token_ids=eos)
+        assert _round_stats(gen) == _round_stats(one)
+        if config == "full":
+            assert all(r.union_size == 512 for r in gen.rounds + one.rounds)
+        elif config == "window":  # the batch's union holds the request's set; alone, it is that set
+            assert all(r.set_size <= r.union_size <= 3 * 48 for r in gen.rounds)
+            assert all(r.union_size == r.set_size for r in one.rounds)
+
+
+def _drafted(dec, prompts, monkeypatch):
+    """generate_batch's outputs and every draft step's (log-probs, token ids) of the whole batch."""
+    seen, real = [], dec._draft_logprobs
+    monkeypatch.setattr(dec, "_draft_logprobs", lambda *a: seen.append(real(*a)) or seen[-1])
+    return dec.generate_batch(prompts, 16), seen
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_lockstep_union_own_drafts_bitwise_as_per_request(models, prompts, monkeypatch, shape):
+    """union_view own in a lockstep batch drafts, step by step, the tokens the per-request head drafts."""
+    target, drafter = models["other-lm"]
+
+    def decoder(head):
+        cfg = parse_config({"policy": "window", "capacity": 48, "head": {"kernel": "torch", **head}})
+        return SpeculativeDecoder(target, drafter, cfg, SHAPES[shape], eos_token_ids=[2], batch=3)
+
+    own = decoder({"batch": "union", "union_view": "own"})
+    own_gens, own_steps = _drafted(own, prompts, monkeypatch)
+    per_gens, per_steps = _drafted(decoder({"batch": "per-request"}), prompts, monkeypatch)
+    assert own.head.last_mode in ("union-indexed", "union-gemm")
+    assert len(own_steps) == len(per_steps)
+    for (lp_own, tok_own), (lp_per, tok_per) in zip(own_steps, per_steps, strict=True):
+        assert torch.equal(tok_own, tok_per)  # the same draft tokens, bitwise
+        # log-softmax over C masked columns vs W: the same terms summed in another order (last-ulp differences)
+        torch.testing.assert_close(lp_own, lp_per)
+    for prompt, a, b in zip(prompts, own_gens, per_gens, strict=True):
+        assert a.tokens == b.tokens == greedy_generate(target, prompt, 16, eos_token_ids=[2])
+        assert _round_stats(a) == _round_stats(b)
+
+
+class _Spy:
+    """The decoder's head, with a check of every call's output."""
+
+    def __init__(self, head, check):
+        self.head, self.check = head, check
+
+    def __call__(self, hidden, rows):
+        out = self.head(hidden, rows)
+        self.check(hidden, rows, out)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.head, name)
+
+
+def test_lockstep_union_all_only_adds_the_other_requests_columns(models, prompts, monkeypatch):
+    """union_view all: every call's logits equal union own's on the request's own columns; the columns it adds
+    are exactly the ids of the batch's other sets that its own set lacks; output stays the target's."""
+    target, drafter = models["other-lm"]
+    head = {"kernel": "torch", "batch": "union", "union_view": "all"}
+    cfg = parse_config({"policy": "window", "capacity": 48, "head": head})
+    dec = SpeculativeDecoder(target, drafter, cfg, SHAPES["tree"], eos_token_ids=[2], batch=3)
+    own = DraftHead(drafter.weight, dec.policy.table, kernel="torch", batch="union", union_view="own")
+    added = []
+
+    def check(hidden, rows, out):
+        mine = own(hidden, rows)
+        assert torch.equal(out.col_ids, mine.col_ids)  # one union of the batch's sets, ascending ids
+        seen, masked = torch.isfinite(out.logits), torch.isfinite(mine.logits)
+        assert bool((seen | ~masked).all()) and torch.equal(out.logits[masked], mine.logits[masked])
+        sets = [set(dec.policy.table.row(int(s))) for s in rows]
+        n = hidden.shape[0] // len(sets)
+        for b, own_set in enumerate(sets):
+            for m in range(b * n, (b + 1) * n):
+                extra = set(out.col_ids[seen[m] & ~masked[m]].tolist())
+                assert extra == set().union(*sets) - own_set
+                added.append(len(extra))
+
+    monkeypatch.setattr(dec, "head", _Spy(dec.head, check))
+    for prompt, gen in zip(prompts, dec.generate_batch(prompts, 16), strict=True):
+        assert gen.tokens == greedy_generate(target, prompt, 16, eos_token_ids=[2])
+    assert max(added) > 0
+
+
+def test_bad_lockstep_batches_are_refused(models, prompts):
+    target, drafter = models["self-draft"]
+    cfg = parse_config(CONFIGS["full"])
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(SpecVocabError, match=f"batch = {bad!r} is invalid: must be an integer >= 1"):
+            SpeculativeDecoder(target, drafter, cfg, batch=bad)
+    dec = SpeculativeDecoder(target, drafter, cfg, batch=2)
+    for many in (prompts, []):
+        with pytest.raises(SpecVocabError, match=f"{len(many)} prompts: this decoder decodes 1 to 2 at once"):
+            dec.generate_batch(many, 5)
+    with pytest.raises(SpecVocabError, match="prompt is empty"):
+        dec.generate_batch([prompts[0], []], 5)

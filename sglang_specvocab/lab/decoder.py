@@ -17,6 +17,10 @@ policy) and the engine of the policy lab. Per round:
 
 Prefill gives the policy the prompt ids and the target's top-K ids after every prompt
 position (computed in chunks from the final hidden states).
+
+``batch`` > 1 decodes that many requests in lockstep over one candidate table (slots 1..B): each
+draft step scores every request's rows in one head call, as a server batch does, so the head's
+``batch``/``union_view`` modes act as in SGLang; everything else stays per request.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -204,6 +209,8 @@ class RoundStats:
     committed: int  # tokens the round added to the output (accepted + bonus, cut at EOS / the limit)
     in_set: int  # of the checked committed tokens, how many were in the set used at their position
     checked: int = -1  # committed tokens checked for coverage (-1: all of them)
+    union_size: float = 0.0  # distinct ids in the sets of the request's lockstep batch while it drafted (mean
+    # over draft steps; its own set's size at batch 1; the draft head's rows when dense)
 
     def __post_init__(self) -> None:
         if self.checked < 0:
@@ -228,16 +235,69 @@ class Generation:
         return sum(r.in_set for r in self.rounds) / total if total else 1.0
 
 
+def check_batch(config: PolicyConfig, batch: int) -> None:
+    """Refuse a lockstep batch the decoder cannot run with ``config`` (before any model work)."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise SpecVocabError(f"batch = {batch!r} is invalid: must be an integer >= 1 (requests in lockstep)")
+    if batch > 1 and getattr(config, "align", None) is not None:
+        raise SpecVocabError(
+            f"{config.source}: align (online LoRA of the one draft, updated after every verify) decodes one request "
+            f"at a time: batch = {batch} is invalid with it, must be 1"
+        )
+
+
 @dataclass
 class _Tree:
     tokens: list[int]  # selected nodes, best first
     parents: list[int]  # index into ``tokens`` or -1 for the root
 
 
-class SpeculativeDecoder:
-    """Greedy speculative decoding of one request at a time through a policy and the draft head."""
+@dataclass
+class _Request:
+    """One request's decoding state: its table slot, caches, output and what its draft has not seen yet."""
 
-    SLOT = 1  # the request's table row; row 0 is the padding row, as in SGLang
+    slot: int  # its table row
+    tcache: Any  # the target's KV cache
+    dcache: Any  # the draft's KV cache
+    gen: Generation
+    root: int  # the last committed token
+    pending: list[int]  # committed tokens the draft has not seen; the last is the root
+    pending_aux: torch.Tensor | None  # EAGLE-3: the target's features of the position before each of ``pending``
+    late: int | None = None  # ranker policies: a bonus token to check at the next round
+    sets: list[tuple[set[int], int]] = field(default_factory=list)  # ranker policies: (set, size) per draft step
+
+    @property
+    def rows(self) -> torch.Tensor:
+        return torch.tensor([self.slot])
+
+
+@dataclass
+class _Walk:
+    """A request's draft tree of one round while it grows, one draft step at a time (EAGLE-2 beams)."""
+
+    set_size: int  # ids in the request's set when the round began (the draft head's rows when dense)
+    base: int  # the draft cache's length before the draft steps
+    hidden: torch.Tensor  # the next draft step's hidden rows [n, d] (n = 1 at step 0, then topk)
+    inputs: torch.Tensor  # their input tokens [n]
+    state: torch.Tensor | None  # EAGLE-3: each beam's own pre-norm output, fed to its next step
+    late_hit: int | None  # ranker policies: whether the last round's late bonus was in its set
+    unions: list[int] = field(default_factory=list)  # the batch's union size at each draft step
+    beam_scores: torch.Tensor | None = None
+    beam_tokens: torch.Tensor | None = None
+    beam_nodes: list[int] = field(default_factory=list)
+    node_tok: list[int] = field(default_factory=list)
+    node_score: list[float] = field(default_factory=list)
+    node_parent: list[int] = field(default_factory=list)
+    node_depth: list[int] = field(default_factory=list)
+
+
+class SpeculativeDecoder:
+    """Speculative decoding through a policy and the draft head, of one request or of ``batch`` requests in
+    lockstep. In lockstep every draft step scores all requests' rows in one head call over the shared table, as a
+    server batch does (so ``head.batch: union`` and its ``union_view`` act as there); the draft and target forwards,
+    the verification and the policy's events stay per request, exactly as with one request."""
+
+    SLOT = 1  # the first request's table row; row 0 is the padding row, as in SGLang
 
     def __init__(
         self,
@@ -248,7 +308,9 @@ class SpeculativeDecoder:
         *,
         eos_token_ids: Sequence[int] = (),
         recorder: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+        batch: int = 1,
     ) -> None:
+        check_batch(config, batch)
         if draft.vocab_size != target.vocab_size:
             raise SpecVocabError(
                 f"draft vocabulary ({draft.vocab_size}) differs from the target's ({target.vocab_size})"
@@ -268,6 +330,7 @@ class SpeculativeDecoder:
         if self.aligner is not None:
             draft = self.aligner.draft  # a private LoRA'd copy: the target stays untouched
         self.target, self.draft, self.config, self.shape = target, draft, config, shape
+        self.batch = batch
         self.eos = {int(t) for t in eos_token_ids}
         fallback = min(self.eos) if self.eos else 0
         model = ModelContext(
@@ -276,7 +339,7 @@ class SpeculativeDecoder:
             vocab_size=draft.vocab_size,
             eos_token_ids=tuple(sorted(self.eos)),
         )
-        self.policy = build_policy(config, num_rows=2, fallback_id=fallback, model=model)
+        self.policy = build_policy(config, num_rows=batch + 1, fallback_id=fallback, model=model)
         head = config.head
         self.head = DraftHead(
             draft.weight,
@@ -290,9 +353,7 @@ class SpeculativeDecoder:
             union_capacity=config.union_columns(draft.vocab_size),
             union_view=head.union_view,
         )
-        self.rows = torch.tensor([self.SLOT])
-        self.recorder = recorder  # gets (draft hidden states [n, d], their input tokens [n]) per draft step
-        self._sets: list[tuple[set[int], int]] = []  # ranker policies: (set, size) of each draft step
+        self.recorder = recorder  # gets (draft hidden states [n, d], their input tokens [n]) per request and step
         self._temperature, self._generator = 0.0, None  # of the current generate call
 
     @torch.no_grad()
@@ -305,16 +366,44 @@ class SpeculativeDecoder:
         generator: torch.Generator | None = None,
     ) -> Generation:
         """Greedy (``temperature`` 0) or sampled output; ``generator`` drives every random draw."""
+        return self.generate_batch([prompt_ids], max_new_tokens, temperature=temperature, generator=generator)[0]
+
+    @torch.no_grad()
+    def generate_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        *,
+        temperature: float = 0.0,
+        generator: torch.Generator | None = None,
+    ) -> list[Generation]:
+        """Decode 1 to ``batch`` prompts in lockstep, in table slots 1, 2, ...: each round drafts every unfinished
+        request (one head call per draft step for all of them), then verifies each. ``seconds`` of every output is
+        the whole batch's time."""
+        if not 1 <= len(prompts) <= self.batch:
+            raise SpecVocabError(
+                f"{len(prompts)} prompts: this decoder decodes 1 to {self.batch} at once (its batch = {self.batch})"
+            )
         if not temperature >= 0:
             raise SpecVocabError(f"temperature = {temperature!r} is invalid: must be >= 0")
         self._temperature, self._generator = float(temperature), generator
-        prompt = _prompt_tensor(prompt_ids)
+        tensors = [_prompt_tensor(p) for p in prompts]  # an empty prompt is refused before any work
         start = time.perf_counter()
-        pol, rows = self.policy, self.rows
-        tcache, dcache = self.target.new_cache(), self.draft.new_cache()
+        reqs = [self._prefill(slot, prompt) for slot, prompt in enumerate(tensors, start=self.SLOT)]
+        while active := [r for r in reqs if not self._finished(r.gen.tokens, max_new_tokens)]:
+            for req, walk in zip(active, self._draft_trees(active), strict=True):
+                self._round(req, walk, max_new_tokens)
+        for req in reqs:
+            req.gen.tokens = req.gen.tokens[:max_new_tokens]
+            req.gen.seconds = time.perf_counter() - start
+        return [req.gen for req in reqs]
 
+    def _prefill(self, slot: int, prompt: torch.Tensor) -> _Request:
+        pol, rows = self.policy, torch.tensor([slot])
+        tcache, dcache = self.target.new_cache(), self.draft.new_cache()
         pol.on_reset(rows)
         self.head.refresh(rows)
+        aux = None
         if self.eagle3:
             hidden, aux = self.target.hidden(prompt, tcache, self.tap)
             hidden, aux = hidden[0], aux[0]
@@ -324,50 +413,48 @@ class SpeculativeDecoder:
         pol.on_prefill(rows, prompt, topk)
         self.head.refresh(rows)
         root = self._pick(self.target.logits(hidden[-1]))
-
-        gen = Generation(tokens=[root])
         if self.eagle3:
             # SGLang's draft extend after prefill: prompt positions, each with the next token (the
             # root last) and the target's features there. ``pending_aux[i]`` belongs to the
             # position before ``pending[i]``.
-            pending, pending_aux = list(prompt_ids[1:]) + [root], aux
+            pending = prompt[0, 1:].tolist() + [root]
         else:
             self.draft.hidden(prompt, dcache)
-            pending, pending_aux = [root], None  # committed tokens the draft has not seen; the last is the root
-        late: int | None = None  # ranker policies: a bonus token to check at the next round
-        while not self._finished(gen.tokens, max_new_tokens):
-            set_size = self.draft.head_size if pol.dense else int(pol.table.cnt[self.SLOT])
-            tree, late_hit = self._draft_tree(pending, dcache, late, pending_aux)
-            if late_hit is not None:
-                gen.rounds[-1].in_set += late_hit
-                gen.rounds[-1].checked += 1
-            accepted, bonus, verified_logits, verified_aux = self._verify(root, tree, tcache)
-            committed = self._cut(accepted + [bonus], gen.tokens, max_new_tokens)
-            committed_t = torch.tensor([committed])
-            in_set, checked, late = len(committed), len(committed), None
-            if pol.stepwise:
-                # Position j was drafted from step j's set; a bonus past the last step is checked
-                # against the set its position gets at the next round (from the same hidden state).
-                set_size = sum(n for _, n in self._sets) / len(self._sets)
-                checked = min(len(committed), len(self._sets))
-                in_set = sum(int(t in self._sets[j][0] and self._drafts(t)) for j, t in enumerate(committed[:checked]))
-                if checked < len(committed):
-                    late = len(accepted)
-            elif not pol.dense:
-                in_set = int((pol.table.contains(rows, committed_t)[0] & self._in_vocab(committed_t[0])).sum())
-            else:
-                in_set = int(self._in_vocab(committed_t[0]).sum())
-            vtopk = verified_logits.topk(pol.verify_topk, dim=-1).indices[None] if pol.verify_topk else None
-            pol.on_verify(rows, torch.tensor([[root] + tree.tokens]), vtopk, committed_t)
-            self.head.refresh(rows)
-            if self.aligner is not None:
-                self.aligner.update(dcache, root, accepted, verified_logits)
-            gen.rounds.append(RoundStats(set_size, len(accepted), len(committed), in_set, checked))
-            gen.tokens.extend(committed)
-            pending, root, pending_aux = accepted + [bonus], bonus, verified_aux
-        gen.tokens = gen.tokens[:max_new_tokens]
-        gen.seconds = time.perf_counter() - start
-        return gen
+            pending = [root]
+        return _Request(slot, tcache, dcache, Generation(tokens=[root]), root, pending, aux)
+
+    def _round(self, req: _Request, walk: _Walk, max_new_tokens: int) -> None:
+        """Verify a request's drafted tree, commit, and give the policy the round's events."""
+        pol, rows, gen = self.policy, req.rows, req.gen
+        tree, set_size = self._tree(walk), walk.set_size
+        if walk.late_hit is not None:
+            gen.rounds[-1].in_set += walk.late_hit
+            gen.rounds[-1].checked += 1
+        accepted, bonus, verified_logits, verified_aux = self._verify(req.root, tree, req.tcache)
+        committed = self._cut(accepted + [bonus], gen.tokens, max_new_tokens)
+        committed_t = torch.tensor([committed])
+        in_set, checked, req.late = len(committed), len(committed), None
+        if pol.stepwise:
+            # Position j was drafted from step j's set; a bonus past the last step is checked
+            # against the set its position gets at the next round (from the same hidden state).
+            set_size = sum(n for _, n in req.sets) / len(req.sets)
+            checked = min(len(committed), len(req.sets))
+            in_set = sum(int(t in req.sets[j][0] and self._drafts(t)) for j, t in enumerate(committed[:checked]))
+            if checked < len(committed):
+                req.late = len(accepted)
+        elif not pol.dense:
+            in_set = int((pol.table.contains(rows, committed_t)[0] & self._in_vocab(committed_t[0])).sum())
+        else:
+            in_set = int(self._in_vocab(committed_t[0]).sum())
+        vtopk = verified_logits.topk(pol.verify_topk, dim=-1).indices[None] if pol.verify_topk else None
+        pol.on_verify(rows, torch.tensor([[req.root] + tree.tokens]), vtopk, committed_t)
+        self.head.refresh(rows)
+        if self.aligner is not None:
+            self.aligner.update(req.dcache, req.root, accepted, verified_logits)
+        union = sum(walk.unions) / len(walk.unions)
+        gen.rounds.append(RoundStats(set_size, len(accepted), len(committed), in_set, checked, union))
+        gen.tokens.extend(committed)
+        req.pending, req.root, req.pending_aux = accepted + [bonus], bonus, verified_aux
 
     def _pick(self, logits: torch.Tensor) -> int:
         """The target's next token from its logits: greedy, or a sample at the temperature."""
@@ -405,20 +492,29 @@ class SpeculativeDecoder:
     def _drafts(self, token: int) -> bool:
         return bool(self._in_vocab(torch.tensor([token]))[0])
 
-    def _select(self, step: int, hidden: torch.Tensor, tokens: torch.Tensor) -> None:
-        """Ranker policies choose the set of draft step ``step`` from the beams' hidden states."""
+    def _select(self, reqs: list[_Request], step: int, hidden: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Ranker policies choose the sets of draft step ``step`` from the beams' hidden states ``[bs, n, d]``
+        (one call for the batch, as the server makes it)."""
         pol = self.policy
-        pol.select(self.rows, step, hidden[None], tokens[None])
-        n = int(pol.table.cnt[self.SLOT])
-        self._sets.append((set(pol.table.ids[self.SLOT, :n].tolist()), n))
+        pol.select(torch.tensor([r.slot for r in reqs]), step, hidden, tokens)
+        for r in reqs:
+            n = int(pol.table.cnt[r.slot])
+            r.sets.append((set(pol.table.ids[r.slot, :n].tolist()), n))
 
-    def _draft_logprobs(self, hidden: torch.Tensor, tokens: torch.Tensor, step: int, k: int):
-        """Top-k (log-prob, token id) of each hidden row under the draft head over the request's set."""
+    def _draft_logprobs(self, reqs: list[_Request], walks: list[_Walk], step: int, k: int):
+        """Top-k (log-prob, token id) of every request's hidden rows under the draft head over its set (or the
+        batch's union): one head call, rows request-major."""
+        hidden, inputs = [w.hidden for w in walks], [w.inputs for w in walks]
         if self.recorder is not None:
-            self.recorder(hidden, tokens)
+            for h, t in zip(hidden, inputs, strict=True):
+                self.recorder(h, t)
+        rows = torch.tensor([r.slot for r in reqs])
         if self.policy.stepwise:
-            self._select(step, hidden, tokens)
-        out = self.head(hidden, self.rows)  # one request: all rows are its own
+            self._select(reqs, step, torch.stack(hidden), torch.stack(inputs))
+        union = self._union_size(rows)
+        for w in walks:
+            w.unions.append(union)
+        out = self.head(torch.cat(hidden), rows)
         mask = getattr(self.draft, "in_vocab", None)
         if mask is not None:  # a d2t draft scores only its own vocabulary
             n, width = out.logits.shape
@@ -428,62 +524,93 @@ class SpeculativeDecoder:
         out.logits = torch.log_softmax(out.logits, dim=-1).nan_to_num(nan=float("-inf"))
         return out.topk(k)
 
-    def _draft_tree(
-        self, pending: list[int], dcache, late: int | None = None, aux: torch.Tensor | None = None
-    ) -> tuple[_Tree, int | None]:
-        """The round's draft tree, and whether the last round's late bonus (at step ``late``) was in its set."""
-        steps, k = self.shape.steps, self.shape.topk
+    def _union_size(self, rows: torch.Tensor) -> int:
+        """Distinct ids in the sets of table ``rows`` (what a union head scores; the draft head's rows when dense)."""
+        t = self.policy.table
+        if t is None:
+            return self.draft.head_size
+        live = torch.arange(t.capacity)[None, :] < t.cnt[rows][:, None]
+        return int(torch.unique(t.ids[rows][live]).numel())
+
+    def _draft_trees(self, reqs: list[_Request]) -> list[_Walk]:
+        """Every request's draft tree of the round, grown in lockstep: each draft step scores all requests' rows in
+        one head call (every request has the same number of rows at a step: 1, then topk)."""
+        walks = [self._begin(r) for r in reqs]
+        for step in range(self.shape.steps):
+            if step:
+                for r, w in zip(reqs, walks, strict=True):
+                    self._advance(r, w, step)
+            scores, tokens = self._draft_logprobs(reqs, walks, step, self.shape.topk)
+            n = walks[0].hidden.shape[0]
+            for i, (r, w) in enumerate(zip(reqs, walks, strict=True)):
+                self._grow(r, w, step, scores[i * n : (i + 1) * n], tokens[i * n : (i + 1) * n])
+        for r, w in zip(reqs, walks, strict=True):
+            if self.shape.topk > 1 and self.shape.steps > 1:
+                r.dcache.batch_select_indices(torch.tensor([0]))
+            _trim(r.dcache, w.base)
+        return walks
+
+    def _begin(self, req: _Request) -> _Walk:
+        """The draft extend over the request's pending tokens: the hidden row of draft step 0."""
+        pol, pending = self.policy, req.pending
+        set_size = self.draft.head_size if pol.dense else int(pol.table.cnt[req.slot])
+        state = None
         if self.eagle3:
-            hs, pre = self.draft.extend(torch.tensor(pending), aux, dcache)
+            hs, pre = self.draft.extend(torch.tensor(pending), req.pending_aux, req.dcache)
             state = pre[-1:]  # the draft's own hidden state, fed to its next step
         else:
-            hs = self.draft.hidden(torch.tensor([pending]), dcache)[0]
-        self._sets = []
+            hs = self.draft.hidden(torch.tensor([pending]), req.dcache)[0]
+        req.sets = []
         late_hit = None
-        if late is not None:  # the hidden state before the last round's bonus token predicted it
-            self._select(late, hs[-2:-1], torch.tensor(pending[-2:-1]))
-            late_hit = int(pending[-1] in self._sets.pop()[0])
-        h = hs[-1:]
-        base = dcache.get_seq_length()
-        scores, tokens = self._draft_logprobs(h, torch.tensor(pending[-1:]), 0, k)
-        beam_scores, beam_tokens = scores[0], tokens[0]
-        node_tok, node_score, node_parent, node_depth = tokens[0].tolist(), scores[0].tolist(), [-1] * k, [1] * k
-        beam_nodes = list(range(k))
-        for step in range(1, steps):
-            if step == 1 and k > 1:
-                dcache.batch_repeat_interleave(k)
+        if req.late is not None:  # the hidden state before the last round's bonus token predicted it
+            self._select([req], req.late, hs[None, -2:-1], torch.tensor([pending[-2:-1]]))
+            late_hit = int(pending[-1] in req.sets.pop()[0])
+        return _Walk(set_size, req.dcache.get_seq_length(), hs[-1:], torch.tensor(pending[-1:]), state, late_hit)
+
+    def _advance(self, req: _Request, w: _Walk, step: int) -> None:
+        """Run the draft on the request's beams: the hidden rows of draft step ``step`` (>= 1)."""
+        k = self.shape.topk
+        if step == 1 and k > 1:
+            req.dcache.batch_repeat_interleave(k)
+        if self.eagle3:
+            w.hidden, w.state = self.draft.step(w.beam_tokens, w.state.expand(len(w.beam_tokens), -1), req.dcache)
+        else:
+            w.hidden = self.draft.hidden(w.beam_tokens[:, None], req.dcache)[:, -1]
+        w.inputs = w.beam_tokens
+
+    def _grow(self, req: _Request, w: _Walk, step: int, scores: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Add the children of the request's beams (their top-k ``scores``/``tokens``) and keep the best k beams."""
+        k = self.shape.topk
+        if step == 0:
+            w.beam_scores, w.beam_tokens = scores[0], tokens[0]
+            w.node_tok, w.node_score = tokens[0].tolist(), scores[0].tolist()
+            w.node_parent, w.node_depth, w.beam_nodes = [-1] * k, [1] * k, list(range(k))
+            return
+        cand = (w.beam_scores[:, None] + scores).reshape(-1)
+        first = len(w.node_tok)
+        w.node_tok += tokens.reshape(-1).tolist()
+        w.node_score += cand.tolist()
+        w.node_parent += [w.beam_nodes[i // k] for i in range(k * k)]
+        w.node_depth += [step + 1] * (k * k)
+        best = torch.sort(cand, descending=True, stable=True).indices[:k]
+        if k > 1:
+            req.dcache.batch_select_indices(best // k)
             if self.eagle3:
-                h, state = self.draft.step(beam_tokens, state.expand(len(beam_tokens), -1), dcache)
-            else:
-                h = self.draft.hidden(beam_tokens[:, None], dcache)[:, -1]
-            scores, tokens = self._draft_logprobs(h, beam_tokens, step, k)
-            cand = (beam_scores[:, None] + scores).reshape(-1)
-            first = len(node_tok)
-            node_tok += tokens.reshape(-1).tolist()
-            node_score += cand.tolist()
-            node_parent += [beam_nodes[i // k] for i in range(k * k)]
-            node_depth += [step + 1] * (k * k)
-            best = torch.sort(cand, descending=True, stable=True).indices[:k]
-            if k > 1:
-                dcache.batch_select_indices(best // k)
-                if self.eagle3:
-                    state = state[best // k]
-            beam_nodes = [first + int(i) for i in best]
-            beam_scores, beam_tokens = cand[best], tokens.reshape(-1)[best]
-        if k > 1 and steps > 1:
-            dcache.batch_select_indices(torch.tensor([0]))
-        _trim(dcache, base)
-        # Best nodes first; a parent never scores below its child, and ties go to the
-        # shallower node, so the chosen nodes always include their ancestors.
-        live = [i for i in range(len(node_tok)) if node_score[i] != float("-inf")]
-        live.sort(key=lambda i: (-node_score[i], node_depth[i], i))
+                w.state = w.state[best // k]
+        w.beam_nodes = [first + int(i) for i in best]
+        w.beam_scores, w.beam_tokens = cand[best], tokens.reshape(-1)[best]
+
+    def _tree(self, w: _Walk) -> _Tree:
+        """The round's tree: best nodes first; a parent never scores below its child, and ties go to the
+        shallower node, so the chosen nodes always include their ancestors."""
+        live = [i for i in range(len(w.node_tok)) if w.node_score[i] != float("-inf")]
+        live.sort(key=lambda i: (-w.node_score[i], w.node_depth[i], i))
         chosen = live[: self.shape.num_draft_tokens - 1]
         where = {node: j for j, node in enumerate(chosen)}
-        tree = _Tree(
-            tokens=[node_tok[i] for i in chosen],
-            parents=[where[node_parent[i]] if node_parent[i] >= 0 else -1 for i in chosen],
+        return _Tree(
+            tokens=[w.node_tok[i] for i in chosen],
+            parents=[where[w.node_parent[i]] if w.node_parent[i] >= 0 else -1 for i in chosen],
         )
-        return tree, late_hit
 
     def _verify(self, root: int, tree: _Tree, tcache):
         """Greedy verification of every root-to-leaf path; returns (accepted, bonus, logits at the

