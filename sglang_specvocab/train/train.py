@@ -287,6 +287,10 @@ def train_draft(
         first, order = _load_resume(resume, settings, params, opt, sched, g, history, extra)
         print(f"[eagle3] resuming at step {first} of {steps} from {resume}", file=sys.stderr)
     bar = tqdm(range(first, steps), desc="train", unit="step", disable=not progress, initial=first, total=steps)
+
+    def save(at: int) -> None:  # the training state after step ``at``
+        _save_resume(resume, at, settings, params, opt, sched, g, order, history, extra)
+
     for step in bar:
         pick = []
         while len(pick) < min(batch_size, len(pool)):
@@ -311,13 +315,13 @@ def train_draft(
         if step + 1 < steps and should_stop is not None and should_stop():
             if resume is None:
                 raise Stopped(step + 1, None)
-            _save_resume(resume, step + 1, settings, params, opt, sched, g, order, history, extra)
+            save(step + 1)
             draft.eval()
             raise Stopped(step + 1, resume)
         if resume is not None and save_every and (step + 1) % save_every == 0:
-            _save_resume(resume, step + 1, settings, params, opt, sched, g, order, history, extra)
+            save(step + 1)
     if resume is not None and first < steps:  # finished: the same command again just writes the draft again
-        _save_resume(resume, steps, settings, params, opt, sched, g, order, history, extra)
+        save(steps)
     draft.eval()
     return history
 
