@@ -376,12 +376,37 @@ def _run_build_data(args) -> int:
 def _add_recording_args(p) -> None:
     """The arguments that choose the recorded draft states (train-ranker, train-router)."""
     p.add_argument("--model", default=GEMMA3_270M, help=f"'{GEMMA3_270M}' or a local Hugging Face checkpoint dir")
+    p.add_argument(
+        "--draft",
+        default=None,
+        metavar="SPEC",
+        help="the draft whose states are recorded: 'layers:N' (self-draft, as the lab's) or 'eagle3:DIR' (an "
+        "EAGLE-3 draft with a full-vocabulary head, SGLang's format) (default: layers:--draft-layers)",
+    )
     p.add_argument("--draft-layers", type=POSITIVE, default=12, help="self-draft depth (the lab's default: 12)")
-    p.add_argument("--prompts", type=POSITIVE, default=32, help="ShareGPT conversations to decode (never Spec-Bench)")
+    p.add_argument(
+        "--source",
+        choices=("decode", "text"),
+        default="decode",
+        help="'decode': the reference decoder answers the conversations' first turns and every draft step's "
+        "state is recorded (the states served, slow); 'text': whole conversations teacher-forced, the draft's "
+        "state at --positions positions of each (one forward per conversation: thousands in minutes) "
+        "(default: decode)",
+    )
+    p.add_argument(
+        "--prompts", type=POSITIVE, default=32, help="ShareGPT conversations to record from (never Spec-Bench)"
+    )
     p.add_argument("--skip", type=NON_NEGATIVE, default=1000, help="ShareGPT conversations to skip first")
-    p.add_argument("--prompt-tokens", type=POSITIVE, default=256, help="prompt length cap")
-    p.add_argument("--max-new-tokens", type=POSITIVE, default=64)
-    p.add_argument("--states", help="cache of recorded states (.pt): read if it exists, else written")
+    p.add_argument("--prompt-tokens", type=POSITIVE, default=256, help="decode: prompt length cap")
+    p.add_argument("--max-new-tokens", type=POSITIVE, default=64, help="decode: tokens answered per prompt")
+    p.add_argument("--seq-len", type=POSITIVE, default=512, help="text: tokens kept per conversation (default 512)")
+    p.add_argument(
+        "--positions", type=NON_NEGATIVE, default=64, help="text: states kept per conversation, 0 = all (default 64)"
+    )
+    p.add_argument(
+        "--states",
+        help="cache of recorded states (.pt): read if it exists (refused if recorded with other settings), else written",
+    )
     p.add_argument("--steps", type=POSITIVE, default=300, help="optimiser steps")
     p.add_argument("--lr", type=_positive_float, default=1e-3)
     p.add_argument("--batch-size", type=POSITIVE, default=64)
@@ -392,8 +417,9 @@ def _add_train_ranker(sub) -> None:
     p = sub.add_parser(
         "train-ranker",
         help="train a SpecVocab ranker (lowrank policy, ranker: PATH) on recorded draft states",
-        description="The reference decoder drafts ShareGPT prompts (never the evaluation prompts) with the "
-        "model's self-draft; every draft step's hidden states are recorded. The ranker (W_down [d', d], "
+        description="Draft hidden states are recorded on ShareGPT (never the evaluation prompts): while the "
+        "reference decoder drafts (--source decode) or over whole conversations (--source text), with the "
+        "self-draft or an EAGLE-3 draft (--draft). The ranker (W_down [d', d], "
         "W_vocab [V, d']) starts from the truncated SVD of the draft's LM head and is fitted by KL distillation "
         "to the full head's distribution. Example: sglang-specvocab train-ranker --rank 64 --out rankers/r64.pt",
     )
@@ -416,7 +442,7 @@ def _add_train_router(sub) -> None:
         description="The clusters are the policy's own (spherical k-means of the LM-head rows, same settings as "
         "the config, from the cache). The router, a two-layer MLP on [embedding of the input token, draft hidden "
         "state], is fitted with multi-label BCE: positives are the clusters that hold the full head's top-L "
-        "tokens. Training text: ShareGPT prompts, never the evaluation prompts. "
+        "tokens. Training text: ShareGPT, never the evaluation prompts (--source decode or text, as train-ranker). "
         "Example: sglang-specvocab train-router --config configs/dynaspec.yaml --out routers/r.pt",
     )
     _add_recording_args(p)

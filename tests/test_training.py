@@ -1,13 +1,24 @@
 """Trained modes: a few optimiser steps lower the loss, and the trained files drive the policies."""
 
+import argparse
+import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from helpers import tiny_llama
 
-from sglang_specvocab.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
-from sglang_specvocab.lab.training import record_draft_states, train_ranker, train_router
+from sglang_specvocab.errors import SpecVocabError
+from sglang_specvocab.lab.decoder import CausalLM, DraftShape, Eagle3LM, SpeculativeDecoder, greedy_generate
+from sglang_specvocab.lab.training import (
+    record_draft_states,
+    record_text_states,
+    recorded_states,
+    recording_draft,
+    train_ranker,
+    train_router,
+)
 from sglang_specvocab.policies import ModelContext, build_policy, parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,6 +38,121 @@ def test_recording_sees_every_draft_step(recorded):
     _, _d, hidden, tokens = recorded
     assert hidden.shape[1] == 64 and hidden.shape[0] == tokens.shape[0] >= 4 * 3
     assert tokens.dtype == torch.int64 and (tokens >= 0).all()
+
+
+def _first_draft_state(target, draft, prompt):
+    """What decode recording sees first: the draft's state at the round's first draft step after prefill."""
+    seen = []
+    dec = SpeculativeDecoder(
+        target, draft, parse_config({"policy": "full"}), DraftShape(steps=1), recorder=lambda h, t: seen.append((h, t))
+    )
+    dec.generate(prompt, 2)
+    return seen[0]
+
+
+@pytest.fixture(scope="module")
+def eagle3_drafts(tmp_path_factory):
+    """A tiny target with an untrained full-vocabulary and a d2t EAGLE-3 draft in SGLang's format."""
+    from sglang_specvocab.train import checkpoint as C
+    from sglang_specvocab.train import model as M
+
+    m = tiny_llama(dtype=torch.float32, layers=8)
+    out = {}
+    for head in ("full", "d2t"):
+        hot = None if head == "full" else torch.arange(0, 512, 2)
+        cfg = M.Eagle3Config.for_target(m, draft_vocab_size=None if hot is None else 256)
+        path = tmp_path_factory.mktemp(head)
+        C.save_checkpoint(M.build_draft(m, cfg, hot, seed=1), path, torch.float32)
+        out[head] = path
+    return m, out
+
+
+@pytest.mark.parametrize("kind", ["self-draft", "eagle3"])
+def test_text_states_are_the_states_decoding_would_record(kind, eagle3_drafts):
+    """Teacher-forced text: the state at each position is the one the decoder records at a round's first draft
+    step when the text up to there is the committed sequence (checked at every cut of one text)."""
+    m, paths = eagle3_drafts
+    t = CausalLM(m)
+    d = CausalLM(m, num_layers=2) if kind == "self-draft" else Eagle3LM.load(paths["full"], m)
+    start = [1, 40, 41, 300, 7]
+    text = torch.tensor(start + greedy_generate(t, start, 8))  # so the decoder commits this text's tokens
+    hidden, tokens = record_text_states(t, d, [text])
+    first = 0 if kind == "self-draft" else 1  # an EAGLE-3 state needs the target's features of the position before
+    assert tokens.tolist() == text[first:].tolist() and hidden.shape == (len(text) - first, 64)
+    for cut in range(len(start), len(text)):  # the text up to ``cut`` committed: the prompt, then the root
+        h, tok = _first_draft_state(t, d, text[:cut].tolist())
+        assert tok.tolist() == [int(text[cut])]
+        torch.testing.assert_close(hidden[cut - first], h[0], rtol=1e-4, atol=1e-5)
+
+
+def test_text_positions_are_a_seeded_ordered_subset():
+    m = tiny_llama(dtype=torch.float32)
+    t, d = CausalLM(m), CausalLM(m, num_layers=2)
+    g = torch.Generator().manual_seed(3)
+    texts = [torch.randint(3, 512, (n,), generator=g) for n in (30, 5, 12)]
+    all_h, all_t = record_text_states(t, d, texts)
+    h, tok = record_text_states(t, d, texts, per_sequence=8, seed=4)
+    assert len(tok) == 8 + 5 + 8  # a text shorter than 8 keeps every position
+    rows = []
+    start = 0
+    for text in texts:  # every kept state is the all-positions state of its text and position, in order
+        idx = [i for i in range(len(text)) if any(torch.equal(all_h[start + i], x) for x in h)]
+        rows.extend(start + i for i in idx)
+        start += len(text)
+    assert torch.equal(all_h[rows], h) and torch.equal(all_t[rows], tok)
+    again, _ = record_text_states(t, d, texts, per_sequence=8, seed=4)
+    other, _ = record_text_states(t, d, texts, per_sequence=8, seed=5)
+    assert torch.equal(again, h) and not torch.equal(other, h)
+    with pytest.raises(SpecVocabError, match="no text to record"):
+        record_text_states(t, d, [])
+
+
+def _recording_args(**over):
+    base = dict(
+        model="tiny",
+        draft=None,
+        draft_layers=2,
+        source="text",
+        prompts=3,
+        skip=0,
+        seq_len=64,
+        positions=8,
+        seed=0,
+        prompt_tokens=32,
+        max_new_tokens=8,
+        states=None,
+    )
+    return argparse.Namespace(**(base | over))
+
+
+def test_the_recording_draft_spec_and_its_refusals(eagle3_drafts):
+    m, paths = eagle3_drafts
+    lm = SimpleNamespace(model=m)
+    assert recording_draft(_recording_args(), lm).num_layers == 2
+    assert recording_draft(_recording_args(draft="layers:3"), lm).num_layers == 3
+    assert isinstance(recording_draft(_recording_args(draft=f"eagle3:{paths['full']}"), lm), Eagle3LM)
+    with pytest.raises(SpecVocabError, match=r"a d2t draft \(256 ids\) has no full-vocabulary head"):
+        recording_draft(_recording_args(draft=f"eagle3:{paths['d2t']}"), lm)
+    for bad in ("layers:x", "eagle3:", "target"):
+        with pytest.raises(SpecVocabError, match=f"--draft = '{bad}' is invalid"):
+            recording_draft(_recording_args(draft=bad), lm)
+
+
+def test_a_states_cache_recorded_with_other_settings_is_refused(tmp_path):
+    m = tiny_llama(dtype=torch.float32)
+    path = tmp_path / "states.pt"
+    meta = {"model": "tiny", "draft": "layers:2", "source": "text", "prompts": 3, "skip": 0}
+    meta |= {"seq_len": 64, "positions": 8, "seed": 0}
+    hidden, tokens = torch.randn(5, 64), torch.arange(5)
+    torch.save({"hidden": hidden, "tokens": tokens, "meta": json.dumps(meta)}, path)
+    lm = SimpleNamespace(model=m)
+    _, _, h, tok = recorded_states(_recording_args(states=str(path)), lm)  # same settings: read, not recorded
+    assert torch.equal(h, hidden) and torch.equal(tok, tokens)
+    with pytest.raises(SpecVocabError, match=r"recorded with other settings: prompts 3 \(asked 2000\), positions 8"):
+        recorded_states(_recording_args(states=str(path), prompts=2000, positions=0), lm)
+    legacy = tmp_path / "legacy.pt"  # files of earlier versions have no settings: read as they are
+    torch.save({"hidden": hidden, "tokens": tokens}, legacy)
+    assert torch.equal(recorded_states(_recording_args(states=str(legacy), source="decode"), lm)[2], hidden)
 
 
 def test_a_few_ranker_steps_lower_the_kl(recorded):

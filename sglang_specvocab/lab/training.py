@@ -1,11 +1,15 @@
 """Training for the policies' trained modes: record draft hidden states, fit a ranker or a router.
 
-Both fit on hidden states recorded from the reference decoder while it drafts (the states the
-policy sees at serve time), against the draft's own full-vocabulary head as the teacher.
+Both fit on draft hidden states against the draft's own full-vocabulary head as the teacher. The
+states come from the reference decoder while it drafts (``decode``: the states the policy sees at
+serve time, a few per generated token) or from whole ShareGPT conversations teacher-forced
+(``text``: the draft's first-step state at every position, one forward per conversation, so
+thousands of conversations fit in minutes on a CPU).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterable, Sequence
 from itertools import islice
@@ -18,7 +22,8 @@ from ..policies import ModelContext, build_policy, load_config, parse_config
 from ..policies.cluster import Router
 from ..policies.lowrank import svd_ranker
 from ..prompts import format_prompt, sharegpt_conversations
-from .decoder import CausalLM, DraftShape, SpeculativeDecoder
+from ..train.model import TargetTap
+from .decoder import CausalLM, DraftShape, Eagle3LM, SpeculativeDecoder
 from .models import load_model
 
 
@@ -46,6 +51,48 @@ def record_draft_states(
     )
     for prompt in tqdm(list(prompts), desc="record", unit="prompt", disable=not progress):
         dec.generate(prompt, max_new_tokens)
+    return torch.cat(hidden), torch.cat(tokens)
+
+
+@torch.no_grad()
+def record_text_states(
+    target: CausalLM,
+    draft: CausalLM | Eagle3LM,
+    sequences: Iterable[torch.Tensor],
+    per_sequence: int = 0,
+    seed: int = 0,
+    progress: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hidden ``[N, d]``, input tokens ``[N]``), teacher-forced over whole texts: at each position, the
+    draft's state when it drafts the next token from there. A self-draft's is its hidden state over the
+    text; an EAGLE-3 draft's is its draft-extend state (the target's features of the position before,
+    the token there), as ``decode`` records at a round's first draft step. ``per_sequence`` > 0 keeps
+    that many positions of each text (a seeded random choice, in order); 0 keeps every position."""
+    from tqdm import tqdm  # the lab extra
+
+    eagle3 = isinstance(draft, Eagle3LM)
+    tap = TargetTap(target.model, draft.capture_layers) if eagle3 else None
+    g = torch.Generator().manual_seed(seed)
+    hidden, tokens = [], []
+    for seq in tqdm(list(sequences), desc="record", unit="text", disable=not progress):
+        seq = torch.as_tensor(seq, dtype=torch.int64)
+        if eagle3:
+            if len(seq) < 2:
+                continue
+            _, aux = target.hidden(seq[None], target.new_cache(), tap)
+            h, _ = draft.extend(seq[1:], aux[0, :-1], draft.new_cache())
+            inputs = seq[1:]
+        else:
+            h, inputs = draft.hidden(seq[None], draft.new_cache())[0], seq
+        if 0 < per_sequence < len(inputs):
+            keep = torch.randperm(len(inputs), generator=g)[:per_sequence].sort().values
+            h, inputs = h[keep], inputs[keep]
+        hidden.append(h.detach().cpu())
+        tokens.append(inputs)
+    if not hidden:
+        raise SpecVocabError(
+            "recording: no text to record states from (no sequence, or for an EAGLE-3 draft none of 2 tokens or more)"
+        )
     return torch.cat(hidden), torch.cat(tokens)
 
 
@@ -127,15 +174,16 @@ def train_router(
     """DynaSpec's router, fitted with multi-label BCE; returns (router, loss per step)."""
 
     torch.manual_seed(seed)
-    targets = cluster_targets(weight, hidden, perm, offsets, top_l)
     router = Router(hidden.shape[1], width, len(offsets) - 1)
     opt = torch.optim.Adam(router.parameters(), lr=lr)
     emb = embedding.detach().float()
     x = hidden.float()
     losses = []
     for idx in _batches(len(x), batch_size, steps, seed, "router", progress):
+        # the batch's targets only: the head's top-L costs a full-vocabulary product per state
+        targets = cluster_targets(weight, x[idx], perm, offsets, top_l)
         logits = router(emb[tokens[idx]], x[idx])
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, targets[idx])
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, targets)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -146,22 +194,76 @@ def train_router(
 # --- the commands (sglang-specvocab train-ranker / train-router) ----------------------------------
 
 
+def recording_draft(args, lm) -> CausalLM | Eagle3LM:
+    """The draft whose states the commands record: ``--draft layers:N`` or ``eagle3:DIR`` (default
+    ``layers:`` ``--draft-layers``). A d2t EAGLE-3 draft is refused: its head is not the full vocabulary's."""
+    spec = args.draft or f"layers:{args.draft_layers}"
+    if spec.startswith("layers:") and spec[7:].isdigit():
+        return CausalLM(lm.model, num_layers=int(spec[7:]))
+    if spec.startswith("eagle3:") and spec[7:]:
+        draft = Eagle3LM.load(spec[7:], lm.model)
+        if draft.in_vocab is not None:
+            raise SpecVocabError(
+                f"--draft {spec}: a d2t draft ({draft.head_size} ids) has no full-vocabulary head to learn from; "
+                "train the ranker or router on a --head full draft"
+            )
+        return draft
+    raise SpecVocabError(f"--draft = {spec!r} is invalid: must be 'layers:N' or 'eagle3:DIR'")
+
+
+def recording_meta(args) -> dict:
+    """What the recorded states depend on: a cache made with other values is refused, not reused."""
+    meta = {
+        "model": str(args.model),
+        "draft": args.draft or f"layers:{args.draft_layers}",
+        "source": args.source,
+        "prompts": args.prompts,
+        "skip": args.skip,
+    }
+    if args.source == "text":
+        meta |= {"seq_len": args.seq_len, "positions": args.positions, "seed": args.seed}
+    else:
+        meta |= {"prompt_tokens": args.prompt_tokens, "max_new_tokens": args.max_new_tokens}
+    return meta
+
+
 def recorded_states(args, lm=None):
-    """(loaded model, draft CausalLM, hidden [N, d], tokens [N]) for the commands' recording arguments."""
+    """(loaded model, draft, hidden [N, d], tokens [N]) for the commands' recording arguments."""
     lm = lm or load_model(args.model)
     target = CausalLM(lm.model)
-    draft = CausalLM(lm.model, num_layers=args.draft_layers)
+    draft = recording_draft(args, lm)
+    meta = recording_meta(args)
     if args.states and Path(args.states).is_file():
         data = torch.load(args.states, weights_only=True)
+        if "meta" in data:  # files of earlier versions carry none: read as they are
+            made = json.loads(data["meta"])
+            diff = {k: (made.get(k), v) for k, v in meta.items() if made.get(k) != v}
+            if diff:
+                what = ", ".join(f"{k} {a!r} (asked {b!r})" for k, (a, b) in diff.items())
+                raise SpecVocabError(
+                    f"--states {args.states} was recorded with other settings: {what}; delete it or pass another --states"
+                )
         return lm, draft, data["hidden"], data["tokens"]
-    convs = islice(sharegpt_conversations(), args.skip, args.skip + args.prompts)
-    prompts = [lm.encode(format_prompt(lm.tokenizer, [turns[0]], []))[: args.prompt_tokens] for turns in convs]
-    hidden, tokens = record_draft_states(
-        target, draft, prompts, args.max_new_tokens, eos_token_ids=lm.eos_token_ids, progress=True
-    )
+    if args.source == "text":
+        from ..train.train import sharegpt_sequences  # the EAGLE-3 trainer's ShareGPT text, same turns
+
+        data = sharegpt_sequences(lm, args.skip, args.prompts, args.seq_len)
+        print(
+            f"[recording] {len(data)} ShareGPT conversations, {sum(map(len, data.sequences)):,} tokens",
+            file=sys.stderr,
+        )
+        hidden, tokens = record_text_states(
+            target, draft, data.sequences, args.positions, seed=args.seed, progress=True
+        )
+    else:
+        convs = islice(sharegpt_conversations(), args.skip, args.skip + args.prompts)
+        prompts = [lm.encode(format_prompt(lm.tokenizer, [turns[0]], []))[: args.prompt_tokens] for turns in convs]
+        hidden, tokens = record_draft_states(
+            target, draft, prompts, args.max_new_tokens, eos_token_ids=lm.eos_token_ids, progress=True
+        )
     if args.states:
         Path(args.states).parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"hidden": hidden, "tokens": tokens}, args.states)
+        torch.save({"hidden": hidden, "tokens": tokens, "meta": json.dumps(meta)}, args.states)
     return lm, draft, hidden, tokens
 
 
