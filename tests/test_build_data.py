@@ -226,7 +226,9 @@ def test_trained_modes_from_text_states_end_to_end(target, sharegpt, cache, tmp_
     assert main(["train-router", *rec, "--config", str(cfg), "--width", "16", "--out", str(router)]) == 0
     err = capsys.readouterr().err
     assert err.count("recorded draft states") == 2 and err.count("ShareGPT conversations") == 1  # recorded once
-    assert set(torch.load(ranker, weights_only=True)) == {"w_down", "w_vocab"}
+    for path in (ranker, router):  # each file says what it was fit on
+        made = json.loads(torch.load(path, weights_only=True)["recording"])
+        assert made == json.loads(saved["meta"]) and made["draft"] == "layers:1" and made["source"] == "text"
     assert torch.load(router, weights_only=True)["clusters"] == 32
     other = [("6" if a == "5" and rec[i - 1] == "--positions" else a) for i, a in enumerate(rec)]
     assert main(["train-ranker", *other, "--rank", "8", "--out", str(ranker)]) == 2
@@ -239,4 +241,17 @@ def test_trained_modes_from_text_states_end_to_end(target, sharegpt, cache, tmp_
     )
     argv = ["lab", "--model", str(target), "--draft", "layers:1", "--config", *map(str, configs)]
     assert main([*argv, "--max-new-tokens", "8", "--out", str(lab), "--no-progress"]) == 0
-    assert json.loads((lab / "lab.json").read_text())["lossless"] is True
+    result = json.loads((lab / "lab.json").read_text())
+    assert result["lossless"] is True and capsys.readouterr().err.count("warning:") == 0
+    assert {c: t["matches"] for c, t in result["trained_on"].items()} == {"sv": True, "ds": True}
+    assert (
+        "- trained files: sv: ranker r.ranker.pt, fit on layers:1 states (text, 12 ShareGPT conversations)"
+        in (lab / "lab.md").read_text()
+    )
+    # the same files with another draft: the lab runs and says, on stderr and in the report, what differs
+    argv[argv.index("layers:1")] = "layers:2"
+    assert main([*argv, "--max-new-tokens", "8", "--out", str(lab), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: sv: ranker r.ranker.pt was fit on layers:1 states, this run drafts with layers:2" in err
+    assert json.loads((lab / "lab.json").read_text())["trained_on"]["ds"]["matches"] is False
+    assert "fit on layers:1 states, this run drafts with layers:2" in (lab / "lab.md").read_text()

@@ -6,6 +6,17 @@ import json
 from pathlib import Path
 
 
+def trained_label(name: str, t: dict) -> str:
+    """One config's trained file as the report says it."""
+    rec, head = t["recording"], f"{name}: {t['what']} {Path(t['file']).name}"
+    if rec is None:
+        return f"{head}, fit on unrecorded states (a file of an earlier version)"
+    model = "" if rec.get("model") == t["model"] else f"{rec.get('model')} "  # named only when it differs
+    if t["matches"]:
+        return f"{head}, fit on {rec['draft']} states ({rec['source']}, {rec['prompts']} ShareGPT conversations)"
+    return f"{head} was fit on {model}{rec['draft']} states, this run drafts with {t['draft']}"
+
+
 def markdown(result: dict) -> str:
     lockstep = result.get("batch", 1) > 1  # a batch's union size is worth a column
     union_col = ("| mean union ", "---:|") if lockstep else ("", "")
@@ -26,6 +37,11 @@ def markdown(result: dict) -> str:
         + (f" (first {result['per_category']} per category)" if result.get("per_category") else "")
         + f"; at most {result['max_new_tokens']} new tokens, greedy",
         f"- lossless (every config produced the same tokens): {'yes' if result['lossless'] else 'NO'}",
+        *(
+            ["- trained files: " + "; ".join(trained_label(n, t) for n, t in result["trained_on"].items())]
+            if result.get("trained_on")
+            else []
+        ),
         *([] if result["complete"] else ["- INTERRUPTED: the table covers only the turns that finished"]),
         "- versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()),
         f"- command: `{result['command']}`",

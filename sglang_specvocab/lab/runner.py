@@ -26,6 +26,8 @@ from ..prompts import DEFAULT_PROMPTS, format_prompt, load_questions
 from ..train.checkpoint import read_checkpoint
 from .decoder import CausalLM, DraftShape, Eagle3LM, Generation, SpeculativeDecoder, check_batch
 from .models import GEMMA3_270M, load_model
+from .report import trained_label
+from .training import draft_spec, trained_recording
 
 FULL = "full"
 
@@ -57,6 +59,30 @@ def draft_label(settings: LabSettings) -> str:
     if settings.draft_layers is None:
         return "target"
     return f"self-draft, first {settings.draft_layers} layers"
+
+
+def trained_on(settings: LabSettings, named) -> dict:
+    """Per config with a trained ranker or router: the file, the recording it was fit on, and whether that
+    was this run's model and draft (None: a file of an earlier version, which records nothing). A trained
+    file fit on another draft's states still runs (a transfer may be what is asked), with a warning."""
+    spec = "target" if settings.draft_layers is None else f"layers:{settings.draft_layers}"
+    if settings.eagle3 is not None:
+        spec = draft_spec(f"eagle3:{settings.eagle3}")
+    out = {}
+    for name, cfg in named:
+        if cfg.policy == "lowrank" and cfg.lowrank.ranker != "svd":
+            what, path = "ranker", cfg.resolve(cfg.lowrank.ranker)
+        elif cfg.policy == "cluster" and cfg.cluster.router != "centroid":
+            what, path = "router", cfg.resolve(cfg.cluster.router)
+        else:
+            continue
+        rec = trained_recording(path)
+        matches = None if rec is None else (rec.get("draft"), rec.get("model")) == (spec, settings.model)
+        out[name] = {"what": what, "file": str(path), "recording": rec, "matches": matches}
+        out[name] |= {"draft": spec, "model": settings.model}
+        if matches is False:
+            print(f"[lab] warning: {trained_label(name, out[name])}", file=sys.stderr)
+    return out
 
 
 def _named_configs(paths: list[str]) -> list[tuple[str, PolicyConfig]]:
@@ -103,6 +129,7 @@ def run_lab(settings: LabSettings, progress: bool = True) -> dict:
         draft = target if settings.draft_layers is None else CausalLM(lm.model, num_layers=settings.draft_layers)
     if progress:
         print(f"[lab] draft: {draft_label(settings)}", file=sys.stderr)
+    trained = trained_on(settings, named)
     decoders = {
         name: SpeculativeDecoder(
             target, draft, cfg, settings.shape, eos_token_ids=lm.eos_token_ids, batch=settings.batch
@@ -111,7 +138,7 @@ def run_lab(settings: LabSettings, progress: bool = True) -> dict:
     }
     if settings.batch > 1:
         gens, mismatches, complete = _lockstep(settings, decoders, questions, lm, progress)
-        return _result(settings, named, lm, decoders, gens, mismatches, complete)
+        return _result(settings, named, lm, decoders, gens, mismatches, complete, trained)
 
     gens: dict[tuple[str, str], list[Generation]] = defaultdict(list)  # (config, category) -> turns
     mismatches: list[str] = []
@@ -139,7 +166,7 @@ def run_lab(settings: LabSettings, progress: bool = True) -> dict:
     finally:
         bar.close()
 
-    return _result(settings, named, lm, decoders, gens, mismatches, complete)
+    return _result(settings, named, lm, decoders, gens, mismatches, complete, trained)
 
 
 def _lockstep(settings: LabSettings, decoders: dict, questions, lm, progress: bool):
@@ -183,7 +210,9 @@ def head_label(dec: SpeculativeDecoder) -> str:
     return f"union, union_view {h.union_view}" if h.batch.startswith("union") else h.batch
 
 
-def _result(settings: LabSettings, named, lm, decoders, gens, mismatches: list[str], complete: bool) -> dict:
+def _result(
+    settings: LabSettings, named, lm, decoders, gens, mismatches: list[str], complete: bool, trained: dict
+) -> dict:
     policy_of = {name: cfg.policy for name, cfg in named}
     categories = sorted({cat for _, cat in gens})
     rows = []
@@ -210,6 +239,7 @@ def _result(settings: LabSettings, named, lm, decoders, gens, mismatches: list[s
         "complete": complete,
         "lossless": not mismatches,
         "mismatches": mismatches,
+        "trained_on": trained,
         "versions": versions(),
         "command": settings.command,
     }

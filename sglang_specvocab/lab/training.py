@@ -211,11 +211,26 @@ def recording_draft(args, lm) -> CausalLM | Eagle3LM:
     raise SpecVocabError(f"--draft = {spec!r} is invalid: must be 'layers:N' or 'eagle3:DIR'")
 
 
+def draft_spec(spec: str) -> str:
+    """A draft spec as trained files record it: an EAGLE-3 draft by its absolute folder."""
+    return f"eagle3:{Path(spec[7:]).resolve()}" if spec.startswith("eagle3:") and spec[7:] else spec
+
+
+def trained_recording(path) -> dict | None:
+    """The recording settings a trained file was fit on (``model``, ``draft``, ``source``, ...), or None
+    for files of earlier versions and files that cannot be read (the policy reports those)."""
+    try:
+        data = torch.load(path, weights_only=True, map_location="cpu")
+        return json.loads(data["recording"]) if isinstance(data, dict) and "recording" in data else None
+    except Exception:  # noqa: BLE001  (a missing or foreign file fails, clearly, where the policy loads it)
+        return None
+
+
 def recording_meta(args) -> dict:
     """What the recorded states depend on: a cache made with other values is refused, not reused."""
     meta = {
         "model": str(args.model),
-        "draft": args.draft or f"layers:{args.draft_layers}",
+        "draft": draft_spec(args.draft or f"layers:{args.draft_layers}"),
         "source": args.source,
         "prompts": args.prompts,
         "skip": args.skip,
@@ -267,10 +282,13 @@ def recorded_states(args, lm=None):
     return lm, draft, hidden, tokens
 
 
-def save_trained(path, data: dict, losses: list[float], name: str, loss_name: str) -> None:
-    """Write a trained file and print how the loss moved (mean of the first and last tenth of steps)."""
+def save_trained(
+    path, data: dict, losses: list[float], name: str, loss_name: str, recording: dict | None = None
+) -> None:
+    """Write a trained file (with the ``recording`` settings it was fit on) and print how the loss moved
+    (mean of the first and last tenth of steps)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    torch.save(data, path)
+    torch.save(data if recording is None else data | {"recording": json.dumps(recording)}, path)
     k = max(1, len(losses) // 10)
     print(
         f"[{name}] {loss_name} first {k} steps {sum(losses[:k]) / k:.4f} -> last {k} steps {sum(losses[-k:]) / k:.4f}"
@@ -292,7 +310,8 @@ def run_train_ranker(args) -> int:
         seed=args.seed,
         progress=True,
     )
-    save_trained(args.out, {"w_down": w_down, "w_vocab": w_vocab}, losses, "train-ranker", "KL")
+    data = {"w_down": w_down, "w_vocab": w_vocab}
+    save_trained(args.out, data, losses, "train-ranker", "KL", recording_meta(args))
     return 0
 
 
@@ -326,5 +345,5 @@ def run_train_router(args) -> int:
         "width": args.width,
         "clusters": len(policy.offsets) - 1,
     }
-    save_trained(args.out, data, losses, "train-router", "BCE")
+    save_trained(args.out, data, losses, "train-router", "BCE", recording_meta(args))
     return 0
