@@ -167,6 +167,13 @@ def test_bad_input_is_refused_naming_the_argument(backend):
         ops.window_verify(*state, rows, draft, index, lens, predict, values[:, :1], top, None, **kw)
     with pytest.raises((ValueError, RuntimeError), match="rows must be"):
         ops.window_verify(*state, torch.tensor([1, 1]), draft, index, lens, predict, values, top, None, **kw)
+    # the window update's own arguments are refused before the round reads cnt or adds to the telemetry
+    acc = state[4].clone()
+    with pytest.raises((ValueError, RuntimeError), match="cnt must be"):
+        ops.window_verify(
+            *state[:3], state[3][:2], state[4], rows, draft, index, lens, predict, values, top, None, **kw
+        )
+    assert torch.equal(state[4], acc)
 
 
 @pytest.mark.gpu
