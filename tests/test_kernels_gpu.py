@@ -217,16 +217,19 @@ def test_triton_every_tile_width_equals_reference(block_w):
         _close(got, reference.packed_logits(hidden, packed, cnt, slot), 520)
 
 
+# W 96 and 5000: torch.sort's in-place kernel (rows up to 4096) and its segmented sort beyond (workspace in the graph);
+# at 5000 the full head's union (20,000 columns) is past the fused top-k's width, so the unfused top-k is captured too.
+@pytest.mark.parametrize("W", [96, 5000])
 @pytest.mark.parametrize("d2t", [False, True])
 @pytest.mark.parametrize("plan", ["per-request", "union-indexed", "union-gemm", "stock"])
-def test_draft_step_in_a_cuda_graph_follows_the_table(plan, d2t):
+def test_draft_step_in_a_cuda_graph_follows_the_table(plan, d2t, W):
     """A ranker policy's draft step as the server captures it: the sets assigned on the device (CandidateTable.assign),
     the head with the extension's kernels (indexed_logits, compact_topk) and its top-k, captured once after a
     warm-up; replayed after new candidates, hidden rows and request slots are written in place, it equals the torch
     head run eagerly on the same table. Small-integer weights: every dot product is exact, so the top-k is too."""
     g = torch.Generator(device=DEV).manual_seed(11)
-    V, d, W, R, bs, n, k = 4096, 64, 96, 12, 4, 3, 4
-    hot = torch.randperm(V, device=DEV, generator=g)[:1024].sort().values if d2t else None
+    V, d, R, bs, n, k = 4 * max(W, 1024), 64, 12, 4, 3, 4
+    hot = torch.randperm(V, device=DEV, generator=g)[: V * 3 // 10].sort().values if d2t else None
     pool = hot if d2t else torch.arange(V, device=DEV)
     weight = torch.randint(-3, 4, (pool.numel(), d), device=DEV, generator=g).to(torch.bfloat16)
     table = CandidateTable(R, W, device=DEV, fallback_id=int(pool[0]))
