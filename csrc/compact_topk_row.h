@@ -57,7 +57,7 @@ SV_HD void sv_topk_lane(const SpecvocabTopkArgs& a, int64_t m, int t, float* v, 
       S = S * expf(M - x) + 1.0f;  // exp(-inf) = 0 for the first live column
       M = x;
     } else {
-      S += expf(x - M);
+      S += x == M ? 1.0f : expf(x - M);  // x == M == +inf: exp(inf - inf) would make the sum NaN
     }
     if (x > low) {  // strict: an equal value from a later column stays behind
       int i = k - 1;
@@ -107,7 +107,7 @@ SV_HD void sv_lse_merge(float* am, float* as, float bm, float bs) {
     *as = *as * expf(*am - bm) + bs;
     *am = bm;
   } else {
-    *as += bs * expf(bm - *am);
+    *as += bm == *am ? bs : bs * expf(bm - *am);  // both +inf: as in the lane scan
   }
 }
 

@@ -32,6 +32,9 @@ at::Tensor packed_logits_cuda(const at::Tensor& hidden, const at::Tensor& packed
                               const at::Tensor& row_to_slot);
 
 // window_update: append block entries to each row's ring, then publish the row's set.
+// window_update's checks of shapes, dtypes, layouts, devices and the two ints (window_verify runs them first too).
+void check_window_update(at::Tensor& ring, at::Tensor& length, at::Tensor& ids, at::Tensor& cnt, const at::Tensor& rows,
+                         const at::Tensor& block, int64_t fallback_id, int64_t vocab_size);
 void window_update_cpu(at::Tensor& ring, at::Tensor& length, at::Tensor& ids, at::Tensor& cnt, const at::Tensor& rows,
                        const at::Tensor& block, int64_t fallback_id, int64_t vocab_size);
 void window_update_cuda(at::Tensor& ring, at::Tensor& length, at::Tensor& ids, at::Tensor& cnt, const at::Tensor& rows,

@@ -11,10 +11,9 @@
 #include "ops.h"
 
 namespace specvocab {
-namespace {
 
-void check(at::Tensor& ring, at::Tensor& length, at::Tensor& ids, at::Tensor& cnt, const at::Tensor& rows,
-           const at::Tensor& block, int64_t fallback_id, int64_t vocab_size) {
+void check_window_update(at::Tensor& ring, at::Tensor& length, at::Tensor& ids, at::Tensor& cnt, const at::Tensor& rows,
+                         const at::Tensor& block, int64_t fallback_id, int64_t vocab_size) {
   const char* op = "window_update";
   TORCH_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kInt && ids.is_contiguous(), op,
               ": ids must be a contiguous int32 [R, capacity] table, got ", ids.scalar_type(), " ", ids.sizes());
@@ -40,11 +39,9 @@ void check(at::Tensor& ring, at::Tensor& length, at::Tensor& ids, at::Tensor& cn
                 t->device());
 }
 
-}  // namespace
-
 void window_update_cpu(at::Tensor& ring, at::Tensor& length, at::Tensor& ids, at::Tensor& cnt, const at::Tensor& rows_,
                        const at::Tensor& block_, int64_t fallback_id, int64_t vocab_size) {
-  check(ring, length, ids, cnt, rows_, block_, fallback_id, vocab_size);
+  check_window_update(ring, length, ids, cnt, rows_, block_, fallback_id, vocab_size);
   const at::Tensor rows = rows_.contiguous(), block = block_.contiguous();
   const int64_t R = ids.size(0), cap = ids.size(1), B = rows.size(0), n = block.size(1);
   const int64_t* r = rows.data_ptr<int64_t>();
@@ -92,7 +89,7 @@ void window_update_cpu(at::Tensor& ring, at::Tensor& length, at::Tensor& ids, at
 
 void window_update_cuda(at::Tensor& ring, at::Tensor& length, at::Tensor& ids, at::Tensor& cnt, const at::Tensor& rows_,
                         const at::Tensor& block_, int64_t fallback_id, int64_t vocab_size) {
-  check(ring, length, ids, cnt, rows_, block_, fallback_id, vocab_size);
+  check_window_update(ring, length, ids, cnt, rows_, block_, fallback_id, vocab_size);
   c10::DeviceGuard guard(ring.device());
   const at::Tensor rows = rows_.contiguous(), block = block_.contiguous();
   // Rows out of range or listed twice cannot be checked here without a host sync: the

@@ -108,15 +108,19 @@ extern "C" int specvocab_window_update_launch(int32_t* ring, int64_t* length, in
                                               int64_t vocab_size, void* stream) {
   if (B == 0) return 0;
   const size_t smem = static_cast<size_t>((vocab_size + 31) / 32) * sizeof(uint32_t);
-  if (smem > 48 * 1024) {
+  // The 48 KB a block gets without opting in holds the static scan storage (about 2 KB) too: a bitmap just
+  // under 48 KB (vocab_size about 375k-393k) must opt in as well.
+  cudaFuncAttributes attr;
+  cudaError_t err = cudaFuncGetAttributes(&attr, window_update_kernel);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  if (smem + attr.sharedSizeBytes > 48 * 1024) {
     int dev = 0, optin = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    // The static scan storage shares the block's budget with the bitmap.
-    if (smem + 8 * 1024 > static_cast<size_t>(optin)) return static_cast<int>(cudaErrorInvalidValue);
-    cudaError_t e =
+    if (smem + attr.sharedSizeBytes > static_cast<size_t>(optin)) return static_cast<int>(cudaErrorInvalidValue);
+    err =
         cudaFuncSetAttribute(window_update_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (e != cudaSuccess) return static_cast<int>(e);
+    if (err != cudaSuccess) return static_cast<int>(err);
   }
   window_update_kernel<<<static_cast<unsigned>(B), kThreads, smem, static_cast<cudaStream_t>(stream)>>>(
       ring, length, ids, cnt, rows, block, n, ring_stride, capacity, fallback_id, vocab_size);

@@ -23,7 +23,7 @@ Prepared prepare(at::Tensor& ring, at::Tensor& length, at::Tensor& ids, at::Tens
                  const at::Tensor& rows, const at::Tensor& draft_token, const at::Tensor& accept_index,
                  const at::Tensor& accept_lens, const at::Tensor& predict, const at::Tensor& topk_values,
                  const at::Tensor& topk_ids, const c10::optional<at::Tensor>& hot, int64_t k, bool context,
-                 bool compacted, int64_t vocab_size) {
+                 bool compacted, int64_t fallback_id, int64_t vocab_size) {
   const char* op = "window_verify";
   TORCH_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kInt && ids.is_contiguous(), op,
               ": ids must be a contiguous int32 [R, capacity] table, got ", ids.scalar_type(), " ", ids.sizes());
@@ -73,6 +73,8 @@ Prepared prepare(at::Tensor& ring, at::Tensor& length, at::Tensor& ids, at::Tens
   const int64_t n = (context ? nd : 0) + S * k;
   p.block = at::empty({B, n}, ids.options());
   p.accepted = at::empty({B, S}, rows.options());
+  // The row pass reads cnt and writes acc: the window update's arguments are checked before it, not after.
+  check_window_update(ring, length, ids, cnt, rows, p.block, fallback_id, vocab_size);
   SpecvocabVerifyArgs& a = p.args;
   a.draft_token = p.draft_token.data_ptr<int64_t>();
   a.accept_index = p.accept_index.data_ptr<int64_t>();
@@ -109,7 +111,7 @@ at::Tensor window_verify_cpu(at::Tensor& ring, at::Tensor& length, at::Tensor& i
                              bool compacted, int64_t fallback_id, int64_t vocab_size) {
   const at::Tensor rows = rows_.contiguous();
   Prepared p = prepare(ring, length, ids, cnt, acc, rows, draft_token, accept_index, accept_lens, predict, topk_values,
-                       topk_ids, hot, k, context, compacted, vocab_size);
+                       topk_ids, hot, k, context, compacted, fallback_id, vocab_size);
   const int64_t R = ids.size(0), B = rows.size(0);
   const int64_t* r = rows.data_ptr<int64_t>();
   std::vector<char> seen(R, 0);
@@ -134,7 +136,7 @@ at::Tensor window_verify_cuda(at::Tensor& ring, at::Tensor& length, at::Tensor& 
   c10::DeviceGuard guard(ids.device());
   const at::Tensor rows = rows_.contiguous();
   Prepared p = prepare(ring, length, ids, cnt, acc, rows, draft_token, accept_index, accept_lens, predict, topk_values,
-                       topk_ids, hot, k, context, compacted, vocab_size);
+                       topk_ids, hot, k, context, compacted, fallback_id, vocab_size);
   // As in window_update: rows are SGLang's req_pool_indices, distinct and in range by construction (no host check).
   check_launch(specvocab_window_verify_launch(&p.args, rows.size(0), current_cuda_stream(ids.device())),
                "window_verify");

@@ -107,6 +107,21 @@ def test_the_cpp_op_equals_the_reference():
 
 
 @needs_ext
+def test_infinite_logits_give_the_references_logsumexp():
+    """Several +inf logits in a row (in one lane and across lanes): the logsumexp is +inf, as torch's, not NaN."""
+    logits = torch.randn(3, 300, generator=torch.Generator().manual_seed(4))
+    logits[0, [5, 70]] = float("inf")  # two lanes, one each: the merge tree adds them
+    logits[1, [7, 7 + 128, 7 + 256]] = float("inf")  # one lane, three times: the lane's scan adds them
+    logits[2, 9] = float("inf")
+    for mode in (0, 1, 2):
+        want = reference.compact_topk(logits, None, None, 4, 0, mode)
+        got = torch.ops.specvocab.compact_topk(logits, None, None, 4, 0, mode)
+        assert torch.equal(got[2], want[2]) and torch.isposinf(got[2]).all(), mode
+        assert torch.equal(got[1], want[1]), mode
+        assert torch.allclose(got[0], want[0], equal_nan=True), mode
+
+
+@needs_ext
 def test_wide_rows_and_no_rows():
     """Columns far past the 128 lanes (each lane scans many), large values, and an empty batch."""
     g = torch.Generator().manual_seed(3)

@@ -21,7 +21,9 @@ from literal import literal_logits
 from logits_cases import RUN_CASES, runs_case
 
 from sglang_specvocab import ops
+from sglang_specvocab.head import DraftHead
 from sglang_specvocab.ops import _ext, reference
+from sglang_specvocab.table import CandidateTable
 
 DEV = "cuda"
 pytestmark = pytest.mark.gpu
@@ -170,6 +172,107 @@ def test_every_launch_branch_gives_the_same_logits():
     assert want <= covered, sorted(want - covered)
 
 
+def _close_by_parts(got, hidden, weight, ids, cnt, slot):
+    """_close against the reference a few rows at a time: the reference holds [rows, W, d] in fp32."""
+    W, d = ids.shape[1], hidden.shape[1]
+    step = max(1, (1 << 29) // (W * d))  # 2 GiB of fp32 per part
+    for i in range(0, hidden.shape[0], step):
+        part = slice(i, i + step)
+        _close(got[part], reference.indexed_logits(hidden[part], weight, ids, cnt, slot[part]), d)
+
+
+# (bs, rows per request, W, d, V): the server's ends: one request with the widest set at d 5120 and Gemma-3's
+# vocabulary, bs 128 of 10 tree rows at d 640, wide sets at bs 64 (the kernels' grids: many column tiles, many
+# row tiles, both), Qwen's vocabulary at d 5120.
+SERVER_SHAPES = [
+    (1, 1, 16384, 5120, 262144),
+    (128, 10, 3072, 640, 262144),
+    (64, 4, 16384, 4096, 128256),
+    (32, 10, 3072, 5120, 151936),
+]
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("shape", SERVER_SHAPES, ids=lambda s: "bs{}-rows{}-W{}-d{}-V{}".format(*s))
+def test_logits_at_the_servers_shapes(backend, shape):
+    """bf16 at the shapes a draft step has (bs 1..128, 1..10 rows, W up to 16,384, d 640..5120, V up to 262,144):
+    each launch plan / Triton tile width these shapes pick, against the reference."""
+    bs, rows, W, d, V = shape
+    args = _tree_batch(bs, rows, W, d, V, torch.bfloat16, seed=bs + W)
+    _close_by_parts(ops.indexed_logits(*args, backend=backend), *args)
+
+
+@pytest.mark.parametrize("block_w", [16, 32, 64])
+def test_triton_every_tile_width_equals_reference(block_w):
+    """The Triton wrapper picks 16, 32 or 64 columns per program from M, W and the SM count; the other tests' shapes
+    mostly get 16 on an H100. Each width, indexed and packed, in every dtype."""
+    from sglang_specvocab.ops import triton_ops
+
+    for dtype in DTYPES:
+        hidden, weight, ids, cnt, slot = _tree_batch(8, 10, 1000, 520, 20000, dtype, seed=block_w)
+        got = triton_ops.indexed_logits(hidden, weight, ids, cnt, slot, block_w=block_w)
+        _close(got, reference.indexed_logits(hidden, weight, ids, cnt, slot), 520)
+        packed = weight[ids.long().clamp(min=0)]
+        got = triton_ops.packed_logits(hidden, packed, cnt, slot, block_w=block_w)
+        _close(got, reference.packed_logits(hidden, packed, cnt, slot), 520)
+
+
+# W 96 and 5000: torch.sort's in-place kernel (rows up to 4096) and its segmented sort beyond (workspace in the graph);
+# at 5000 the full head's union (20,000 columns) is past the fused top-k's width, so the unfused top-k is captured too.
+@pytest.mark.parametrize("W", [96, 5000])
+@pytest.mark.parametrize("d2t", [False, True])
+@pytest.mark.parametrize("plan", ["per-request", "union-indexed", "union-gemm", "stock"])
+def test_draft_step_in_a_cuda_graph_follows_the_table(plan, d2t, W):
+    """A ranker policy's draft step as the server captures it: the sets assigned on the device (CandidateTable.assign),
+    the head with the extension's kernels (indexed_logits, compact_topk) and its top-k, captured once after a
+    warm-up; replayed after new candidates, hidden rows and request slots are written in place, it equals the torch
+    head run eagerly on the same table. Small-integer weights: every dot product is exact, so the top-k is too."""
+    g = torch.Generator(device=DEV).manual_seed(11)
+    V, d, R, bs, n, k = 4 * max(W, 1024), 64, 12, 4, 3, 4
+    hot = torch.randperm(V, device=DEV, generator=g)[: V * 3 // 10].sort().values if d2t else None
+    pool = hot if d2t else torch.arange(V, device=DEV)
+    weight = torch.randint(-3, 4, (pool.numel(), d), device=DEV, generator=g).to(torch.bfloat16)
+    table = CandidateTable(R, W, device=DEV, fallback_id=int(pool[0]))
+    kw = {"batch": plan, "hot_token_id": hot, "target_vocab_size": V if d2t else None}
+    head = DraftHead(weight, table, kernel="cuda", **kw)
+    torch_head = DraftHead(weight, table, kernel="torch", **kw)
+    cand = torch.full((bs, W), -1, dtype=torch.int64, device=DEV)
+    hidden = torch.zeros(bs * n, d, dtype=torch.bfloat16, device=DEV)
+    rows = torch.arange(1, bs + 1, device=DEV)
+
+    def refill(seed):
+        g.manual_seed(seed)
+        cand.copy_(pool[torch.randint(0, pool.numel(), (bs, W), device=DEV, generator=g)])
+        cand[torch.rand(bs, W, device=DEV, generator=g) < 0.3] = -1
+        hidden.copy_(torch.randint(-3, 4, hidden.shape, device=DEV, generator=g))
+        rows.copy_(torch.randperm(R - 1, device=DEV, generator=g)[:bs] + 1)
+
+    def step():
+        table.assign(rows, cand)
+        out = head(hidden, rows)
+        return (out.logits, *out.topk_logprobs(k))
+
+    refill(0)
+    step()  # warm up outside capture (SGLang runs each captured step twice first)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        logits, values, tokens = step()
+    for seed in range(1, 4):
+        refill(seed)
+        graph.replay()
+        want_table = CandidateTable(R, W, fallback_id=table.fallback_id)
+        want_table.assign(rows.cpu(), cand.cpu())
+        live = torch.arange(W)[None, :] < want_table.cnt[rows.cpu()][:, None]
+        assert torch.equal(table.cnt[rows].cpu(), want_table.cnt[rows.cpu()]), seed
+        assert torch.equal(table.ids[rows].cpu()[live], want_table.ids[rows.cpu()][live]), seed
+        want = torch_head(hidden, rows)
+        want_values, want_tokens = want.topk_logprobs(k)
+        assert torch.equal(logits, want.logits), seed
+        assert torch.equal(tokens, want_tokens), seed
+        torch.testing.assert_close(values, want_values, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_tree_branches_and_batches_give_identical_logits(dtype):
     """A row's logits do not depend on what else is in the call: rows=10 equals rows=1 for the shared row,
@@ -190,7 +293,9 @@ def test_tree_branches_and_batches_give_identical_logits(dtype):
         assert len({p[1:3] for p in plans}) >= 3, plans  # the comparison spans launch plans
 
 
-@pytest.mark.parametrize("V", [262144, 520000])
+# 390,000: a bitmap of 48,752 bytes, under the 48 KB a block gets without opting in but not with the kernel's
+# static shared memory beside it (the launch must opt in); 520,000: a bitmap over 48 KB.
+@pytest.mark.parametrize("V", [262144, 390000, 520000])
 def test_window_update_equals_reference(V):
     g = torch.Generator(device=DEV).manual_seed(V)
     R, cap = 9, 3072

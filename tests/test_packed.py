@@ -356,6 +356,23 @@ def _compiled_matches_reference(device, dtypes, shapes, steps):
 _DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
+# Before the CPU tests: on the first GPU machine test_cpu_op_matches_reference crashed the process (see
+# test_cpu_op_in_a_16_thread_process), and a crash must not take this file's only GPU test with it.
+@pytest.mark.gpu
+def test_cuda_op_matches_reference():
+    from sglang_specvocab.ops import _ext
+
+    if not _ext.available():
+        pytest.skip("the specvocab extension is not built")
+    shapes = [
+        (4, 9, 30, 3),  # rows of 12 / 6 bytes: the scalar copy path
+        (5, 40, 130, 8),  # rows of 32 / 16 bytes: 16-byte vectors
+        (3, 3000, 520_000, 8),  # W over several scan chunks, a vocab bitmap over 48 KB of shared memory
+        (2, 1, 3, 1),
+    ]
+    _compiled_matches_reference("cuda", _DTYPES, shapes, steps=6)
+
+
 def test_cpu_op_matches_reference():
     from sglang_specvocab.ops import _ext
 
@@ -405,18 +422,3 @@ def test_cpu_op_in_a_16_thread_process():
         timeout=600,
     )
     assert run.returncode == 0, f"child exit {run.returncode}\n{run.stdout[-2000:]}\n{run.stderr[-6000:]}"
-
-
-@pytest.mark.gpu
-def test_cuda_op_matches_reference():
-    from sglang_specvocab.ops import _ext
-
-    if not _ext.available():
-        pytest.skip("the specvocab extension is not built")
-    shapes = [
-        (4, 9, 30, 3),  # rows of 12 / 6 bytes: the scalar copy path
-        (5, 40, 130, 8),  # rows of 32 / 16 bytes: 16-byte vectors
-        (3, 3000, 520_000, 8),  # W over several scan chunks, a vocab bitmap over 48 KB of shared memory
-        (2, 1, 3, 1),
-    ]
-    _compiled_matches_reference("cuda", _DTYPES, shapes, steps=6)

@@ -238,6 +238,19 @@ def test_wrapper_rejects_bad_shapes():
         )
 
 
+@pytest.mark.parametrize("tiles", [{"block_w": 8}, {"block_d": 48}, {"block_w": 24}])
+def test_wrapper_refuses_tiles_a_gpu_cannot_compile(tiles):
+    """Tiles below 16 or not powers of two run under the interpreter but fail to compile on a GPU: refused."""
+    from sglang_specvocab.ops import triton_ops
+
+    h, cnt, slot = torch.zeros(3, 32), torch.ones(2, dtype=torch.int32), torch.zeros(3, dtype=torch.int32)
+    name, value = next(iter(tiles.items()))
+    with pytest.raises(ValueError, match=f"{name} = {value} is invalid: must be a power of two >= 16"):
+        triton_ops.indexed_logits(h, torch.zeros(5, 32), torch.zeros(2, 4, dtype=torch.int32), cnt, slot, **tiles)
+    with pytest.raises(ValueError, match=f"{name} = {value} is invalid"):
+        triton_ops.packed_logits(h, torch.zeros(2, 4, 32), cnt, slot, **tiles)
+
+
 def _cuobjdump_elf(cubin: bytes, tmp_path: Path) -> str:
     import triton
 

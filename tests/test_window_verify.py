@@ -167,15 +167,26 @@ def test_bad_input_is_refused_naming_the_argument(backend):
         ops.window_verify(*state, rows, draft, index, lens, predict, values[:, :1], top, None, **kw)
     with pytest.raises((ValueError, RuntimeError), match="rows must be"):
         ops.window_verify(*state, torch.tensor([1, 1]), draft, index, lens, predict, values, top, None, **kw)
+    # the window update's own arguments are refused before the round reads cnt or adds to the telemetry
+    acc = state[4].clone()
+    with pytest.raises((ValueError, RuntimeError), match="cnt must be"):
+        ops.window_verify(
+            *state[:3], state[3][:2], state[4], rows, draft, index, lens, predict, values, top, None, **kw
+        )
+    assert torch.equal(state[4], acc)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("B,nd,S,k,kk,context,compacted,hot", CASES + [(64, 8, 4, 3, 3, True, True, True)])
+# 150 requests: two blocks of 128 threads, the second partly idle
+@pytest.mark.parametrize(
+    "B,nd,S,k,kk,context,compacted,hot",
+    CASES + [(64, 8, 4, 3, 3, True, True, True), (150, 8, 4, 3, 3, True, True, False)],
+)
 def test_cuda_op_equals_the_reference(B, nd, S, k, kk, context, compacted, hot):
     """The CUDA kernel (one thread per request, the C++ op's row code) and window_update after it."""
     if not _ext.has_cuda_kernels():
         pytest.skip("the extension was built without CUDA kernels")
-    V, cap, R = 40, 12, 70
+    V, cap, R = 40, 12, max(70, B + 6)
     g = torch.Generator().manual_seed(B + nd + k)
     for trial in range(20):
         draft, index, lens, predict, logits = random_round(g, B, nd, S, V, compacted=compacted)

@@ -136,6 +136,11 @@ def _inner_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 def _launch(hidden, table, ids, cnt, row_to_slot, W, packed, block_w, block_d, num_warps) -> torch.Tensor:
+    for name, b in (("block_w", block_w), ("block_d", block_d)):
+        # The interpreter runs any tile; a GPU compile needs tl.arange sizes that are powers of two and tl.dot
+        # dimensions of at least 16.
+        if b is not None and (b < 16 or b & (b - 1)):
+            raise ValueError(f"{name} = {b} is invalid: must be a power of two >= 16")
     M, D = hidden.shape
     out = torch.empty((M, W), dtype=torch.float32, device=hidden.device)
     if M == 0:
