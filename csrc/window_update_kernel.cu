@@ -110,15 +110,19 @@ extern "C" int specvocab_window_update_launch(int32_t* ring, int64_t* length, in
   const size_t smem = static_cast<size_t>((vocab_size + 31) / 32) * sizeof(uint32_t);
   // The 48 KB a block gets without opting in holds the static scan storage (about 2 KB) too: a bitmap just
   // under 48 KB (vocab_size about 375k-393k) must opt in as well.
-  cudaFuncAttributes attr;
-  cudaError_t err = cudaFuncGetAttributes(&attr, window_update_kernel);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  if (smem + attr.sharedSizeBytes > 48 * 1024) {
+  // That storage is a property of the compiled kernel: asked once, not in every verify round.
+  static const size_t static_smem = [] {
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, window_update_kernel) == cudaSuccess) return attr.sharedSizeBytes;
+    cudaGetLastError();       // not left for the launch check below to report
+    return size_t{8 * 1024};  // a safe bound on the scan storage
+  }();
+  if (smem + static_smem > 48 * 1024) {
     int dev = 0, optin = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    if (smem + attr.sharedSizeBytes > static_cast<size_t>(optin)) return static_cast<int>(cudaErrorInvalidValue);
-    err =
+    if (smem + static_smem > static_cast<size_t>(optin)) return static_cast<int>(cudaErrorInvalidValue);
+    const cudaError_t err =
         cudaFuncSetAttribute(window_update_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (err != cudaSuccess) return static_cast<int>(err);
   }
