@@ -387,14 +387,17 @@ def _add_recording_args(p) -> None:
     p.add_argument(
         "--source",
         choices=("decode", "text"),
-        default="decode",
-        help="'decode': the reference decoder answers the conversations' first turns and every draft step's "
-        "state is recorded (the states served, slow); 'text': whole conversations teacher-forced, the draft's "
-        "state at --positions positions of each (one forward per conversation: thousands in minutes) "
-        "(default: decode)",
+        default="text",
+        help="'text': whole conversations teacher-forced, the draft's state at --positions positions of each "
+        "(one forward per conversation: thousands in minutes); 'decode': the reference decoder answers the "
+        "conversations' first turns and every draft step's state is recorded (the states served, about 100x "
+        "slower per state) (default: text)",
     )
     p.add_argument(
-        "--prompts", type=POSITIVE, default=32, help="ShareGPT conversations to record from (never Spec-Bench)"
+        "--prompts",
+        type=POSITIVE,
+        default=None,
+        help="ShareGPT conversations to record from, never Spec-Bench (default: 2000 for text, 32 for decode)",
     )
     p.add_argument("--skip", type=NON_NEGATIVE, default=1000, help="ShareGPT conversations to skip first")
     p.add_argument("--prompt-tokens", type=POSITIVE, default=256, help="decode: prompt length cap")
@@ -407,7 +410,7 @@ def _add_recording_args(p) -> None:
         "--states",
         help="cache of recorded states (.pt): read if it exists (refused if recorded with other settings), else written",
     )
-    p.add_argument("--steps", type=POSITIVE, default=300, help="optimiser steps")
+    p.add_argument("--steps", type=POSITIVE, default=None, help="optimiser steps (default: ranker 1500, router 800)")
     p.add_argument("--lr", type=_positive_float, default=1e-3)
     p.add_argument("--batch-size", type=POSITIVE, default=64)
     p.add_argument("--seed", type=int, default=0)
@@ -426,7 +429,7 @@ def _add_train_ranker(sub) -> None:
     _add_recording_args(p)
     p.add_argument("--rank", type=POSITIVE, required=True, help="d', the ranker's inner dimension")
     p.add_argument("--out", required=True, help="ranker file to write (.pt)")
-    p.set_defaults(run=_run_train_ranker)
+    p.set_defaults(run=_run_train_ranker, steps=1500)
 
 
 def _run_train_ranker(args) -> int:
@@ -450,7 +453,7 @@ def _add_train_router(sub) -> None:
     p.add_argument("--top-l", type=POSITIVE, default=8, help="L: the head's top-L tokens mark positive clusters")
     p.add_argument("--width", type=POSITIVE, default=512, help="the MLP's hidden width")
     p.add_argument("--out", required=True, help="router file to write (.pt)")
-    p.set_defaults(run=_run_train_router)
+    p.set_defaults(run=_run_train_router, steps=800)
 
 
 def _run_train_router(args) -> int:

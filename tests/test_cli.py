@@ -105,3 +105,15 @@ def test_the_command_line_is_recorded_as_typed(monkeypatch):
     monkeypatch.setattr(cli, "_run_check_config", lambda args: seen.setdefault("line", args.command_line) and 0)
     assert cli.main(["check-config", "my config.yaml"]) == 0
     assert seen["line"] == "sglang-specvocab check-config 'my config.yaml'"
+
+
+def test_the_trained_modes_default_to_the_measured_recipe():
+    """train-ranker/train-router with no recording flags: teacher-forced text of 2,000 conversations, and the
+    steps that made benchmarks/lab-gemma3-270m-trained (ranker 1500, router 800); decode keeps 32 prompts."""
+    from sglang_specvocab.lab.training import DEFAULT_PROMPTS
+
+    ranker = cli.parser().parse_args(["train-ranker", "--rank", "64", "--out", "r.pt"])
+    router = cli.parser().parse_args(["train-router", "--config", "c.yaml", "--out", "r.pt"])
+    assert (ranker.source, ranker.steps, ranker.positions, ranker.seq_len) == ("text", 1500, 64, 512)
+    assert (router.source, router.steps) == ("text", 800)
+    assert ranker.prompts is None and DEFAULT_PROMPTS == {"text": 2000, "decode": 32}

@@ -150,6 +150,9 @@ def test_a_states_cache_recorded_with_other_settings_is_refused(tmp_path):
     assert torch.equal(h, hidden) and torch.equal(tok, tokens)
     with pytest.raises(SpecVocabError, match=r"recorded with other settings: prompts 3 \(asked 2000\), positions 8"):
         recorded_states(_recording_args(states=str(path), prompts=2000, positions=0), lm)
+    big = tmp_path / "big.pt"  # --prompts left out: the source's default (2,000 for text) is what is compared
+    torch.save({"hidden": hidden, "tokens": tokens, "meta": json.dumps(meta | {"prompts": 2000})}, big)
+    assert torch.equal(recorded_states(_recording_args(states=str(big), prompts=None), lm)[2], hidden)
     legacy = tmp_path / "legacy.pt"  # files of earlier versions have no settings: read as they are
     torch.save({"hidden": hidden, "tokens": tokens}, legacy)
     assert torch.equal(recorded_states(_recording_args(states=str(legacy), source="decode"), lm)[2], hidden)

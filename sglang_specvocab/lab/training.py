@@ -193,6 +193,8 @@ def train_router(
 
 # --- the commands (sglang-specvocab train-ranker / train-router) ----------------------------------
 
+DEFAULT_PROMPTS = {"text": 2000, "decode": 32}  # ShareGPT conversations per source (--prompts)
+
 
 def recording_draft(args, lm) -> CausalLM | Eagle3LM:
     """The draft whose states the commands record: ``--draft layers:N`` or ``eagle3:DIR`` (default
@@ -244,6 +246,8 @@ def recording_meta(args) -> dict:
 
 def recorded_states(args, lm=None):
     """(loaded model, draft, hidden [N, d], tokens [N]) for the commands' recording arguments."""
+    if args.prompts is None:  # the command line's default depends on the source
+        args.prompts = DEFAULT_PROMPTS[args.source]
     lm = lm or load_model(args.model)
     target = CausalLM(lm.model)
     draft = recording_draft(args, lm)
