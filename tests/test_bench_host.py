@@ -66,8 +66,20 @@ def test_every_case_is_timed_for_both_stacks_with_versions_and_command(result):
         assert c["meets_target"] == (added <= data["target_us"])
         # the target top-k alone is part of DYNVOCAB's verify (the hook runs it and one more op)
         assert 0 < c["verify_topk_us"] < c["decode"]["DYNVOCAB"]["verify"]["us"]
+        # the time inside ops is part of each phase's time, and the rest is what lies outside them
+        for stack in ("EAGLE3", "DYNVOCAB"):
+            inside, outside = c["in_ops_us"][stack], c["outside_ops_us"][stack]
+            assert inside["round"] == pytest.approx(sum(inside[p] for p in ("draft", "verify", "extend")))
+            assert all(inside[p] > 0 for p in inside)
+            for p in ("draft", "verify", "extend", "round"):
+                assert outside[p] == pytest.approx(c["decode"][stack][p]["us"] - inside[p])
+        assert c["in_ops_us"]["DYNVOCAB"]["verify"] > c["verify_topk_us"] / 2  # the hook's top-k runs inside ops
+        out_added = c["outside_ops_us"]["DYNVOCAB"]["round"] - c["outside_ops_us"]["EAGLE3"]["round"]
+        assert c["added_outside_ops_us"] == pytest.approx(out_added)
+        assert c["meets_target_outside_ops"] == (out_added <= data["target_us"])
         row = f"| {c['shape']['bs']} | {c['shape']['topk']} |"
         assert row in md and ("met" if c["meets_target"] else "MISSED") in md
+    assert "## Outside aten ops" in md and "Outside ops: " in md
     assert [r["chunk"] for r in data["prefill_topk"]["rows"]] == [256, 1024]
     assert all(r["ms_per_1k_tokens"] > 0 for r in data["prefill_topk"]["rows"])
 

@@ -19,8 +19,14 @@ Also the prefill top-K on its own (``events._chunked_topk``: the target's LM hea
 positions, ``--topk-chunks`` rows at a time): milliseconds per 1k prompt tokens at ``--topk-d`` x
 ``--topk-vocab``, and the largest logits tensor each chunk size allocates.
 
-The target: DYNVOCAB adds at most ``--target-us`` (50) microseconds per decode round over EAGLE3.
-With ``--check`` the exit status is 1 when a case misses it.
+Wall time on a CPU holds the ops' arithmetic too, which a GPU runs as kernels (the verify hook's target
+top-k over ``[bs x draft tokens, V]`` is most of it for trees). So each phase is also run under a timer of
+the time spent inside aten ops (``OpTimer``, a separate pass); the wall time less that is the time outside
+the ops: Python and the dispatcher's Python side, what a GPU's host still pays (plus one launch per op).
+
+The target: DYNVOCAB adds at most ``--target-us`` (50) microseconds per decode round over EAGLE3, in wall
+time; the time outside ops is judged against the same bound beside it. With ``--check`` the exit status
+is 1 when a case misses the wall-time target.
 """
 
 from __future__ import annotations
@@ -74,6 +80,39 @@ class OpCounter(TorchDispatchMode):
         else:
             self.ops[func.overloadpacket.__name__] += 1
         return func(*args, **(kwargs or {}))
+
+
+class OpTimer(TorchDispatchMode):
+    """Sums the time spent inside aten ops (their arithmetic and C++ dispatch), views included."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds = 0.0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        t0 = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        self.seconds += time.perf_counter() - t0
+        return out
+
+
+def time_in_ops(rounds_by_stack: dict, reps: int, n: int) -> dict:
+    """Per stack and phase: min over reps of the median per-call time inside aten ops (us)."""
+    meds = {s: {p: [] for p in (*PHASES, "round")} for s in rounds_by_stack}
+    for _ in range(reps):
+        for s, r in rounds_by_stack.items():
+            samples = {p: [] for p in (*PHASES, "round")}
+            for _ in range(n):
+                inside = []
+                for p in PHASES:
+                    with OpTimer() as t:
+                        getattr(r, p)()
+                    inside.append(t.seconds * 1e6)
+                for p, v in zip((*PHASES, "round"), (*inside, sum(inside)), strict=True):
+                    samples[p].append(v)
+            for p, v in samples.items():
+                meds[s][p].append(statistics.median(v))
+    return {s: {p: min(v) for p, v in meds[s].items()} for s in meds}
 
 
 def count_ops(fn) -> dict:
@@ -185,17 +224,24 @@ def run_case(H, shape, args) -> dict:
         gc.disable()
         try:
             decode = time_rounds(stacks, args.reps, args.rounds)
+            in_ops = time_in_ops(stacks, args.reps, args.rounds)
             verify_topk = verify_topk_cost(dyn.inputs, shape, args.reps, args.rounds)
             prefill = time_prefill(stacks, args.prefill_reps, max(3, args.rounds // 4))
         finally:
             gc.enable()
     added = decode["DYNVOCAB"]["round"]["us"] - decode["EAGLE3"]["round"]["us"]
+    outside = {s: {p: decode[s][p]["us"] - in_ops[s][p] for p in (*PHASES, "round")} for s in stacks}
+    added_outside = outside["DYNVOCAB"]["round"] - outside["EAGLE3"]["round"]
     return {
         "shape": asdict(shape),
         "decode": decode,
         "prefill": prefill,
         "ops": ops,
         "added_round_us": added,
+        "in_ops_us": in_ops,
+        "outside_ops_us": outside,
+        "added_outside_ops_us": added_outside,
+        "meets_target_outside_ops": added_outside <= args.target_us,
         "verify_topk_us": verify_topk["us"],
         "added_prefill_us": prefill["DYNVOCAB"]["us"] - prefill["EAGLE3"]["us"],
         "added_ops_per_round": sum(ops["DYNVOCAB"][p]["ops"] - ops["EAGLE3"][p]["ops"] for p in PHASES),
@@ -235,6 +281,8 @@ def run(args) -> int:
             "timer": "time.perf_counter per phase of every call; min over reps of the per-rep median; "
             "stacks interleaved, alternating which goes first; gc off while timing; one torch thread",
             "ops": "aten ops dispatched per call (TorchDispatchMode), views excluded",
+            "in_ops": "time inside aten ops per phase (TorchDispatchMode around each op), a separate pass, same "
+            "min-of-rep-medians; outside ops = wall - in ops",
         },
         "target_us": args.target_us,
         "cases": cases,
@@ -272,7 +320,10 @@ def markdown(result: dict) -> str:
             "(its host cost is a replay for both); the verify hook and the extend's top-k run eagerly."
         ),
         "",
-        f"Target: DYNVOCAB adds at most {result['target_us']:g} us per decode round.",
+        (
+            f"Target: DYNVOCAB adds at most {result['target_us']:g} us per decode round (wall time; the time outside "
+            "aten ops is judged against it too, below)."
+        ),
         "",
         "## Decode round (us; spread = max - min of the rep medians)",
         "",
@@ -297,6 +348,25 @@ def markdown(result: dict) -> str:
             _f(c["verify_topk_us"]),
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## Outside aten ops: Python and dispatch (us; wall less the time inside ops, timed in a separate pass)",
+        "",
+        "What a GPU's host pays of each round (the ops' arithmetic becomes kernels there), plus one launch per op.",
+        "",
+        (
+            "| bs | topk | EAGLE3 in ops | DYNVOCAB in ops | EAGLE3 outside | DYNVOCAB outside | added outside | "
+            "ops added | target |"
+        ),
+        "|---:|---:|---:|---:|---:|---:|---:|---:|:--|",
+    ]
+    for c in result["cases"]:
+        s, i, o = c["shape"], c["in_ops_us"], c["outside_ops_us"]
+        lines.append(
+            f"| {s['bs']} | {s['topk']} | {_f(i['EAGLE3']['round'])} | {_f(i['DYNVOCAB']['round'])} | "
+            f"{_f(o['EAGLE3']['round'])} | {_f(o['DYNVOCAB']['round'])} | {_f(c['added_outside_ops_us'])} | "
+            f"{c['added_ops_per_round']} | {'met' if c['meets_target_outside_ops'] else 'MISSED'} |"
+        )
     lines += [
         "",
         "## Ops per call (aten ops, views excluded)",
@@ -351,7 +421,15 @@ def markdown(result: dict) -> str:
             "GPU."
         ),
     ]
-    lines += ["", f"Verdict: {'every case meets' if not missed else f'{len(missed)} case(s) miss'} the target.", ""]
+    out_missed = [c for c in result["cases"] if not c["meets_target_outside_ops"]]
+    lines += [
+        "",
+        (
+            f"Verdict (wall): {'every case meets' if not missed else f'{len(missed)} case(s) miss'} the target. "
+            f"Outside ops: {'every case meets' if not out_missed else f'{len(out_missed)} case(s) miss'} it."
+        ),
+        "",
+    ]
     return "\n".join(lines)
 
 
