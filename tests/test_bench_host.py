@@ -69,7 +69,8 @@ def test_every_case_is_timed_for_both_stacks_with_versions_and_command(result):
         # the time inside ops is part of each phase's time, and the rest is what lies outside them
         for stack in ("EAGLE3", "DYNVOCAB"):
             inside, outside = c["in_ops_us"][stack], c["outside_ops_us"][stack]
-            assert inside["round"] == pytest.approx(sum(inside[p] for p in ("draft", "verify", "extend")))
+            phases = [inside[p] for p in ("draft", "verify", "extend")]  # round: the median of per-round sums
+            assert max(phases) < inside["round"] < 1.5 * sum(phases)
             assert all(inside[p] > 0 for p in inside)
             for p in ("draft", "verify", "extend", "round"):
                 assert outside[p] == pytest.approx(c["decode"][stack][p]["us"] - inside[p])
