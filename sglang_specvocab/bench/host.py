@@ -40,6 +40,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..patches import installed_sglang_version
@@ -86,8 +87,6 @@ def time_in_ops(rounds_by_stack: dict, reps: int, n: int) -> dict:
     """Per stack and phase: min over reps of the median per-call time inside aten ops (us), from torch's
     profiler: the ops called directly by each phase (their arithmetic and C++ dispatch), after the Python
     binding has parsed their arguments (which stays outside, as it does on a GPU)."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-
     meds = {s: {p: [] for p in (*PHASES, "round")} for s in rounds_by_stack}
     for _ in range(reps):
         for s, r in rounds_by_stack.items():
