@@ -27,7 +27,7 @@ from ..train.checkpoint import read_checkpoint
 from .decoder import CausalLM, DraftShape, Eagle3LM, Generation, SpeculativeDecoder, check_batch
 from .models import GEMMA3_270M, load_model
 from .report import trained_label
-from .training import draft_spec, trained_recording
+from .training import draft_spec
 
 FULL = "full"
 
@@ -61,25 +61,20 @@ def draft_label(settings: LabSettings) -> str:
     return f"self-draft, first {settings.draft_layers} layers"
 
 
-def trained_on(settings: LabSettings, named) -> dict:
-    """Per config with a trained ranker or router: the file, the recording it was fit on, and whether that
-    was this run's model and draft (None: a file of an earlier version, which records nothing). A trained
-    file fit on another draft's states still runs (a transfer may be what is asked), with a warning."""
+def trained_on(settings: LabSettings, decoders: dict) -> dict:
+    """Per config whose policy loaded a trained ranker or router: the file, the recording it was fit on, and
+    whether that was this run's model and draft (None: a file of an earlier version, which records nothing).
+    A trained file fit on another draft's states still runs (a transfer may be what is asked), with a warning."""
     spec = "target" if settings.draft_layers is None else f"layers:{settings.draft_layers}"
     if settings.eagle3 is not None:
         spec = draft_spec(f"eagle3:{settings.eagle3}")
     out = {}
-    for name, cfg in named:
-        if cfg.policy == "lowrank" and cfg.lowrank.ranker != "svd":
-            what, path = "ranker", cfg.resolve(cfg.lowrank.ranker)
-        elif cfg.policy == "cluster" and cfg.cluster.router != "centroid":
-            what, path = "router", cfg.resolve(cfg.cluster.router)
-        else:
+    for name, dec in decoders.items():
+        if dec.policy.trained is None:
             continue
-        rec = trained_recording(path)
+        rec = dec.policy.trained["recording"]
         matches = None if rec is None else (rec.get("draft"), rec.get("model")) == (spec, settings.model)
-        out[name] = {"what": what, "file": str(path), "recording": rec, "matches": matches}
-        out[name] |= {"draft": spec, "model": settings.model}
+        out[name] = dec.policy.trained | {"matches": matches, "draft": spec, "model": settings.model}
         if matches is False:
             print(f"[lab] warning: {trained_label(name, out[name])}", file=sys.stderr)
     return out
@@ -129,13 +124,13 @@ def run_lab(settings: LabSettings, progress: bool = True) -> dict:
         draft = target if settings.draft_layers is None else CausalLM(lm.model, num_layers=settings.draft_layers)
     if progress:
         print(f"[lab] draft: {draft_label(settings)}", file=sys.stderr)
-    trained = trained_on(settings, named)
     decoders = {
         name: SpeculativeDecoder(
             target, draft, cfg, settings.shape, eos_token_ids=lm.eos_token_ids, batch=settings.batch
         )
         for name, cfg in named
     }
+    trained = trained_on(settings, decoders)
     if settings.batch > 1:
         gens, mismatches, complete = _lockstep(settings, decoders, questions, lm, progress)
         return _result(settings, named, lm, decoders, gens, mismatches, complete, trained)

@@ -218,16 +218,6 @@ def draft_spec(spec: str) -> str:
     return f"eagle3:{Path(spec[7:]).resolve()}" if spec.startswith("eagle3:") and spec[7:] else spec
 
 
-def trained_recording(path) -> dict | None:
-    """The recording settings a trained file was fit on (``model``, ``draft``, ``source``, ...), or None
-    for files of earlier versions and files that cannot be read (the policy reports those)."""
-    try:
-        data = torch.load(path, weights_only=True, map_location="cpu")
-        return json.loads(data["recording"]) if isinstance(data, dict) and "recording" in data else None
-    except Exception:  # noqa: BLE001  (a missing or foreign file fails, clearly, where the policy loads it)
-        return None
-
-
 def recording_meta(args) -> dict:
     """What the recorded states depend on: a cache made with other values is refused, not reused."""
     meta = {

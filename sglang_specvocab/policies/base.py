@@ -20,6 +20,7 @@ Per-round code is tensor code only: no Python loop over tokens or requests, no `
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +63,7 @@ class Policy:
     stepwise = False
     #: True when ``on_verify_round`` takes SGLang's verify tensors directly (the window policy: two ops a round).
     fused_verify = False
+    trained: dict | None = None  # the trained file a mode loaded: {"what", "file", "recording"} (the lab reports it)
 
     def __init__(self, config: PolicyConfig, table: CandidateTable | None, model: ModelContext | None = None) -> None:
         self.config = config
@@ -178,10 +180,13 @@ class DraftVocabPolicy(Policy):
 
 
 def load_trained(path, keys: tuple[str, ...], what: str, command: str, where: str) -> dict:
-    """The tensors/values ``keys`` of a trained file written by ``sglang-specvocab <command>``, or a clear error."""
+    """The tensors/values ``keys`` of a trained file written by ``sglang-specvocab <command>``, or a clear error;
+    also ``recording``: the settings it was fit on (model, draft, data), None in files of earlier versions."""
     try:
         data = torch.load(path, weights_only=True, map_location="cpu")
-        return {k: data[k] for k in keys}
+        out = {k: data[k] for k in keys}
+        out["recording"] = json.loads(data["recording"]) if "recording" in data else None
+        return out
     except FileNotFoundError:
         raise ConfigError(
             f"{where}: {what} file {path} does not exist (train one with sglang-specvocab {command})"

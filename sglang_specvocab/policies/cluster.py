@@ -111,7 +111,8 @@ class Router(torch.nn.Module):
         return self.fc2(torch.nn.functional.silu(self.fc1(torch.cat([embedded, hidden], dim=-1))))
 
 
-def load_router(path, hidden_size: int, clusters_key: str, where: str) -> Router:
+def load_router(path, hidden_size: int, clusters_key: str, where: str) -> tuple[Router, dict | None]:
+    """A trained router file, checked against the clusters: (the router, what it was fit on)."""
     data = load_trained(path, ("state", "clusters_key", "width", "clusters"), "router", "train-router", where)
     state, key, width, n = data["state"], data["clusters_key"], data["width"], data["clusters"]
     if key != clusters_key:
@@ -121,7 +122,7 @@ def load_router(path, hidden_size: int, clusters_key: str, where: str) -> Router
         )
     router = Router(hidden_size, width, n)
     router.load_state_dict(state)
-    return router.eval()
+    return router.eval(), data["recording"]
 
 
 class ClusterPolicy(Policy):
@@ -151,9 +152,10 @@ class ClusterPolicy(Policy):
         self.router = None
         if c.router != "centroid":
             self.embedding = self.require("embedding")
-            self.router = load_router(config.resolve(c.router), weight.shape[1], self.clusters_key, config.source).to(
-                dev
-            )
+            path = config.resolve(c.router)
+            router, recording = load_router(path, weight.shape[1], self.clusters_key, config.source)
+            self.router = router.to(dev)
+            self.trained = {"what": "router", "file": str(path), "recording": recording}
         self.k0, self.k1 = c.budget
         self.capacity = config.capacity
 

@@ -55,8 +55,10 @@ def svd_ranker(weight: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Ten
     return v.T.contiguous(), (w @ v).contiguous()
 
 
-def load_ranker(path, vocab_size: int, hidden_size: int, rank: int, where: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """A trained ranker file, checked against the model and the config."""
+def load_ranker(
+    path, vocab_size: int, hidden_size: int, rank: int, where: str
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """A trained ranker file, checked against the model and the config: (w_down, w_vocab, what it was fit on)."""
     data = load_trained(path, ("w_down", "w_vocab"), "ranker", "train-ranker", where)
     w_down, w_vocab = data["w_down"], data["w_vocab"]
     want = {"w_down": (rank, hidden_size), "w_vocab": (vocab_size, rank)}
@@ -66,7 +68,7 @@ def load_ranker(path, vocab_size: int, hidden_size: int, rank: int, where: str) 
                 f"{where}: ranker file {path}: {name} has shape {tuple(t.shape)}, the model and rank = {rank} "
                 f"need {want[name]}"
             )
-    return w_down, w_vocab
+    return w_down, w_vocab, data["recording"]
 
 
 class LowRankPolicy(Policy):
@@ -92,7 +94,9 @@ class LowRankPolicy(Policy):
             )
             w_down, w_vocab = data["w_down"], data["w_vocab"]
         else:
-            w_down, w_vocab = load_ranker(config.resolve(c.ranker), vocab, hidden, c.rank, config.source)
+            path = config.resolve(c.ranker)
+            w_down, w_vocab, recording = load_ranker(path, vocab, hidden, c.rank, config.source)
+            self.trained = {"what": "ranker", "file": str(path), "recording": recording}
         self.w_down = w_down.to(table.device, weight.dtype)
         self.w_vocab = w_vocab.to(table.device, weight.dtype)
         self.topk = c.topk
