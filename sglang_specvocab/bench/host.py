@@ -232,11 +232,13 @@ def run_case(H, shape, args) -> dict:
         "in_ops_us": in_ops,
         "outside_ops_us": outside,
         "added_outside_ops_us": added_outside,
-        "meets_target_outside_ops": added_outside <= args.target_us,
         "verify_topk_us": verify_topk["us"],
         "added_prefill_us": prefill["DYNVOCAB"]["us"] - prefill["EAGLE3"]["us"],
         "added_ops_per_round": sum(ops["DYNVOCAB"][p]["ops"] - ops["EAGLE3"][p]["ops"] for p in PHASES),
-        "meets_target": added <= args.target_us,
+        # The issue's measure is Python per round: the time outside the ops (their arithmetic is kernels on a
+        # GPU). Wall time is reported beside it; on a CPU it also holds the verify hook's top-k arithmetic.
+        "meets_target": added_outside <= args.target_us,
+        "meets_target_wall": added <= args.target_us,
     }
 
 
@@ -312,15 +314,16 @@ def markdown(result: dict) -> str:
         ),
         "",
         (
-            f"Target: DYNVOCAB adds at most {result['target_us']:g} us per decode round (wall time; the time outside "
-            "aten ops is judged against it too, below)."
+            f"Target: DYNVOCAB adds at most {result['target_us']:g} us of Python per decode round over EAGLE3: the time "
+            "outside aten ops (below), what a GPU's host pays, decides (`--check`). Wall time is judged against it "
+            "too; on this CPU it also holds the ops' arithmetic, which a GPU runs as kernels."
         ),
         "",
         "## Decode round (us; spread = max - min of the rep medians)",
         "",
         (
             "| bs | topk | EAGLE3 draft | DYNVOCAB draft | EAGLE3 verify | DYNVOCAB verify | EAGLE3 extend | "
-            "DYNVOCAB extend | EAGLE3 round | DYNVOCAB round | added | spread | ops added | target | "
+            "DYNVOCAB extend | EAGLE3 round | DYNVOCAB round | added | spread | ops added | wall target | "
             "of which target top-k |"
         ),
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:--|---:|",
@@ -335,7 +338,7 @@ def markdown(result: dict) -> str:
             _f(c["added_round_us"]),
             _f(spread),
             str(c["added_ops_per_round"]),
-            "met" if c["meets_target"] else "MISSED",
+            "met" if c["meets_target_wall"] else "MISSED",
             _f(c["verify_topk_us"]),
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -359,7 +362,7 @@ def markdown(result: dict) -> str:
         lines.append(
             f"| {s['bs']} | {s['topk']} | {_f(i['EAGLE3']['round'])} | {_f(i['DYNVOCAB']['round'])} | "
             f"{_f(o['EAGLE3']['round'])} | {_f(o['DYNVOCAB']['round'])} | {_f(c['added_outside_ops_us'])} | "
-            f"{c['added_ops_per_round']} | {'met' if c['meets_target_outside_ops'] else 'MISSED'} |"
+            f"{c['added_ops_per_round']} | {'met' if c['meets_target'] else 'MISSED'} |"
         )
     lines += [
         "",
@@ -406,7 +409,6 @@ def markdown(result: dict) -> str:
             f"| {r['chunk']} | {r['ms_per_1k_tokens']:.1f} | {r['spread_ms_per_1k']:.1f} | "
             f"{r['largest_logits_bytes'] / 2**20:.1f} |"
         )
-    missed = [c for c in result["cases"] if not c["meets_target"]]
     lines += [
         "",
         (
@@ -415,12 +417,13 @@ def markdown(result: dict) -> str:
             "GPU."
         ),
     ]
-    out_missed = [c for c in result["cases"] if not c["meets_target_outside_ops"]]
+    missed = [c for c in result["cases"] if not c["meets_target"]]
+    wall_missed = [c for c in result["cases"] if not c["meets_target_wall"]]
     lines += [
         "",
         (
-            f"Verdict (wall): {'every case meets' if not missed else f'{len(missed)} case(s) miss'} the target. "
-            f"Outside ops: {'every case meets' if not out_missed else f'{len(out_missed)} case(s) miss'} it."
+            f"Verdict (Python, outside ops): {'every case meets' if not missed else f'{len(missed)} case(s) miss'} "
+            f"the target. Wall time: {'every case meets' if not wall_missed else f'{len(wall_missed)} case(s) miss'} it."
         ),
         "",
     ]
