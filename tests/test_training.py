@@ -12,6 +12,7 @@ from helpers import tiny_llama
 from sglang_specvocab.errors import SpecVocabError
 from sglang_specvocab.lab.decoder import CausalLM, DraftShape, Eagle3LM, SpeculativeDecoder, greedy_generate
 from sglang_specvocab.lab.training import (
+    parse_draft,
     record_draft_states,
     record_text_states,
     recorded_states,
@@ -123,6 +124,18 @@ def _recording_args(**over):
         states=None,
     )
     return argparse.Namespace(**(base | over))
+
+
+def test_one_draft_spec_parser_for_the_lab_and_the_training_commands():
+    lab = ("auto", "eagle3", "layers", "target")
+    assert parse_draft("layers:12", lab) == ("layers", 12)
+    assert parse_draft("eagle3:/d/x:y", lab) == ("eagle3", "/d/x:y")  # a folder may hold a colon
+    assert parse_draft("target", lab) == ("target", None) and parse_draft("auto", lab) == ("auto", None)
+    for bad in ("layers:0", "layers:", "layers:1.5", "eagle3:", "target:1", "auto:x", "self", ""):
+        with pytest.raises(SpecVocabError, match="is invalid: must be 'auto', 'eagle3:DIR', 'layers:N' or 'target'$"):
+            parse_draft(bad, lab)
+    with pytest.raises(SpecVocabError, match=r"^--draft = 'target' is invalid: must be 'layers:N' or 'eagle3:DIR'$"):
+        parse_draft("target", ("layers", "eagle3"))
 
 
 def test_the_recording_draft_spec_and_its_refusals(eagle3_drafts):

@@ -196,21 +196,40 @@ def train_router(
 DEFAULT_PROMPTS = {"text": 2000, "decode": 32}  # ShareGPT conversations per source (--prompts)
 
 
+DRAFT_FORMS = {"layers": "'layers:N'", "eagle3": "'eagle3:DIR'", "target": "'target'", "auto": "'auto'"}
+
+
+def parse_draft(spec: str, kinds: Sequence[str]) -> tuple[str, int | str | None]:
+    """A ``--draft`` value as ``(kind, value)``: ``("layers", N)``, ``("eagle3", DIR)``, ``("target", None)``
+    or ``("auto", None)``, of the ``kinds`` the command takes; anything else is refused naming them.
+    The one parser of the lab's and the training commands' draft specs."""
+    kind, _, value = spec.partition(":")
+    if kind in kinds:
+        if kind == "layers" and value.isdigit() and int(value) > 0:
+            return kind, int(value)
+        if kind == "eagle3" and value:
+            return kind, value
+        if kind in ("target", "auto") and spec == kind:
+            return kind, None
+    forms = [DRAFT_FORMS[k] for k in kinds]
+    must = forms[0] if len(forms) == 1 else ", ".join(forms[:-1]) + " or " + forms[-1]
+    raise SpecVocabError(f"--draft = {spec!r} is invalid: must be {must}")
+
+
 def recording_draft(args, lm) -> CausalLM | Eagle3LM:
     """The draft whose states the commands record: ``--draft layers:N`` or ``eagle3:DIR`` (default
     ``layers:`` ``--draft-layers``). A d2t EAGLE-3 draft is refused: its head is not the full vocabulary's."""
     spec = args.draft or f"layers:{args.draft_layers}"
-    if spec.startswith("layers:") and spec[7:].isdigit():
-        return CausalLM(lm.model, num_layers=int(spec[7:]))
-    if spec.startswith("eagle3:") and spec[7:]:
-        draft = Eagle3LM.load(spec[7:], lm.model)
-        if draft.in_vocab is not None:
-            raise SpecVocabError(
-                f"--draft {spec}: a d2t draft ({draft.head_size} ids) has no full-vocabulary head to learn from; "
-                "train the ranker or router on a --head full draft"
-            )
-        return draft
-    raise SpecVocabError(f"--draft = {spec!r} is invalid: must be 'layers:N' or 'eagle3:DIR'")
+    kind, value = parse_draft(spec, ("layers", "eagle3"))
+    if kind == "layers":
+        return CausalLM(lm.model, num_layers=value)
+    draft = Eagle3LM.load(value, lm.model)
+    if draft.in_vocab is not None:
+        raise SpecVocabError(
+            f"--draft {spec}: a d2t draft ({draft.head_size} ids) has no full-vocabulary head to learn from; "
+            "train the ranker or router on a --head full draft"
+        )
+    return draft
 
 
 def draft_spec(spec: str) -> str:
