@@ -24,9 +24,9 @@ top-k over ``[bs x draft tokens, V]`` is most of it for trees). So each phase is
 profiler for the time spent inside the aten ops it calls (a separate pass); the wall time less that is the time outside
 the ops: Python and the ops' Python bindings, what a GPU's host still pays (plus one launch per op).
 
-The target: DYNVOCAB adds at most ``--target-us`` (50) microseconds per decode round over EAGLE3, in wall
-time; the time outside ops is judged against the same bound beside it. With ``--check`` the exit status
-is 1 when a case misses the wall-time target.
+The target: DYNVOCAB adds at most ``--target-us`` (50) microseconds of Python per decode round over
+EAGLE3, the time outside the ops; wall time is judged against the same bound beside it. With ``--check``
+the exit status is 1 when a case misses the target outside the ops.
 """
 
 from __future__ import annotations

@@ -234,7 +234,8 @@ def recording_draft(args, lm) -> CausalLM | Eagle3LM:
 
 def draft_spec(spec: str) -> str:
     """A draft spec as trained files record it: an EAGLE-3 draft by its absolute folder."""
-    return f"eagle3:{Path(spec[7:]).resolve()}" if spec.startswith("eagle3:") and spec[7:] else spec
+    kind, _, value = spec.partition(":")  # as parse_draft splits it
+    return f"eagle3:{Path(value).resolve()}" if kind == "eagle3" and value else spec
 
 
 def recording_meta(args) -> dict:
