@@ -2,6 +2,7 @@
 loss in both head modes, and the checkpoint loads into SGLang's ``LlamaForCausalLMEagle3``."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -416,6 +417,134 @@ def test_training_stopped_and_resumed_ends_where_an_unbroken_run_does(target, da
         )
 
 
+class _Clock:
+    """A fake clock for train_draft: each step costs ``cost(step)`` seconds (pass ``tick`` as ``on_step``)."""
+
+    def __init__(self, cost):
+        self.now, self.cost = 0.0, cost
+
+    def __call__(self) -> float:
+        return self.now
+
+    def tick(self, step, _stats) -> None:
+        self.now += self.cost(step)
+
+
+def _record_lr(monkeypatch):
+    """The learning rate of every optimiser step, and the optimisers (their lr after the last step)."""
+    lrs, opts = [], []
+
+    class AdamW(torch.optim.AdamW):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            opts.append(self)
+
+        def step(self, closure=None):
+            lrs.append(self.param_groups[0]["lr"])
+            return super().step(closure)
+
+    monkeypatch.setattr(torch.optim, "AdamW", AdamW)
+    return lrs, opts
+
+
+def _tokens_per_step(data, seq_len=48):  # batches of 8 hold every trainable sequence of the 8
+    return sum(min(len(data.sequences[i]), seq_len) for i in T.trainable(data, seq_len))
+
+
+def _cosine(lr, steps, warmup):  # the schedule as documented: linear warm-up, cosine to lr / 10 at `steps`
+    cos = [0.1 + 0.45 * (1 + math.cos(math.pi * (k - warmup) / (steps - warmup))) for k in range(steps)]
+    return [lr * ((k + 1) / warmup if k < warmup else cos[k]) for k in range(steps)]
+
+
+def test_without_a_time_budget_the_schedule_is_unchanged_and_the_rate_is_printed(target, data, monkeypatch, capsys):
+    states = D.compute_states(M.TargetTap(target, M.sglang_default_capture_layers(LAYERS)), data, 48)
+    lrs, opts = _record_lr(monkeypatch)
+    clock, plan = _Clock(lambda step: 3.0 if step == 1 else 0.25), {}
+    kw = dict(steps=30, batch_size=8, lr=1e-3, ttt_steps=2, warmup=5, clock=clock, on_step=clock.tick, plan=plan)
+    hist = T.train_draft(_draft(target, data, "full"), data, states, L.Objective.for_target(target), **kw)
+    assert len(hist) == 30 and lrs == pytest.approx(_cosine(1e-3, 30, 5))
+    assert opts[0].param_groups[0]["lr"] == pytest.approx(1e-4) and not plan["fitted"]
+    # The probe: the 20 steps after the first (which pays for compilation) take 5 s, 4 steps/s, at 8 s.
+    line = f"[eagle3] rate 4.00 steps/s, {4 * _tokens_per_step(data):,} tokens/s over 20 steps: "
+    assert line + "the 9 of 30 steps left (ends at about 10 s)\n" in capsys.readouterr().err
+    # A budget that fits the whole schedule changes nothing.
+    clock.now = 0.0
+    T.train_draft(_draft(target, data, "full"), data, states, L.Objective.for_target(target), time_budget_s=100, **kw)
+    assert lrs[30:] == lrs[:30] and plan["steps"] == 30 and plan["fitted"]
+    assert "fitting 30 of 30 steps into the 92 s left (ends at about 10 s of 100 s)" in capsys.readouterr().err
+
+
+def test_a_time_budget_fits_the_steps_and_the_schedule_decays_over_them(target, data, monkeypatch, capsys):
+    states = D.compute_states(M.TargetTap(target, M.sglang_default_capture_layers(LAYERS)), data, 48)
+    lrs, opts = _record_lr(monkeypatch)
+    clock, plan = _Clock(lambda step: 3.0 if step == 1 else 1.0), {}
+    hist = T.train_draft(
+        _draft(target, data, "full"),
+        data,
+        states,
+        L.Objective.for_target(target),
+        steps=1000,
+        batch_size=8,
+        lr=1e-3,
+        ttt_steps=2,
+        time_budget_s=70,
+        started=0.0,
+        reserve=5.0,
+        plan=plan,
+        clock=clock,
+        on_step=clock.tick,
+    )
+    # The probe ends at 10 s (before 20 steps): 1 step/s at 13 s, after 11 steps; of the 57 s left, the
+    # reserve (5 s) and the margin (15 s) leave 37 s: 37 more steps.
+    assert len(hist) == plan["steps"] == 48 and clock.now == 50.0
+    line = f"[eagle3] rate 1.00 steps/s, {_tokens_per_step(data):,} tokens/s over 10 steps: fitting 48 of 1,000 "
+    assert line + "steps into the 57 s left (ends at about 55 s of 70 s)\n" in capsys.readouterr().err
+    # 48 < 4 x the warm-up planned for 1000 steps (50): it ends at the 11 steps done, and the cosine
+    # decays over the 48 steps, to lr / 10 after the last.
+    assert plan["warmup"] == 11 and lrs[:11] == pytest.approx([(k + 1) / 50 * 1e-3 for k in range(11)])
+    assert lrs[11:] == pytest.approx(_cosine(1e-3, 48, 11)[11:])
+    assert opts[0].param_groups[0]["lr"] == pytest.approx(1e-4)
+
+
+def test_a_run_falling_behind_its_budget_stops_and_resumes_with_the_fitted_total(target, data, tmp_path, capsys):
+    states = D.compute_states(M.TargetTap(target, M.sglang_default_capture_layers(LAYERS)), data, 48)
+    state, plan = tmp_path / "state.pt", {}
+    kw = dict(steps=1000, batch_size=8, lr=1e-3, ttt_steps=2, resume=state, plan=plan, started=0.0)
+    # Fitted to 48 steps as above, then from step 14 each step takes 4 s instead of 1 s.
+    clock = _Clock(lambda step: 3.0 if step == 1 else 1.0 if step <= 13 else 4.0)
+    with pytest.raises(T.Stopped) as stopped:
+        T.train_draft(
+            _draft(target, data, "full"),
+            data,
+            states,
+            L.Objective.for_target(target),
+            time_budget_s=70,
+            reserve=5.0,
+            clock=clock,
+            on_step=clock.tick,
+            **kw,
+        )
+    # Step 26 ends at 67 s: the 3 s left are less than the reserve, so it stops there and does not overrun.
+    assert (stopped.value.step, stopped.value.path, clock.now) == (26, state, 67.0)
+    assert "time budget" in stopped.value.reason and plan["steps"] == 48
+    capsys.readouterr()
+    # The next call (a fast machine, a long budget: a fit now would give 1000 steps) keeps the 48.
+    clock = _Clock(lambda step: 0.1)
+    hist = T.train_draft(
+        _draft(target, data, "full"),
+        data,
+        states,
+        L.Objective.for_target(target),
+        time_budget_s=1000,
+        clock=clock,
+        on_step=clock.tick,
+        **kw,
+    )
+    assert len(hist) == plan["steps"] == 48 and plan["warmup"] == 11
+    err = capsys.readouterr().err
+    assert "resuming at step 26 of 48" in err and "the 1 of 48 steps left, as fitted by the first call" in err
+
+
 def test_responses_are_the_targets_greedy_continuation(target, data):
     from sglang_specvocab.lab.decoder import CausalLM, greedy_generate
 
@@ -519,6 +648,27 @@ def test_cli_stopped_by_sigterm_saves_and_the_same_command_continues(target_dir,
     )
 
 
+def test_cli_time_budget_records_the_fit_or_stops_in_time(target_dir, data, tmp_path, capsys):
+    """A budget that fits the schedule: the run ends as usual and training.json has the probe's rate; a budget
+    spent before training starts: the first step ends the run as SIGTERM does (the draft so far, exit 124)."""
+    data.save(tmp_path / "data.pt")
+
+    def argv(out, steps, budget):
+        a = ["--target", str(target_dir), "--out", str(out), "--data", str(tmp_path / "data.pt"), "--head", "full"]
+        a += ["--steps", str(steps), "--batch-size", "3", "--seq-len", "48", "--ttt-steps", "2", "--device", "cpu"]
+        return [*a, "--states", "online", "--log-every", "0", "--val", "0", "--time-budget-s", str(budget)]
+
+    assert _train_eagle3(argv(tmp_path / "fits", 24, 600)) == 0
+    assert "steps/s" in capsys.readouterr().err  # the rate line (the exact one: the tests above, on a fake clock)
+    record = json.loads((tmp_path / "fits" / "training.json").read_text())
+    assert record["time_budget_s"] == 600 and record["fitted_steps"] == 24 and len(record["loss"]) == 24
+    assert 0 < record["probe"]["steps"] <= 20 and record["probe"]["steps_per_s"] > 0
+    assert _train_eagle3(argv(tmp_path / "late", 5, 0.5)) == 124
+    err = capsys.readouterr().err
+    assert "stopped after step 1 of 5 (the time budget would be passed)" in err
+    assert (tmp_path / "late" / "model.safetensors").is_file() and not (tmp_path / "late" / "training.json").exists()
+
+
 def test_report_tabulates_and_plots_the_training_record(target_dir, data, tmp_path, capsys):
     out = tmp_path / "draft"
     _train_cli(target_dir, data, out, "full", tmp_path)
@@ -560,6 +710,10 @@ def expected_checkpoint_names(head):
 def test_bad_arguments_fail_clearly(target_dir, tmp_path, capsys):
     assert _train_eagle3(["--out", str(tmp_path), "--ttt-steps", "0"]) == 2
     assert "argument --ttt-steps: must be at least 1, got 0" in capsys.readouterr().err
+    assert _train_eagle3(["--out", str(tmp_path), "--time-budget-s", "0"]) == 2
+    assert "argument --time-budget-s: must be positive, got 0.0" in capsys.readouterr().err
+    assert _train_eagle3(["--out", str(tmp_path), "--time-budget-s=-30"]) == 2
+    assert "argument --time-budget-s: must be at least 0.0, got -30.0" in capsys.readouterr().err
     rc = _train_eagle3(["--target", str(tmp_path / "nope"), "--out", str(tmp_path / "o"), "--device", "cpu"])
     assert rc == 2 and "not a directory with a config.json" in capsys.readouterr().err
 

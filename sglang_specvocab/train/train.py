@@ -35,6 +35,7 @@ from .model import Eagle3Config, Eagle3Draft, TargetTap, build_draft, capture_la
 from .report import machine
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+END_SAVE_S = 5.0  # --time-budget-s: writing the draft and the training state at the end
 
 
 def load_target(name: str, dtype: torch.dtype):
@@ -216,6 +217,14 @@ def trainable(data: SelfDistillData, seq_len: int) -> list[int]:
     ]
 
 
+# --time-budget-s: the probe times the steps after a call's first one (which pays for compilation and
+# the allocator's warm-up) until PROBE_STEPS steps or PROBE_SECONDS seconds, whichever comes first;
+# the steps that fit are then fitted to end FIT_MARGIN_S before the end's reserve, slack for step
+# times that vary with the batches' lengths, so that the check that stops a run falling behind (time
+# left below the reserve) fires only when it really has.
+PROBE_STEPS, PROBE_SECONDS, FIT_MARGIN_S = 20, 10.0, 15.0
+
+
 def train_draft(
     draft: Eagle3Draft,
     data: SelfDistillData,
@@ -236,6 +245,12 @@ def train_draft(
     should_stop: Callable[[], bool] | None = None,
     extra: dict | None = None,
     save_every: int = 0,
+    time_budget_s: float | None = None,
+    started: float | None = None,
+    reserve: float = 0.0,
+    overhead_per_step: float = 0.0,
+    plan: dict | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> list[StepStats]:
     """AdamW on the draft's parameters over shuffled passes through the data; linear warm-up
     (``warmup`` steps, default 5 %), then cosine decay to a tenth of ``lr``; gradients clipped at 1.
@@ -248,7 +263,17 @@ def train_draft(
     optimiser, schedule, data order, statistics and ``extra``, a dict the caller keeps with it);
     it is saved every ``save_every`` steps (a call killed outright loses no more), and when
     ``should_stop()`` turns true after a step, it is saved and :class:`Stopped` is raised. A run stopped and resumed any number of times ends with the same weights as one
-    that ran through."""
+    that ran through.
+
+    After a short probe (``PROBE_STEPS``) the step rate is printed. With ``time_budget_s`` (seconds
+    from ``started``, a ``clock()`` value; default: now), the total steps are fitted once, by the
+    first call that ends its probe, to what fits before the budget's end less ``reserve`` (seconds the
+    end needs: last validation, saving) and ``FIT_MARGIN_S``, counting ``overhead_per_step`` seconds
+    per step besides the probe's time (periodic validation); never more than ``steps``. The cosine then
+    decays over the fitted total; resumed calls keep it, and the first call's ``reserve`` and
+    ``overhead_per_step`` (they are in the state). A step that leaves less than ``reserve`` before
+    the budget's end stops the run as ``should_stop`` does. ``plan`` (a dict) gets the schedule:
+    ``steps`` (total), ``warmup``, ``fitted`` and ``probe`` (the rate measured)."""
     from tqdm import tqdm  # the lab extra (progress bars)
 
     seq_len = int(states.meta.get("seq_len", max(len(x) for x in data.sequences)))
@@ -259,11 +284,46 @@ def train_draft(
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     warmup = max(1, steps // 20 if warmup is None else warmup)
+    plan = {} if plan is None else plan
+    # A resumed run's plan comes from its state: the fitted total, and the reserve that the first call measured.
+    plan.update(steps=steps, warmup=warmup, fitted=False, probe=None, reserve=reserve, per_step=overhead_per_step)
+    started = clock() if started is None else started
+    deadline = None if time_budget_s is None else started + time_budget_s
 
     def schedule(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+        total, warm = plan["steps"], plan["warmup"]
+        if step < warm:
+            return (step + 1) / warm
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+
+    def probed(timed: int, took: float, tokens: int, done: int, now: float) -> str:
+        """Records the probe's rate, fits the total steps to the budget (once), and says so."""
+        took = max(took, 1e-9)
+        rate, per_step, end_s = timed / took, took / timed + plan["per_step"], plan["reserve"]
+        line = f"[eagle3] rate {rate:.2f} steps/s, {tokens / took:,.0f} tokens/s over {timed} steps: "
+        if deadline is not None and not plan["fitted"]:
+            left = deadline - now
+            total = min(steps, max(done + 1, done + int((left - end_s - FIT_MARGIN_S) / per_step)))
+            plan.update(steps=total, fitted=True)
+            if total < steps and total < 4 * plan["warmup"]:
+                # Shrunk once, while still warming up: the rest of the ramp is steeper (or none is left).
+                plan["warmup"] = max(done, total // 10)
+            for group, base in zip(opt.param_groups, sched.base_lrs, strict=True):  # the next step's, refitted
+                group["lr"] = base * schedule(done)
+            line += f"fitting {total:,} of {steps:,} steps into the {left:,.0f} s left"
+        else:
+            line += f"the {plan['steps'] - done:,} of {plan['steps']:,} steps left" + (
+                ", as fitted by the first call" if plan["fitted"] else ""
+            )
+        if not plan["fitted"] or plan["probe"] is None:  # a fitted plan keeps the probe that fitted it
+            plan["probe"] = {
+                "steps": timed,
+                "seconds": round(took, 3),
+                "steps_per_s": rate,
+                "tokens_per_s": tokens / took,
+            }
+        end = now - started + (plan["steps"] - done) * per_step + end_s
+        return line + f" (ends at about {end:,.0f} s" + (f" of {time_budget_s:,.0f} s)" if deadline else ")")
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     g = torch.Generator().manual_seed(seed)
@@ -284,19 +344,23 @@ def train_draft(
     }
     first = 0
     if resume is not None and Path(resume).is_file():
-        first, order = _load_resume(resume, settings, params, opt, sched, g, history, extra)
-        print(f"[eagle3] resuming at step {first} of {steps} from {resume}", file=sys.stderr)
-    bar = tqdm(range(first, steps), desc="train", unit="step", disable=not progress, initial=first, total=steps)
+        first, order = _load_resume(resume, settings, params, opt, sched, g, history, extra, plan)
+        print(f"[eagle3] resuming at step {first} of {plan['steps']} from {resume}", file=sys.stderr)
+    bar = tqdm(desc="train", unit="step", disable=not progress, initial=first, total=plan["steps"])
 
     def save(at: int) -> None:  # the training state after step ``at``
-        _save_resume(resume, at, settings, params, opt, sched, g, order, history, extra)
+        _save_resume(resume, at, settings, params, opt, sched, g, order, history, extra, plan)
 
-    for step in bar:
+    probing, probe_t, probe_tokens = True, 0.0, 0
+    for step in range(first, steps):
+        if step >= plan["steps"]:  # fitted to the time budget
+            break
         pick = []
         while len(pick) < min(batch_size, len(pool)):
             if not order:  # a new pass through the data, in a new order
                 order = [pool[i] for i in torch.randperm(len(pool), generator=g).tolist()]
             pick.append(order.pop())
+        tokens = sum(min(len(data.sequences[i]), seq_len) for i in pick)
         batch = states.batch(data, pick, pad_token_id).to(device)
         draft.train()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
@@ -312,16 +376,30 @@ def train_draft(
             bar.write(format_stats(step + 1, stats))
         if on_step is not None:
             on_step(step + 1, stats)
-        if step + 1 < steps and should_stop is not None and should_stop():
+        bar.update()
+        now = clock()
+        if step == first:  # the probe starts after this call's first step
+            probe_t = now
+        elif probing:
+            probe_tokens += tokens
+            if step - first >= PROBE_STEPS or now - probe_t >= PROBE_SECONDS:
+                probing = False
+                bar.write(probed(step - first, now - probe_t, probe_tokens, step + 1, now), file=sys.stderr)
+                bar.total = plan["steps"]
+                bar.refresh()
+        over = deadline is not None and deadline - now < plan["reserve"]  # slower than probed: stop rather than overrun
+        if step + 1 < plan["steps"] and (over or (should_stop is not None and should_stop())):
+            why = "the time budget would be passed" if over else "asked to stop"
             if resume is None:
-                raise Stopped(step + 1, None)
+                raise Stopped(step + 1, None, why)
             save(step + 1)
             draft.eval()
-            raise Stopped(step + 1, resume)
+            raise Stopped(step + 1, resume, why)
         if resume is not None and save_every and (step + 1) % save_every == 0:
             save(step + 1)
-    if resume is not None and first < steps:  # finished: the same command again just writes the draft again
-        save(steps)
+    bar.close()
+    if resume is not None and first < plan["steps"]:  # finished: the same command again just writes the draft again
+        save(plan["steps"])
     draft.eval()
     return history
 
@@ -332,12 +410,12 @@ RESUME_FORMAT = "sglang-specvocab/eagle3-train-state/1"
 class Stopped(Exception):
     """Training stopped before its last step (``should_stop``); its state is in ``path`` (if any)."""
 
-    def __init__(self, step: int, path) -> None:
-        super().__init__(f"stopped after step {step}" + (f", state saved to {path}" if path else ""))
-        self.step, self.path = step, path
+    def __init__(self, step: int, path, reason: str = "asked to stop") -> None:
+        super().__init__(f"stopped after step {step} ({reason})" + (f", state saved to {path}" if path else ""))
+        self.step, self.path, self.reason = step, path, reason
 
 
-def _save_resume(path, step, settings, params, opt, sched, g, order, history, extra) -> None:
+def _save_resume(path, step, settings, params, opt, sched, g, order, history, extra, plan) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -353,13 +431,14 @@ def _save_resume(path, step, settings, params, opt, sched, g, order, history, ex
             "order": list(order),
             "history": [asdict(h) for h in history],
             "extra": dict(extra or {}),
+            "plan": dict(plan),
         },
         tmp,
     )
     tmp.replace(path)  # a call cut off while saving keeps the previous state
 
 
-def _load_resume(path, settings, params, opt, sched, g, history, extra) -> tuple[int, list[int]]:
+def _load_resume(path, settings, params, opt, sched, g, history, extra, plan) -> tuple[int, list[int]]:
     try:
         st = torch.load(path, weights_only=False)  # our own file: optimiser state and plain lists
     except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
@@ -381,6 +460,7 @@ def _load_resume(path, settings, params, opt, sched, g, history, extra) -> tuple
     history.extend(StepStats(**h) for h in st["history"])
     if extra is not None:
         extra.update(st["extra"])
+    plan.update(st.get("plan", {}))  # the total fitted by the first call: not refitted, not a changed setting
     return st["step"], list(st["order"])
 
 
@@ -392,7 +472,8 @@ def format_stats(step: int, s: StepStats) -> str:
 def run(args) -> int:
     """``sglang-specvocab train-eagle3``: data and target states (cached), the draft, training with
     held-out validation, the checkpoint (with ``training.json``: the curves, timings and command)."""
-    start, cpu_start = time.perf_counter(), time.process_time()
+    # --time-budget-s counts from the command's start (the CLI notes it before importing torch).
+    start, cpu_start = getattr(args, "started", None) or time.perf_counter(), time.process_time()
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -472,8 +553,10 @@ def run(args) -> int:
     objective.head = objective.head.float()
     kept = {"curve": [], "train_seconds": 0.0, "train_cpu_seconds": 0.0}  # carried across --resume-state
 
+    plan: dict = {}  # the schedule train_draft follows: --steps, or what fits in --time-budget-s
+
     def validate(step: int, _stats=None) -> None:
-        if val_batches is None or (step % args.val_every and step != args.steps):
+        if val_batches is None or (step % args.val_every and step != plan["steps"]):
             return
         r = evaluate(draft, val_batches, args.ttt_steps)
         r.update(
@@ -488,9 +571,11 @@ def run(args) -> int:
             file=sys.stderr,
         )
 
-    resume = args.resume_state
+    resume, val_seconds = args.resume_state, 0.0
     if not (resume and Path(resume).is_file()):
+        t = time.perf_counter()
         validate(0)
+        val_seconds = time.perf_counter() - t  # what the last validation will take (a resumed call keeps it)
     stop = {"asked": False}
 
     def on_sigterm(_signum, _frame):  # a device call's time limit: finish the step, save, leave
@@ -529,12 +614,18 @@ def run(args) -> int:
             should_stop=lambda: stop["asked"],
             extra=kept,
             save_every=args.val_every,
+            time_budget_s=getattr(args, "time_budget_s", None),
+            started=start,
+            # The end: the last validation (as long as step 0's) and saving the draft and the state.
+            reserve=val_seconds + END_SAVE_S,
+            overhead_per_step=val_seconds / args.val_every,  # the validations every --val-every steps
+            plan=plan,
         )
     except Stopped as exc:
         out = save_checkpoint(draft, args.out, DTYPES[args.save_dtype], None)
         print(
-            f"[eagle3] stopped after step {exc.step} of {args.steps}: state in {exc.path}, the draft so far in "
-            f"{out}; run the same command again to continue",
+            f"[eagle3] stopped after step {exc.step} of {plan['steps']} ({exc.reason}): state in {exc.path}, "
+            f"the draft so far in {out}; run the same command again to continue",
             file=sys.stderr,
         )
         return 124
@@ -557,7 +648,7 @@ def run(args) -> int:
         f"estimated accept length (chain of {args.ttt_steps}) {accept:.2f}"
     )
     extra = {
-        "args": {k_: v for k_, v in vars(args).items() if not callable(v)},
+        "args": {k_: v for k_, v in vars(args).items() if not callable(v) and k_ != "started"},
         "command": getattr(args, "command_line", None),
         "sequences": len(data),
         "tokens": sum(min(len(x), args.seq_len) for x in data.sequences),
@@ -568,6 +659,9 @@ def run(args) -> int:
         "train_top1": [h.accuracy for h in history],
         "train_accept_length": [h.accept_length for h in history],
         "validation": curve,
+        "time_budget_s": getattr(args, "time_budget_s", None),
+        "probe": plan["probe"],  # the rate that fitted the steps (or the last call's)
+        "fitted_steps": plan["steps"] if plan["fitted"] else None,
         "final_top1_per_step": acc,
         "final_estimated_accept_length": accept,
         "seconds": round(time.perf_counter() - start, 1),
