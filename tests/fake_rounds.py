@@ -3,7 +3,11 @@ starts in a blink): ``python fake_rounds.py --model-path M --speculative-algorit
 
 ``POST /generate`` with ``input_ids`` sleeps 20 ms (prefill) + rounds x the algorithm's round time
 (``ROUND_S``) and answers the tokens asked for (it insists on greedy and ignore_eos) with
-rounds = ceil(tokens / ``ACCEPT``) verify steps."""
+rounds = ceil(tokens / ``ACCEPT``) verify steps.
+
+It starts as SGLang would from the files it is given: the target folder needs ``config.json`` and a
+tokenizer, and each model its ``*.safetensors`` unless its load format is ``dummy`` (the draft's:
+``--speculative-draft-load-format``, else ``--load-format``)."""
 
 import math
 import sys
@@ -39,7 +43,13 @@ def handler(round_s: float):
 if __name__ == "__main__":
     argv = sys.argv[1:]
     opt = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--")}
-    assert Path(opt["--model-path"], "config.json").is_file() and Path(opt["--speculative-draft-model-path"]).is_dir()
+    target, draft = Path(opt["--model-path"]), Path(opt["--speculative-draft-model-path"])
+    assert (target / "config.json").is_file() and (target / "tokenizer.json").is_file() and draft.is_dir()
+    target_format = opt.get("--load-format", "auto")
+    draft_format = opt.get("--speculative-draft-load-format", target_format)
+    for folder, load_format in ((target, target_format), (draft, draft_format)):
+        assert (folder / "config.json").is_file()
+        assert load_format == "dummy" or any(folder.glob("*.safetensors")), f"no weights in {folder}"
     server = ThreadingHTTPServer((opt["--host"], int(opt["--port"])), handler(ROUND_S[opt["--speculative-algorithm"]]))
     server.daemon_threads = True
     server.serve_forever()

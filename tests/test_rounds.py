@@ -50,6 +50,11 @@ def test_bench_rounds_measures_the_round_time_ratio(tmp_path, capsys):
     args = result["configs"][1]["args"]
     assert args[args.index("--speculative-algorithm") + 1] == "DYNVOCAB"
     assert args[args.index("--cuda-graph-max-bs-decode") + 1] == "4" and "--disable-cuda-graph" not in args
+    # the default loads the written weights: no load-format flag, every folder has its safetensors
+    assert result["load_format"] == "random" and "random checkpoints" in (tmp_path / "rounds.md").read_text()
+    assert not any("load-format" in a for c in result["configs"] for a in c["args"])
+    for sub in ("target", "draft-d2t", "draft-full"):
+        assert (tmp_path / "checkpoints" / sub / "model.safetensors").is_file()
     # resumed: everything cached, no server started, no checkpoint made again
     assert _rounds(tmp_path) == 0
     out = capsys.readouterr().out
@@ -61,6 +66,65 @@ def test_bench_rounds_measures_the_round_time_ratio(tmp_path, capsys):
     assert "unknown rounds config(s) nope" in capsys.readouterr().err
     assert _rounds(tmp_path, "--lengths", "40,8") == 2
     assert "--lengths takes two increasing token counts" in capsys.readouterr().err
+
+
+def _weight_files(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*.safetensors"))
+
+
+def test_bench_rounds_dummy_writes_no_weights(tmp_path, capsys):
+    """--load-format dummy: configs and tokenizer only, the full-vocabulary draft, every server told dummy (the
+    fake refuses a model without weights that is not); a later random run adds the weights."""
+    ckpt = tmp_path / "checkpoints"
+    assert _rounds(tmp_path, "--load-format", "dummy") == 0
+    out = capsys.readouterr().out
+    assert "writing tiny configs and tokenizer" in out and "making" not in out
+    assert _weight_files(ckpt) == [] and not (ckpt / "draft-d2t").exists()
+    assert (ckpt / "target" / "tokenizer.json").is_file() and json.loads((ckpt / "shape.json").read_text())[
+        "weights"
+    ] is False
+    # the files SGLang reads are those of the random checkpoints
+    make_shaped_checkpoints(tmp_path / "ref", "tiny", 4, device="cpu")
+    for f in ("target/config.json", "draft-full/config.json", "target/tokenizer.json"):
+        assert (ckpt / f).read_text() == (tmp_path / "ref" / f).read_text(), f
+    result = json.loads((tmp_path / "rounds.json").read_text())
+    assert [c["name"] for c in result["configs"]] == ["eagle3-full", "dynvocab-full"] and result[
+        "load_format"
+    ] == "dummy"
+    for c in result["configs"]:
+        args = c["args"]
+        assert args[args.index("--load-format") + 1] == "dummy"
+        assert args[args.index("--speculative-draft-load-format") + 1] == "dummy"
+        assert args[args.index("--speculative-draft-model-path") + 1] == str(ckpt / "draft-full")
+    assert [(r["kind"], r["bs"]) for r in result["ratios"]] == [("full", 1), ("full", 4)]
+    assert "load-format dummy" in (tmp_path / "rounds.md").read_text()
+    # random on the same folder: the weights are made now, and the dummy timings are not reused
+    assert _rounds(tmp_path, "--only", "eagle3-full,dynvocab-full") == 0
+    out = capsys.readouterr().out
+    assert "making tiny checkpoints" in out and "are cached" not in out
+    assert _weight_files(ckpt) == [
+        "draft-d2t/model.safetensors",
+        "draft-full/model.safetensors",
+        "target/model.safetensors",
+    ]
+    # dummy again: the folder with weights serves it as it is, its timings are cached
+    assert _rounds(tmp_path, "--load-format", "dummy") == 0
+    out = capsys.readouterr().out
+    assert out.count("are cached: nothing to run") == 2 and "writing" not in out and "making" not in out
+
+
+def test_bench_rounds_dummy_refusals(tmp_path, capsys):
+    """The d2t draft under dummy, and a load format slipped in through --server-args, are refused before any file
+    is written."""
+    assert _rounds(tmp_path, "--load-format", "dummy", "--only", "eagle3-full,dynvocab-d2t") == 2
+    err = capsys.readouterr().err
+    assert "--load-format dummy cannot serve the d2t draft (dynvocab-d2t)" in err and "--load-format random" in err
+    for extra in ("--load-format dummy", "--speculative-draft-load-format=dummy"):
+        assert _rounds(tmp_path, f"--server-args={extra}") == 2
+        assert f"--server-args must not set {extra.split()[0]}" in capsys.readouterr().err
+    assert not (tmp_path / "checkpoints").exists()
+    with pytest.raises(SpecBenchError, match="unknown load format 'auto'"):
+        rounds_configs(tmp_path, RoundsSettings(), load_format="auto")
 
 
 def test_real_shapes_on_the_meta_device():
@@ -126,3 +190,22 @@ def test_rounds_servers_parse_with_sglang(tmp_path, torchvision_standin):
         assert sa.max_running_requests == 64 and sa.context_length == 128 + 160 + 64
     with pytest.raises(SpecBenchError, match="unknown rounds config"):
         rounds_configs(tmp_path, RoundsSettings(), names=["eagle3"])
+
+
+@pytest.mark.sglang
+def test_dummy_rounds_servers_parse_with_sglang(tmp_path, torchvision_standin):
+    """SGLang takes the dummy servers' arguments on a folder without weights: dummy for the target and the draft."""
+    from sglang.srt.server_args import prepare_server_args
+
+    from sglang_specvocab.bench.rounds import make_dummy_checkpoints
+    from sglang_specvocab.integration.plugin import register
+
+    register()
+    make_dummy_checkpoints(tmp_path, "tiny", 4)
+    configs = rounds_configs(tmp_path, RoundsSettings(), ["--device", "cpu"], load_format="dummy")
+    assert [c.name for c in configs] == ["eagle3-full", "dynvocab-full"]
+    for c in configs:
+        sa = prepare_server_args(c.args)
+        assert sa.speculative_algorithm == c.algorithm
+        assert sa.load_format == "dummy" and sa.speculative_draft_load_format == "dummy"
+        assert sa.speculative_draft_model_path == str(tmp_path / "draft-full")

@@ -6,6 +6,11 @@ EAGLE-3 drafts, one with a 32k d2t head and one over the full vocabulary. Accept
 here (random drafts are rarely accepted); what is timed is a round: the draft steps and the verify
 of the whole batch, where the draft head is the part DYNVOCAB changes.
 
+Load formats (``LOAD_FORMATS``): ``random`` writes those weights (5.3 GB at llama3-8b x 4) and the
+servers load them; ``dummy`` writes only what SGLang reads (the ``config.json`` files and the target's
+tokenizer, 3 MB) and starts every server with SGLang's ``--load-format dummy`` (random weights drawn
+in place, no file read). ``dummy`` serves the full-vocabulary draft only (``dummy_refusal``).
+
 Servers (the preset, ``rounds_configs``): per draft kind, EAGLE3 and DYNVOCAB with the same arguments
 (chain by default: topk 1, 3 steps, 4 draft tokens), CUDA graphs on up to the largest batch size.
 
@@ -29,6 +34,7 @@ import hashlib
 import json
 import random
 import shlex
+import shutil
 import statistics
 import sys
 import time
@@ -54,6 +60,37 @@ from .server import (
 
 KINDS = ("d2t", "full")
 NAMES = tuple(f"{alg}-{kind}" for kind in KINDS for alg in ("eagle3", "dynvocab"))
+LOAD_FORMATS = ("random", "dummy")  # random: written checkpoints (the default); dummy: SGLang's dummy loader
+DUMMY_KINDS = ("full",)  # the draft kinds a dummy load serves soundly (``dummy_refusal``)
+# Chosen by ``bench rounds --load-format``: refused in --server-args, where they would bypass the d2t check.
+LOAD_FLAGS = ("--load-format", "--speculative-draft-load-format")
+
+
+def dummy_refusal(names: list[str]) -> str:
+    """Why ``--load-format dummy`` cannot serve the d2t draft (facts of the installed SGLang 0.5.23).
+
+    The dummy loader (``model_loader/loader.py:1479`` ``DummyModelLoader``) builds the model and fills
+    its floating-point state with ``initialize_dummy_weights`` (``model_loader/weight_utils.py:1740``);
+    it never calls ``model.load_weights``. The EAGLE-3 draft's d2t map is no tensor of the model:
+    ``LlamaForCausalLMEagle3`` keeps it as ``hot_token_id``, None from ``__init__``
+    (``models/llama_eagle3.py:323``) and set only by ``load_weights`` from the checkpoint's ``d2t``
+    (``:350-353``; ``t2d`` is skipped, ``:355``). After a dummy load the map is therefore absent, not
+    zeros or garbage: EAGLE3 takes the 32k head's rows as target ids (no ``hot_token_id[topk_index]``
+    gather, and the topk-1 chain path only a full head takes, ``speculative/eagle_worker_v2.py:366``,
+    ``:757``, ``:791``), so it would time another program than a d2t draft runs; DYNVOCAB reads the
+    same ``hot_token_id`` (``integration/worker.py`` ``dynvocab_hot_token_id``), would take the head
+    for a full one (``V`` rows) while it has 32k, and index it with target ids past its end. A
+    d2t/t2d-only safetensors file is no way out: the dummy loader reads no file, and a non-dummy
+    draft load of such a file sets only what it holds (``loader.py:1063`` hands it to ``load_weights``,
+    which checks no name is missing): the draft's weights would stay as allocated, not initialised.
+    """
+    return (
+        f"--load-format dummy cannot serve the d2t draft ({', '.join(names)}): SGLang's dummy loader never "
+        "calls the draft's load_weights, so its d2t map (hot_token_id) stays unset and the 32k head's rows "
+        "would be taken for target ids; use --only "
+        f"{','.join(f'{a}-{k}' for k in DUMMY_KINDS for a in ('eagle3', 'dynvocab'))} with --load-format dummy, "
+        "or --load-format random for the d2t draft"
+    )
 
 
 @dataclass
@@ -75,11 +112,29 @@ def rounds_configs(
     topk: int = 1,
     steps: int = 3,
     draft_tokens: int = 4,
+    load_format: str = "random",
 ) -> list[ServerConfig]:
-    """EAGLE3 and DYNVOCAB with each draft of ``root`` (``testing.shaped``), the same arguments but the algorithm."""
+    """EAGLE3 and DYNVOCAB with each draft of ``root`` (``testing.shaped``), the same arguments but the algorithm.
+
+    ``load_format="dummy"``: every server gets ``--load-format dummy`` and ``--speculative-draft-load-format
+    dummy``, and only the full-vocabulary draft is served (all names: the full ones; a d2t name: refused)."""
     unknown = [n for n in names or () if n not in NAMES]
     if unknown:
         raise SpecBenchError(f"unknown rounds config(s) {', '.join(unknown)}; known: {', '.join(NAMES)}")
+    if load_format not in LOAD_FORMATS:
+        raise SpecBenchError(f"unknown load format {load_format!r}; known: {', '.join(LOAD_FORMATS)}")
+    given = [a for a in extra_args or () if a.split("=", 1)[0] in LOAD_FLAGS]
+    if given:
+        raise SpecBenchError(
+            f"--server-args must not set {', '.join(given)}: choose the weights with --load-format "
+            f"({', '.join(LOAD_FORMATS)})"
+        )
+    kinds = KINDS
+    if load_format == "dummy":
+        refused = [n for n in names or () if n.rsplit("-", 1)[-1] not in DUMMY_KINDS]
+        if refused:
+            raise SpecBenchError(dummy_refusal(refused))
+        kinds = DUMMY_KINDS
     root = Path(root)
     bs = max(settings.batch_sizes)
     common = [
@@ -97,15 +152,51 @@ def rounds_configs(
         "0.6",
         *(extra_args or []),
     ]
+    draft_load = []
+    if load_format == "dummy":
+        # The draft runner's LoadConfig takes --speculative-draft-load-format, else --load-format
+        # (model_executor/model_runner.py:1538-1549, model_runner_components/load_model_utils.py:223): the
+        # draft would be dummy with the first flag alone; the second says so explicitly.
+        common += ["--load-format", "dummy"]
+        draft_load = ["--speculative-draft-load-format", "dummy"]
     out = []
-    for kind in KINDS:
+    for kind in kinds:
         for alg in ("EAGLE3", "DYNVOCAB"):
             name = f"{alg.lower()}-{kind}"
             if names and name not in names:
                 continue
-            args = [*common, *speculative_args(alg, root / f"draft-{kind}", topk, steps, draft_tokens, dynvocab_config)]
-            out.append(ServerConfig(name, alg, args))
+            spec = speculative_args(alg, root / f"draft-{kind}", topk, steps, draft_tokens, dynvocab_config)
+            out.append(ServerConfig(name, alg, [*common, *spec, *draft_load]))
     return out
+
+
+def make_dummy_checkpoints(root: str | Path, shape: str, layers: int, seed: int = 0) -> dict[str, int]:
+    """What SGLang reads under ``--load-format dummy``, the same files as ``make_shaped_checkpoints`` writes
+    but no weights: ``target/`` (``config.json`` and the tokenizer) and ``draft-full/config.json``; the bytes
+    per folder. The tokenizer is needed: ``bench rounds`` sends token ids, but a server started without
+    ``--skip-tokenizer-init`` loads its tokenizer from the model path (the draft worker never does:
+    ``managers/tp_worker.py:326``), and the servers keep the arguments of ``random`` but the load format.
+    Removes only the three folders of ``testing.shaped`` first."""
+    import torch  # heavy: only to make checkpoints
+
+    from ..testing.shaped import SUBDIRS, meta_models  # heavy: transformers
+    from ..testing.tiny import build_tokenizer
+
+    root = Path(root)
+    for sub in SUBDIRS:
+        shutil.rmtree(root / sub, ignore_errors=True)
+    models = meta_models(shape, layers, seed=seed)  # on the meta device: configs only, no memory
+    tdir, ddir = root / "target", root / "draft-full"
+    tdir.mkdir(parents=True)
+    models["target"].config.save_pretrained(tdir)
+    build_tokenizer(models["target"].config.vocab_size).save_pretrained(tdir)
+    ddir.mkdir(parents=True)
+    hf = models["draft-full"].cfg.to_hf_config(torch.bfloat16)
+    (ddir / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    sizes = {d.name: sum(p.stat().st_size for p in d.rglob("*") if p.is_file()) for d in (tdir, ddir)}
+    facts = {"shape": shape, "layers": layers, "seed": seed, "bytes": sizes, "weights": False}
+    (root / "shape.json").write_text(json.dumps(facts))
+    return sizes
 
 
 def prompt_ids(settings: RoundsSettings, bs: int, vocab_size: int, low: int = 260) -> list[list[int]]:
@@ -164,6 +255,7 @@ def run_rounds(
     log_dir: Path,
     command: str,
     progress: bool = True,
+    load_format: str = "random",
 ) -> dict:
     """Every (batch size, length, repeat) not cached, one server at a time; the table."""
     check_unique(configs)
@@ -255,6 +347,7 @@ def run_rounds(
         "device": device_name(),
         "versions": versions(),
         "command": command,
+        "load_format": load_format,
         "batch_sizes": list(s.batch_sizes),
         "lengths": list(s.lengths),
         "prompt_len": s.prompt_len,
@@ -272,6 +365,13 @@ def markdown(result: dict) -> str:
         f"- device: {result['device']}",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()),
         f"- command: `{result['command']}`",
+        "- weights: "
+        + (
+            "SGLang's --load-format dummy (no checkpoint read)"
+            if result.get("load_format") == "dummy"
+            else "random checkpoints with real shapes"
+        )
+        + "; accept lengths are those of random weights, not of a trained draft",
         (
             f"- bs requests of {result['prompt_len']} random prompt ids sent at once, greedy, ignore_eos; a round "
             f"= (T({result['lengths'][1]} tokens) - T({result['lengths'][0]} tokens)) / (R_long - R_short), R = "
@@ -353,18 +453,24 @@ def run(args) -> int:
         args.topk,
         args.steps,
         args.draft_tokens,
+        args.load_format,
     )
     root = Path(args.checkpoints or args.out / "checkpoints")
     made = root / "shape.json"
     want = {"shape": args.shape, "layers": args.layers}
-    if made.is_file():
-        have = json.loads(made.read_text())
-        if {k: have.get(k) for k in want} != want:
-            raise SpecBenchError(
-                f"{root} holds {have['shape']} x {have['layers']} layers, not {args.shape} x "
-                f"{args.layers}: give another --checkpoints folder"
-            )
-    else:
+    have = json.loads(made.read_text()) if made.is_file() else None
+    if have is not None and {k: have.get(k) for k in want} != want:
+        raise SpecBenchError(
+            f"{root} holds {have['shape']} x {have['layers']} layers, not {args.shape} x "
+            f"{args.layers}: give another --checkpoints folder"
+        )
+    # A folder with weights serves dummy too (the same configs); one of configs only (an earlier
+    # --load-format dummy) is made again with weights for random.
+    if have is None and args.load_format == "dummy":
+        print(f"writing {args.shape} configs and tokenizer ({args.layers} layers, no weights) in {root}", flush=True)
+        sizes = make_dummy_checkpoints(root, args.shape, args.layers)
+        print(f"  {', '.join(f'{k} {v / 2**20:.1f} MiB' for k, v in sizes.items())}", flush=True)
+    elif args.load_format == "random" and (have is None or not have.get("weights", True)):
         from ..testing.shaped import make_shaped_checkpoints  # heavy: transformers, safetensors
 
         print(f"making {args.shape} checkpoints ({args.layers} layers) in {root}", flush=True)
@@ -384,6 +490,7 @@ def run(args) -> int:
             args.out / "logs",
             args.command_line,
             progress=not args.no_progress,
+            load_format=args.load_format,
         )
     paths = write_report(result, args.out, args.name)
     print()
