@@ -304,7 +304,12 @@ def test_greedy_compares_with_the_target_and_the_control(questions, tmp_path, ca
     assert g["routes"] == ["chat", "completions", "generate"] and g["concurrencies"] == [1, 8] and g["passed"]
     for fake in (ref, dyn, eg):  # one warmup + 6 prompts x 3 routes x 2 concurrencies
         assert len(fake.requests) == 1 + 36
-        assert {(r, n) for r, _, n in fake.requests[1:]} == {(r, 5) for r in ("chat", "completions", "generate")}
+        # staggered lengths (5 - i % 4 * 5 // 8): requests in flight together end at different steps
+        assert {(r, n) for r, _, n in fake.requests[1:]} == {
+            (r, n) for r in ("chat", "completions", "generate") for n in (5, 4)
+        }
+    per_prompt = [{(r, p): n for r, p, n in fake.requests[1:]} for fake in (ref, dyn, eg)]
+    assert per_prompt[0] == per_prompt[1] == per_prompt[2]  # every server gets the same length per prompt
     assert ref.max_in_flight > 1  # concurrency 8 really overlaps requests
     rows = {(r["config"], r["route"], r["concurrency"]): r for r in g["rows"]}
     assert len(rows) == 12 and all(
@@ -325,7 +330,8 @@ def test_greedy_compares_with_the_target_and_the_control(questions, tmp_path, ca
         assert m["expected"][7] != m["got"][7]
         assert rows[("eagle", "completions", c)]["equal"] == 6
     gen = rows[("dyn", "generate", 1)]
-    assert gen["accept_length"] == pytest.approx(30 / 18)  # 6 x 5 tokens over 6 x ceil(5 / 2) verify steps
+    # lengths 5, 5, 4, 4, 5, 5 (staggered): 28 tokens over 4 x ceil(5 / 2) + 2 x ceil(4 / 2) verify steps
+    assert gen["accept_length"] == pytest.approx(28 / 16)
     assert gen["dynvocab_set_size"] == pytest.approx(110.0) and gen["dynvocab_coverage"] == pytest.approx(0.75)
     assert rows[("dyn", "chat", 1)]["accept_length"] is None  # the OpenAI routes carry no verify count
     assert g["reference_batch_invariance"] == [

@@ -156,12 +156,19 @@ class GreedyCheck:
     def __init__(self, settings: LosslessSettings, prompts: list[Prompt]):
         self.settings, self.prompts = settings, prompts[: settings.prompts]
         self.cases = [(route, c) for route in settings.routes for c in settings.concurrencies]
+        # Staggered lengths (the full length, then 7/8, 6/8, 5/8 of it, in turn): requests in flight
+        # together end at different steps, so the batch shrinks one request at a time and the servers
+        # replay several of their captured CUDA-graph batch sizes. Every server gets the same per prompt.
+        n = settings.max_new_tokens
+        self.lengths = {p.pid: max(1, n - (i % 4) * n // 8) for i, p in enumerate(self.prompts)}
 
     def applies(self, config: ServerConfig, pairs: dict[str, str | None]) -> bool:
         return True
 
     def fp(self, config: ServerConfig) -> str:
-        return config_fingerprint(config, {"check": "greedy", "max_new_tokens": self.settings.max_new_tokens})
+        return config_fingerprint(
+            config, {"check": "greedy", "max_new_tokens": self.settings.max_new_tokens, "lengths": "staggered"}
+        )
 
     def _key(self, config: ServerConfig, route: str, concurrency: int, p: Prompt) -> str:
         return f"greedy|{config.name}|{self.fp(config)}|{route}|{concurrency}|{p.pid}|{_digest(p.text)}"
@@ -187,7 +194,7 @@ class GreedyCheck:
                             server.url,
                             route,
                             p.text,
-                            max_new_tokens=self.settings.max_new_tokens,
+                            max_new_tokens=self.lengths[p.pid],
                             model=model,
                             timeout=timeout,
                         )
