@@ -492,6 +492,8 @@ On a GPU lease (scripts/device/README.md, Lease T): --prepare-data writes --data
 name ending in .xz is compressed) on a machine with the network and stops; --states online runs the
 target on every batch instead of keeping its states (any data size); --resume-state makes a run that
 gets SIGTERM save its state and the draft so far (exit 124), and the same command continue from it.
+--time-budget-s S fits the run into S seconds from the command's start: after a short probe of the
+step rate, --steps is cut to what fits (the cosine decays over that) and the run ends cleanly in time.
 
 Output: DIR/config.json, DIR/model.safetensors and DIR/training.json (the command, loss and
 validation curves, timings, machine; `sglang-specvocab report-eagle3` tabulates and plots them). The default DIR is the
@@ -580,6 +582,14 @@ def _add_train_eagle3(sub) -> None:
     )
     p.add_argument("--warmup", type=NON_NEGATIVE, default=None, help="warm-up steps (default: 5%% of --steps)")
     p.add_argument(
+        "--time-budget-s",
+        type=_positive_float,
+        default=None,
+        metavar="S",
+        help="seconds the whole command may take: after ~20 steps the step rate is measured and the steps are cut "
+        "to what fits (never more than --steps), the schedule following; a run falling behind stops as on SIGTERM",
+    )
+    p.add_argument(
         "--loss-vocab",
         type=NON_NEGATIVE,
         default=32768,
@@ -630,6 +640,9 @@ def _int_list_any(text: str) -> list[int]:
 
 
 def _run_train_eagle3(args) -> int:
+    from time import perf_counter
+
+    args.started = perf_counter()  # --time-budget-s counts from here, before the heavy imports
     from .train.train import run  # heavy: transformers
 
     return run(args)
@@ -1033,6 +1046,12 @@ Resumable: every finished turn is appended to the cache (default OUT/specbench-c
 by configuration, settings, question and turn; a rerun skips cached turns and starts no server for
 a configuration that is complete. Writes OUT/NAME.json, OUT/NAME.md and OUT/NAME.png.
 
+Greedy parity (temperature 0): each configuration's answers are compared as text, turn by turn, with
+the first configuration's and, for a DYNVOCAB configuration, with its EAGLE3 control's (same target,
+draft and tree arguments, or control=NAME); a turn after a differing turn is not comparable. Exit
+status 1 when a DYNVOCAB turn differs from both its control and the target (without a control: from
+the target); OUT/NAME.json lists every differing turn. At temperature > 0 nothing is compared.
+
 Questions: --questions, else the Spec-Bench file beside a source checkout (../shared/data/spec_bench/question.jsonl).
 """
 
@@ -1225,7 +1244,14 @@ def _add_check_lossless(sub) -> None:
     g.add_argument(
         "--prompts", type=POSITIVE, default=50, metavar="N", help="prompts, round-robin over categories (50)"
     )
-    g.add_argument("--max-new-tokens", type=POSITIVE, default=64, metavar="N", help="per request (default: 64)")
+    g.add_argument(
+        "--max-new-tokens",
+        type=POSITIVE,
+        default=64,
+        metavar="N",
+        help="the longest request (default: 64); prompts take N, 7N/8, 6N/8, 5N/8 in turn, so requests in flight "
+        "together end at different steps and several captured batch sizes replay",
+    )
     g.add_argument(
         "--concurrency", type=_int_csv, default=[1, 8], metavar="N,N", help="requests in flight (default: 1,8)"
     )
@@ -1290,9 +1316,13 @@ bs random prompts sent at once (greedy, ignore_eos) with the short and the long 
 
     ms per round = (T_long - T_short) / (R_long - R_short),   R = the batch's verify rounds
 
-(the prefill and the client's time cancel). Median of --repeats. Writes OUT/NAME.json, .md, .png
-with the ratio DYNVOCAB / EAGLE3 per bs and draft kind, the device, versions and command. Every
-timed run is cached (OUT/NAME-cache.jsonl): rerun the same command to resume. --only splits the
+(the prefill and the client's time cancel). --load-format dummy writes no weights (only the configs
+and the 3 MB tokenizer) and starts the servers with SGLang's --load-format dummy: the full-vocabulary
+draft only (a dummy load leaves a d2t draft without its d2t map). Random weights of either kind make
+about 1 token per round (drafts are rarely accepted), so the result is the cost of a round, not a
+speed-up: a trained draft decodes its accept length per round time. Median of --repeats.
+Writes OUT/NAME.json, .md, .png with the ratio DYNVOCAB / EAGLE3 per bs and draft kind, the device,
+versions and command. Every timed run is cached (OUT/NAME-cache.jsonl): rerun the same command to resume. --only splits the
 servers over several calls (e.g. eagle3-d2t,dynvocab-d2t then eagle3-full,dynvocab-full). Exit
 status 0: every ratio measured; 1: some could not be.
 """
@@ -1308,6 +1338,13 @@ def _add_bench_rounds(sub) -> None:
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="results, cache and server logs go here")
     p.add_argument("--checkpoints", type=Path, metavar="DIR", help="where the checkpoints are made (OUT/checkpoints)")
     p.add_argument("--shape", choices=("llama3-8b", "tiny"), default="llama3-8b", help="widths (tiny: tests)")
+    p.add_argument(
+        "--load-format",
+        choices=("random", "dummy"),
+        default="random",
+        help="random: write random-weight checkpoints and load them (default); dummy: write only the configs and "
+        "tokenizer, start the servers with SGLang's --load-format dummy (full-vocabulary draft only)",
+    )
     p.add_argument("--layers", type=_at_least(4), default=4, metavar="N", help="target layers, >= 4 (default: 4)")
     p.add_argument("--batch-sizes", type=_int_csv, default=[1, 8, 32, 64], metavar="N,N", help="(default: 1,8,32,64)")
     p.add_argument(

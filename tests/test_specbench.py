@@ -12,12 +12,12 @@ import pytest
 from fake_http import FakeServer, JsonHandler
 
 from sglang_specvocab.bench.server import SpecBenchError, make_config, parse_config_spec
-from sglang_specvocab.bench.specbench_report import summarize
+from sglang_specvocab.bench.specbench_report import markdown, parity, parity_failures, summarize
 from sglang_specvocab.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
-EXPECTED_KEYS = {"runs", "device", "versions", "command", "concurrency", "temperature"}
+EXPECTED_KEYS = {"runs", "parity", "device", "versions", "command", "concurrency", "temperature"}
 RUN_KEYS = {"config", "algorithm", "category", "tokens_per_s", "accept_length", "speedup", "n"}
 QUESTIONS = [
     {"question_id": 81, "category": "writing", "turns": ["Write a haiku about rain.", "Now make it rhyme."]},
@@ -262,6 +262,13 @@ def test_end_to_end_two_configs(tokdir, questions, tmp_path, capsys):
             sum(sum(s) / 2 for s in sizes) / len(sizes)
         )
     assert 1.5 < rows[("fast", "overall")]["speedup"] < 2.6  # 2.6x faster per token, minus a fixed overhead
+    # the same answers from both servers: greedy parity holds (no control: compared with the target alone)
+    [row] = result["parity"]["configs"]
+    assert result["parity"]["parity_ok"] is True and row["verdict"] == "identical to the target"
+    assert row["control"] is None and row["against_control"] is None
+    ref = row["against_reference"]
+    assert (ref["against"], ref["compared"], ref["identical"], ref["differences"]) == ("base", 7, 7, [])
+    assert "- `fast`: identical to the target" in (out / "specbench.md").read_text()
 
 
 def test_second_turn_carries_the_first_answer(tokdir, questions, tmp_path):
@@ -616,3 +623,320 @@ def test_summary_skips_unfinished_questions_and_compares_common_ones():
     assert rows[("o", "qa")]["speedup"] == pytest.approx(20.0 / 10.0)  # over question 1, the only common one
     assert rows[("o", "overall")]["accept_length"] == pytest.approx((10 + 12) / (4 + 5))
     assert rows[("o", "overall")]["n"] == 2 and rows[("b", "overall")]["n"] == 2
+
+
+# --- greedy parity ------------------------------------------------------------------------------
+
+MODEL = ["--model-path", "/m/gemma-3-270m"]
+TREE = ["--speculative-draft-model-path", "/m/draft", "--speculative-num-steps", "3"]
+
+
+def _parity_setup():
+    from sglang_specvocab.prompts import Question
+
+    configs = [
+        make_config({"name": "target", "args": MODEL}, "t"),
+        make_config({"name": "eagle3-full", "args": [*MODEL, "--speculative-algorithm", "EAGLE3", *TREE]}, "t"),
+        make_config(
+            {
+                "name": "dynvocab-hybrid",
+                "algorithm": "DYNVOCAB",
+                "args": [*MODEL, "--speculative-algorithm", "EAGLE3", *TREE, "--speculative-dynvocab-config", "h.yaml"],
+            },
+            "t",
+        ),
+    ]
+    questions = [
+        Question("81", "mt_bench", ("Write a haiku.", "Now make it rhyme.")),
+        Question("201", "translation", ("Translate: Der Hund schlaeft.",)),
+        Question("301", "qa", ("Who wrote Hamlet?",)),
+    ]
+    texts = {
+        ("81", 0): "Rain on the roof, soft and slow.",
+        ("81", 1): "Rain on the roof, a tapping show.",
+        ("201", 0): "The dog is sleeping.",
+        ("301", 0): "Shakespeare wrote Hamlet.",
+    }
+    return configs, questions, texts
+
+
+def _records(questions, texts, changes=None):
+    changes = changes or {}
+    return [
+        {"question_id": q.qid, "category": q.category, "turn": t, "text": changes.get((q.qid, t), texts[(q.qid, t)])}
+        for q in questions
+        for t in range(len(q.turns))
+    ]
+
+
+def _parity_of(target=None, eagle3=None, dynvocab=None, temperature=0.0):
+    configs, questions, texts = _parity_setup()
+    records = {
+        "target": _records(questions, texts, target),
+        "eagle3-full": _records(questions, texts, eagle3),
+        "dynvocab-hybrid": _records(questions, texts, dynvocab),
+    }
+    section = parity(configs, questions, records, temperature)
+    result = {
+        "runs": [],
+        "parity": section,
+        "device": "cpu",
+        "versions": {},
+        "command": "c",
+        "concurrency": 1,
+        "temperature": temperature,
+    }
+    return section, {r["config"]: r for r in section.get("configs", [])}, markdown(result)
+
+
+def _counts(cmp):
+    return cmp["against"], cmp["compared"], cmp["identical"], cmp["differing"], cmp["not_comparable"]
+
+
+def test_parity_all_identical():
+    section, rows, md = _parity_of()
+    assert section["compared"] is True and section["reference"] == "target" and section["parity_ok"] is True
+    assert list(rows) == ["eagle3-full", "dynvocab-hybrid"]  # the reference is not compared with itself
+    dyn = rows["dynvocab-hybrid"]
+    assert dyn["control"] == "eagle3-full"  # found by lossless.controls: same target, draft and tree arguments
+    assert _counts(dyn["against_reference"]) == ("target", 4, 4, 0, 0)
+    assert _counts(dyn["against_control"]) == ("eagle3-full", 4, 4, 0, 0)
+    assert dyn["verdict"] == "identical to the target" and dyn["ours"] == 0
+    assert _counts(rows["eagle3-full"]["against_reference"]) == ("target", 4, 4, 0, 0)
+    assert rows["eagle3-full"]["against_control"] is None and "verdict" not in rows["eagle3-full"]
+    assert "**parity ok: no DYNVOCAB turn differs from both its control and the target**" in md
+    assert "- `dynvocab-hybrid`: identical to the target" in md
+    assert "| dynvocab-hybrid | DYNVOCAB | eagle3-full (control) | 4 | 4 | 0 | 0 |" in md
+    assert "first differing character" not in md and parity_failures(section) == []
+
+
+def test_parity_equal_to_eagle3_but_not_the_target_is_the_engine():
+    engine = {("301", 0): "Shakespeare wrote it, around 1600."}
+    section, rows, md = _parity_of(eagle3=engine, dynvocab=engine)
+    dyn = rows["dynvocab-hybrid"]
+    assert section["parity_ok"] is True and dyn["ours"] == 0 and parity_failures(section) == []
+    assert dyn["verdict"] == (
+        "identical to EAGLE3 (its control), differs from the target on 1 turn: the engine's numerics"
+    )
+    assert _counts(dyn["against_reference"]) == ("target", 4, 3, 1, 0)
+    assert _counts(dyn["against_control"]) == ("eagle3-full", 4, 4, 0, 0)
+    assert dyn["against_reference"]["differences"] == [
+        {
+            "question_id": "301",
+            "category": "qa",
+            "turn": 1,
+            "char": 18,  # "Shakespeare wrote " is the common prefix
+            "expected": "Shakespeare wrote Hamlet.",
+            "got": "Shakespeare wrote it, around 1600.",
+        }
+    ]
+    assert rows["eagle3-full"]["against_reference"]["differing"] == 1
+    assert "**parity ok" in md
+    assert "- `dynvocab-hybrid`: identical to EAGLE3 (its control), differs from the target on 1 turn" in md
+    assert "| dynvocab-hybrid | DYNVOCAB | target (reference) | 4 | 3 | 1 | 0 |" in md
+    assert (
+        "- question 301 (qa) turn 1, char 18: target 'Shakespeare wrote Hamlet.' / "
+        "dynvocab-hybrid 'Shakespeare wrote it, around 1600.'" in md
+    )
+
+
+def test_parity_differing_from_both_fails():
+    section, rows, md = _parity_of(dynvocab={("201", 0): "The cat is sleeping."})
+    dyn = rows["dynvocab-hybrid"]
+    assert section["parity_ok"] is False
+    assert dyn["ours"] == 1 and dyn["ours_turns"] == [{"question_id": "201", "category": "translation", "turn": 1}]
+    assert dyn["verdict"] == "differs from its control on 1 turn"
+    assert _counts(dyn["against_reference"]) == ("target", 4, 3, 1, 0)
+    assert _counts(dyn["against_control"]) == ("eagle3-full", 4, 3, 1, 0)
+    [d] = dyn["against_control"]["differences"]
+    assert (d["question_id"], d["turn"], d["char"], d["expected"], d["got"]) == (
+        "201",
+        1,
+        4,
+        "The dog is sleeping.",
+        "The cat is sleeping.",
+    )
+    assert parity_failures(section) == ["dynvocab-hybrid: differs from its control on 1 turn"]
+    assert "**parity FAILED" in md and "- `dynvocab-hybrid`: differs from its control on 1 turn" in md
+    assert (
+        "- question 201 (translation) turn 1, char 4: eagle3-full 'The dog is sleeping.' / "
+        "dynvocab-hybrid 'The cat is sleeping.'" in md
+    )
+
+
+def test_parity_turn_two_after_a_differing_turn_one_is_not_comparable():
+    # DYNVOCAB's turn 1 differs from both; its turn 2 happens to read the same, but its prompt differed
+    section, rows, md = _parity_of(dynvocab={("81", 0): "Rain on the roof, soft and low."})
+    dyn = rows["dynvocab-hybrid"]
+    assert section["parity_ok"] is False and dyn["ours"] == 1  # turn 1 only: turn 2 is not counted as ours
+    assert dyn["ours_turns"] == [{"question_id": "81", "category": "mt_bench", "turn": 1}]
+    assert _counts(dyn["against_reference"]) == ("target", 3, 2, 1, 1)
+    assert _counts(dyn["against_control"]) == ("eagle3-full", 3, 2, 1, 1)
+    assert [d["turn"] for d in dyn["against_reference"]["differences"]] == [1]
+    assert "| dynvocab-hybrid | DYNVOCAB | target (reference) | 3 | 2 | 1 | 1 |" in md
+    assert "not comparable (earlier turn differed) |" in md
+
+    # EAGLE3 and DYNVOCAB differ from the target at turn 1 alike: turn 2 is compared with the control only
+    engine = {("81", 0): "Rain on the roof, soft and low."}
+    section, rows, _ = _parity_of(eagle3=engine, dynvocab=engine)
+    dyn = rows["dynvocab-hybrid"]
+    assert _counts(dyn["against_reference"]) == ("target", 3, 2, 1, 1)
+    assert _counts(dyn["against_control"]) == ("eagle3-full", 4, 4, 0, 0)
+    assert section["parity_ok"] is True
+    assert dyn["verdict"] == (
+        "identical to EAGLE3 (its control), differs from the target on 1 turn: the engine's numerics"
+    )
+    # ... and a turn 2 that then differs from the control is ours (the target cannot vouch for it)
+    section, rows, _ = _parity_of(eagle3=engine, dynvocab={**engine, ("81", 1): "Rain on the roof, a drumming show."})
+    dyn = rows["dynvocab-hybrid"]
+    assert section["parity_ok"] is False and dyn["verdict"] == "differs from its control on 1 turn"
+    assert dyn["ours_turns"] == [{"question_id": "81", "category": "mt_bench", "turn": 2}]
+    assert _counts(dyn["against_control"]) == ("eagle3-full", 4, 3, 1, 0)
+
+
+def test_parity_is_not_compared_when_sampled():
+    section, rows, md = _parity_of(dynvocab={("201", 0): "The cat is sleeping."}, temperature=0.7)
+    assert section == {"compared": False, "reason": "sampled", "temperature": 0.7, "parity_ok": None}
+    assert rows == {} and parity_failures(section) == []
+    assert "## Greedy parity\n\nnot compared: sampled (temperature 0.7)" in md
+
+
+def test_parity_without_a_control_lists_every_difference_in_the_json():
+    from sglang_specvocab.prompts import Question
+
+    configs = [
+        make_config({"name": "target", "args": MODEL}, "t"),
+        make_config({"name": "dyn", "algorithm": "DYNVOCAB", "url": "http://x:1"}, "t"),
+    ]
+    questions = [Question(str(i), "qa", (f"q{i}",)) for i in range(22)]
+    long = "x" * 100
+    records = {
+        "target": [
+            {"question_id": q.qid, "category": "qa", "turn": 0, "text": long + "AB" + "y" * 50} for q in questions
+        ],
+        "dyn": [{"question_id": q.qid, "category": "qa", "turn": 0, "text": long + "AC" + "y" * 50} for q in questions],
+    }
+    section = parity(configs, questions, records, 0.0)
+    [row] = section["configs"]
+    assert section["parity_ok"] is False and row["control"] is None
+    assert row["verdict"] == "differs from the target on 22 turns (no EAGLE3 control)"
+    diffs = row["against_reference"]["differences"]
+    assert len(diffs) == 22 and diffs[0]["char"] == 101
+    assert diffs[0]["expected"] == "x" * 19 + "AB" + "y" * 19 and diffs[0]["got"] == "x" * 19 + "AC" + "y" * 19
+    md = markdown(
+        {
+            "runs": [],
+            "parity": section,
+            "device": "cpu",
+            "versions": {},
+            "command": "c",
+            "concurrency": 1,
+            "temperature": 0.0,
+        }
+    )
+    assert md.count("- question ") == 20 and "- and 2 more (all in the JSON)" in md
+
+
+class AlteredSGLang(FakeSGLang):
+    """FakeSGLang whose answer to a prompt containing ``marker`` gets ``suffix`` appended."""
+
+    def __init__(self, tokenizer_path, marker=None, suffix=" (changed)", **kw):
+        from transformers import AutoTokenizer
+
+        self.marker, self.suffix = marker, suffix
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        super().__init__(tokenizer_path, **kw)
+
+    def reply(self, payload):
+        reply = super().reply(payload)
+        if self.marker and self.marker in self.tokenizer.decode(payload["input_ids"]):
+            reply["text"] += self.suffix
+        return reply
+
+
+@pytest.mark.parametrize(
+    "eagle3_marker, dyn_marker, temperature, rc, verdict",
+    [
+        (None, None, "0", 0, "identical to the target"),
+        (
+            "Hamlet",
+            "Hamlet",
+            "0",
+            0,
+            "identical to EAGLE3 (its control), differs from the target on 1 turn: the engine's numerics",
+        ),
+        (None, "Hamlet", "0", 1, "differs from its control on 1 turn"),
+        (None, "Hamlet", "0.5", 0, None),  # sampled: nothing compared, nothing fails
+    ],
+)
+def test_bench_exits_1_when_greedy_parity_fails(
+    tokdir, questions, tmp_path, capsys, eagle3_marker, dyn_marker, temperature, rc, verdict
+):
+    out = tmp_path / "out"
+    with (
+        FakeSGLang(tokdir) as target,
+        AlteredSGLang(tokdir, eagle3_marker, accept=2.0) as eagle3,
+        AlteredSGLang(tokdir, dyn_marker, accept=2.0) as dyn,
+    ):
+        got, cap = _run(
+            [
+                "--config",
+                f"name=target,algorithm=none,url={target.url}",
+                "--config",
+                f"name=eagle3-full,algorithm=EAGLE3,url={eagle3.url}",
+                "--config",
+                f"name=dynvocab-hybrid,algorithm=DYNVOCAB,url={dyn.url},control=eagle3-full",
+                "--questions",
+                str(questions),
+                "--categories",
+                "translation,qa",
+                "--out",
+                str(out),
+                "--warmup",
+                "0",
+                "--no-progress",
+                "--temperature",
+                temperature,
+            ],
+            capsys,
+        )
+    assert got == rc, cap.err
+    section = json.loads((out / "specbench.json").read_text())["parity"]
+    md = (out / "specbench.md").read_text()
+    if verdict is None:
+        assert section["compared"] is False and section["parity_ok"] is None
+        assert "not compared: sampled (temperature 0.5)" in md and "greedy parity" not in cap.err
+        return
+    dyn_row = next(r for r in section["configs"] if r["config"] == "dynvocab-hybrid")
+    assert dyn_row["verdict"] == verdict and f"- `dynvocab-hybrid`: {verdict}" in md and verdict in cap.out
+    assert dyn_row["against_reference"]["compared"] == dyn_row["against_control"]["compared"] == 3
+    assert section["parity_ok"] is (rc == 0)
+    if rc == 1:
+        assert "greedy parity FAILED" in cap.err and f"dynvocab-hybrid: {verdict}" in cap.err
+        assert "wrote " in cap.out  # the report is written all the same
+    else:
+        assert "greedy parity" not in cap.err
+
+
+def test_an_ambiguous_control_is_refused_before_any_server_starts(questions, tmp_path, capsys):
+    e3 = '"--model-path m --speculative-algorithm EAGLE3"'
+    rc, cap = _run(
+        [
+            "--config",
+            "name=target,args=--model-path m",
+            "--config",
+            f"name=e3-a,args={e3}",
+            "--config",
+            f"name=e3-b,args={e3},env=X=1",
+            "--config",
+            'name=dyn,algorithm=DYNVOCAB,args="--model-path m --speculative-algorithm DYNVOCAB"',
+            "--questions",
+            str(questions),
+            "--out",
+            str(tmp_path / "o"),
+            "--no-progress",
+        ],
+        capsys,
+    )
+    assert rc == 2 and "several EAGLE3 configurations have its arguments (e3-a, e3-b)" in cap.err
+    assert "launching:" not in cap.out and not (tmp_path / "o" / "logs").exists()

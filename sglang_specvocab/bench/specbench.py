@@ -10,6 +10,10 @@ route keeps only ``usage`` plus a fixed set of spec fields; and sending ids mean
 configuration gets exactly the same prompt tokens. MT-Bench's second turn is asked with the
 configuration's own first answer in the conversation.
 
+At temperature 0 the report also compares the greedy outputs (``specbench_report.parity``): each
+configuration against the first, each DYNVOCAB configuration against its EAGLE3 control; ``run``
+exits 1 when a DYNVOCAB turn differs from both its control and the target.
+
 Results are cached per turn (``ResultCache``, ``turn_key``); ``specbench_report`` makes the table.
 """
 
@@ -25,6 +29,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from ..prompts import Question, format_prompt, load_bench_questions, spec_bench_file
+from .lossless import controls
 from .server import (
     ResultCache,
     Server,
@@ -43,7 +48,7 @@ from .server import (
     telemetry,
     versions,
 )
-from .specbench_report import markdown, summarize, write_report
+from .specbench_report import markdown, parity, parity_failures, summarize, write_report
 
 PROMPT_FORMATS = ("auto", "chat", "plain")
 _PLAIN = SimpleNamespace(chat_template=None)  # makes format_prompt write its plain Question:/Answer: transcript
@@ -236,6 +241,7 @@ def run_bench(
         raise SpecBenchError(
             f"prompt format must be one of {', '.join(PROMPT_FORMATS)}, got {settings.prompt_format!r}"
         )
+    pairs = controls(configs) if settings.temperature == 0 else {}  # greedy parity; refused before any server
     cache = ResultCache(cache_path)
     if cache.skipped_lines:
         print(f"cache {cache_path}: ignored {cache.skipped_lines} unreadable line(s)", file=sys.stderr)
@@ -263,6 +269,7 @@ def run_bench(
     }
     return {
         "runs": summarize(configs, questions, records),
+        "parity": parity(configs, questions, records, settings.temperature, pairs),
         "device": device_name(),
         "versions": versions(),
         "command": command,
@@ -272,7 +279,8 @@ def run_bench(
 
 
 def run(args) -> int:
-    """``sglang-specvocab bench specbench``: configurations, questions, the run (resumable), the report."""
+    """``sglang-specvocab bench specbench``: configurations, questions, the run (resumable), the report.
+    0 when done, 1 when greedy parity fails (temperature 0: a DYNVOCAB turn differs from its control and the target)."""
     configs = configs_from_args(args)
     check_unique(configs)  # also: at least one configuration
     questions = load_bench_questions(spec_bench_file(args.questions), args.limit_per_category, args.categories)
@@ -307,4 +315,10 @@ def run(args) -> int:
     print()
     for path in paths:
         print(f"wrote {path}")
+    failures = parity_failures(result["parity"])
+    if failures:
+        print("greedy parity FAILED (see the report's Greedy parity section):", file=sys.stderr)
+        for line in failures:
+            print(f"  {line}", file=sys.stderr)
+        return 1
     return 0

@@ -5,6 +5,13 @@ a configuration's speed is the mean over questions; speedup = mean speed / mean 
 configuration, over the questions both finished; accepted length = completion tokens / verify
 steps, summed over the category (1 for ``algorithm: none``; empty when a speculative server reports
 no ``spec_verify_ct``). The DYNVOCAB columns are the mean over requests of each request's value.
+
+Greedy parity (``parity``, temperature 0 only): every configuration's turns are compared as text with
+the reference (the first configuration) and a DYNVOCAB configuration's also with its EAGLE3 control
+(``lossless.controls``: same target, draft and tree arguments). A turn after a differing turn of the
+same question is not comparable (its prompt holds the configuration's own earlier answer). A DYNVOCAB
+turn that equals neither the target nor its control, where comparable (without a control: that
+differs from the target), is ours: ``parity_ok`` is false. At temperature > 0 nothing is compared.
 """
 
 from __future__ import annotations
@@ -14,7 +21,13 @@ import sys
 from pathlib import Path
 
 from ..prompts import Question
+from .lossless import controls
 from .server import TELEMETRY, ServerConfig, fmt
+
+#: Characters of each text shown around the first difference.
+EXCERPT = 40
+#: Differing turns listed in the Markdown per comparison (the JSON lists all).
+SHOWN_DIFFERENCES = 20
 
 
 def summarize(configs: list[ServerConfig], questions: list[Question], records: dict[str, list[dict]]) -> list[dict]:
@@ -80,6 +93,215 @@ def summarize(configs: list[ServerConfig], questions: list[Question], records: d
     return rows
 
 
+# --- greedy parity -----------------------------------------------------------------------------
+
+
+def _first_difference(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def _compare(
+    got: dict[tuple[str, int], dict], want: dict[tuple[str, int], dict], against: str, questions: list[Question]
+) -> tuple[dict, dict[tuple[str, int], str]]:
+    """One configuration's turns against another's: the counts, the differing turns and each turn's status
+    (identical, differs, not_comparable: an earlier turn of its question differed, missing)."""
+    out = {
+        "against": against,
+        "compared": 0,
+        "identical": 0,
+        "differing": 0,
+        "not_comparable": 0,  # an earlier turn of the question differed: the prompts differ
+        "missing": 0,
+        "differences": [],
+    }
+    status: dict[tuple[str, int], str] = {}
+    for q in questions:
+        differed = False
+        for turn in range(len(q.turns)):
+            key = (q.qid, turn)
+            a, b = got.get(key), want.get(key)
+            if a is None or b is None:
+                state = "missing"
+            elif differed:
+                state = "not_comparable"
+            elif a["text"] == b["text"]:
+                state = "identical"
+            else:
+                state, differed = "differs", True
+                at = _first_difference(a["text"], b["text"])
+                lo = max(0, at - EXCERPT // 2)
+                out["differences"].append(
+                    {
+                        "question_id": q.qid,
+                        "category": q.category,
+                        "turn": turn + 1,
+                        "char": at,
+                        "expected": b["text"][lo : lo + EXCERPT],  # the text compared with (reference, control)
+                        "got": a["text"][lo : lo + EXCERPT],
+                    }
+                )
+            status[key] = state
+            out["compared"] += state in ("identical", "differs")
+            out["identical"] += state == "identical"
+            out["differing"] += state == "differs"
+            out["not_comparable"] += state == "not_comparable"
+            out["missing"] += state == "missing"
+    return out, status
+
+
+def _turns(n: int) -> str:
+    return f"{n} turn{'' if n == 1 else 's'}"
+
+
+def _verdict(reference: dict | None, control: dict | None, ours: int) -> str:
+    if ours:
+        if control is not None:
+            return f"differs from its control on {_turns(ours)}"
+        return f"differs from the target on {_turns(ours)} (no EAGLE3 control)"
+    if reference is None:  # the reference itself
+        return "identical to EAGLE3 (its control)" if control is not None else "the reference: nothing compared"
+    if reference["compared"] == 0:
+        return "nothing compared"
+    if reference["differing"] == 0:
+        return "identical to the target"
+    # every turn that differs from the target equals the control (else it would be ours)
+    n = _turns(reference["differing"])
+    if control is None or control["differing"] == 0:
+        return f"identical to EAGLE3 (its control), differs from the target on {n}: the engine's numerics"
+    return (
+        f"differs from the target on {n}, each identical to EAGLE3 (its control): the engine's numerics; "
+        f"differs from its control on {_turns(control['differing'])}, each identical to the target"
+    )
+
+
+def parity(
+    configs: list[ServerConfig],
+    questions: list[Question],
+    records: dict[str, list[dict]],
+    temperature: float,
+    pairs: dict[str, str | None] | None = None,
+) -> dict:
+    """Greedy outputs compared across configurations (see the module doc); ``pairs``: ``controls(configs)``."""
+    if temperature > 0:
+        return {"compared": False, "reason": "sampled", "temperature": temperature, "parity_ok": None}
+    if pairs is None:
+        pairs = controls(configs)
+    ref = configs[0]
+    texts = {c.name: {(r["question_id"], r["turn"]): r for r in records.get(c.name, [])} for c in configs}
+    rows = []
+    for c in configs:
+        ctl = pairs.get(c.name) if c.algorithm == "DYNVOCAB" else None
+        if c is ref and ctl is None:
+            continue
+        vs_ref = vs_ctl = None
+        st_ref: dict = {}
+        st_ctl: dict = {}
+        if c is not ref:
+            vs_ref, st_ref = _compare(texts[c.name], texts[ref.name], ref.name, questions)
+        if ctl is not None:
+            vs_ctl, st_ctl = _compare(texts[c.name], texts[ctl], ctl, questions)
+        row = {
+            "config": c.name,
+            "algorithm": c.algorithm,
+            "control": ctl,
+            "against_reference": vs_ref,
+            "against_control": vs_ctl,
+        }
+        if c.algorithm == "DYNVOCAB":
+            # ours: comparable with the target or the control, and identical to neither
+            ours = [
+                {"question_id": q.qid, "category": q.category, "turn": t + 1}
+                for q in questions
+                for t in range(len(q.turns))
+                if {st_ref.get((q.qid, t)), st_ctl.get((q.qid, t))} & {"identical", "differs"}
+                and "identical" not in (st_ref.get((q.qid, t)), st_ctl.get((q.qid, t)))
+            ]
+            row["ours"] = len(ours)
+            row["ours_turns"] = ours
+            row["verdict"] = _verdict(vs_ref, vs_ctl, len(ours))
+        rows.append(row)
+    return {
+        "compared": True,
+        "reference": ref.name,
+        "configs": rows,
+        "parity_ok": all(r.get("ours", 0) == 0 for r in rows),
+    }
+
+
+def parity_markdown(section: dict | None) -> list[str]:
+    if section is None:
+        return []
+    lines = ["", "## Greedy parity", ""]
+    if not section["compared"]:
+        return lines + [f"not compared: sampled (temperature {section['temperature']:g})"]
+    ref = section["reference"]
+    lines += [
+        (
+            f"Each configuration's text, turn by turn, against the reference `{ref}` (the first configuration) "
+            "and, for a DYNVOCAB configuration, against its EAGLE3 control (same target, draft and tree "
+            "arguments). A turn-2 prompt holds the configuration's own turn-1 answer: after a differing turn, "
+            "the question's later turns are not comparable."
+        ),
+        "",
+        (
+            "**parity ok: no DYNVOCAB turn differs from both its control and the target**"
+            if section["parity_ok"]
+            else "**parity FAILED: a DYNVOCAB turn differs from its control and the target (or, without a "
+            "control, from the target)**"
+        ),
+    ]
+    rows = section["configs"]
+    verdicts = [r for r in rows if "verdict" in r]
+    if verdicts:
+        lines += ["", *(f"- `{r['config']}`: {r['verdict']}" for r in verdicts)]
+    comparisons = [
+        (r, role, cmp)
+        for r in rows
+        for role, cmp in (("reference", r["against_reference"]), ("control", r["against_control"]))
+        if cmp is not None
+    ]
+    if not comparisons:
+        return lines
+    missing = any(cmp["missing"] for _, _, cmp in comparisons)
+    lines += [
+        "",
+        "| config | algorithm | against | compared | identical | differing | not comparable (earlier turn differed) |"
+        + (" missing |" if missing else ""),
+        "|---|---|---|---:|---:|---:|---:|" + ("---:|" if missing else ""),
+    ]
+    for r, role, cmp in comparisons:
+        lines.append(
+            f"| {r['config']} | {r['algorithm']} | {cmp['against']} ({role}) | {cmp['compared']} | {cmp['identical']} "
+            f"| {cmp['differing']} | {cmp['not_comparable']} |" + (f" {cmp['missing']} |" if missing else "")
+        )
+    for r, role, cmp in comparisons:
+        diffs = cmp["differences"]
+        if not diffs:
+            continue
+        lines += [
+            "",
+            f"`{r['config']}` against `{cmp['against']}` ({role}): the first differing character, "
+            + f"{EXCERPT} characters around it:",
+            "",
+        ]
+        for d in diffs[:SHOWN_DIFFERENCES]:
+            lines.append(
+                f"- question {d['question_id']} ({d['category']}) turn {d['turn']}, char {d['char']}: "
+                f"{cmp['against']} {d['expected']!r} / {r['config']} {d['got']!r}"
+            )
+        if len(diffs) > SHOWN_DIFFERENCES:
+            lines.append(f"- and {len(diffs) - SHOWN_DIFFERENCES} more (all in the JSON)")
+    return lines
+
+
+def parity_failures(section: dict | None) -> list[str]:
+    """One line per DYNVOCAB configuration that fails greedy parity (empty: none, or not compared)."""
+    if not section or not section["compared"]:
+        return []
+    return [f"{r['config']}: {r['verdict']}" for r in section["configs"] if r.get("ours")]
+
+
 def markdown(result: dict) -> str:
     runs = result["runs"]
     telemetry = [name for name in TELEMETRY if any(name in r for r in runs)]
@@ -105,7 +327,7 @@ def markdown(result: dict) -> str:
         + "".join(f" {fmt(r.get(n), ',.0f' if n.endswith('set_size') else '.3f')} |" for n in telemetry)
         for r in runs
     ]
-    return "\n".join(head + body) + "\n"
+    return "\n".join(head + body + parity_markdown(result.get("parity"))) + "\n"
 
 
 def plot(result: dict, path: Path) -> bool:
