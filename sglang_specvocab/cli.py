@@ -69,6 +69,13 @@ def _int_csv(text: str) -> list[int]:
     return out
 
 
+def _distinct_positive_csv(text: str) -> list[int]:
+    out = [POSITIVE(x) for x in _csv(text)] if _csv(text) else [POSITIVE(text)]
+    if len(set(out)) != len(out):
+        raise argparse.ArgumentTypeError(f"{text!r} names a value twice")
+    return out
+
+
 def _choices_csv(choices: tuple[str, ...]):
     def parse(text: str) -> list[str]:
         out = _csv(text)
@@ -1114,7 +1121,12 @@ def _add_bench_specbench(sub) -> None:
         "--categories", type=_csv, metavar="CAT,CAT", help="only these categories (e.g. mt_bench,translation)"
     )
     p.add_argument(
-        "--concurrency", type=POSITIVE, default=1, metavar="N", help="questions in flight at once (default: 1)"
+        "--concurrency",
+        type=_distinct_positive_csv,
+        default=[1],
+        metavar="N[,N]",
+        help="questions in flight at once (default: 1); several (1,8): each server starts once and is asked at "
+        "each in turn, the results as NAME-cN",
     )
     p.add_argument(
         "--temperature",

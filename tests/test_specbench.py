@@ -940,3 +940,42 @@ def test_an_ambiguous_control_is_refused_before_any_server_starts(questions, tmp
     )
     assert rc == 2 and "several EAGLE3 configurations have its arguments (e3-a, e3-b)" in cap.err
     assert "launching:" not in cap.out and not (tmp_path / "o" / "logs").exists()
+
+
+def test_several_concurrencies_start_each_server_once(tokdir, questions, tmp_path, capsys):
+    """--concurrency 1,3: each launched server is asked at 1, then 3, before the next starts; one result
+    per concurrency (NAME-cN), each what a run at that concurrency alone reports; the cache resumes."""
+    launcher = [
+        sys.executable,
+        "-c",
+        (f"import sys; sys.path.insert(0, {str(TESTS)!r}); import test_specbench; test_specbench.serve_from_argv()"),
+    ]
+    configs = tmp_path / "configs.yaml"
+    configs.write_text(
+        "configs:\n"
+        f"  - name: ar\n    args: --model-path {tokdir}\n    launcher: {json.dumps(launcher)}\n"
+        f"  - name: spec\n    args: [--model-path, {tokdir}, --accept, '2', --speculative-algorithm, eagle3]\n"
+        f"    launcher: {json.dumps(launcher)}\n"
+    )
+    out = tmp_path / "out"
+    common = ["--configs", str(configs), "--questions", str(questions), "--out", str(out), "--warmup", "0"]
+    common += ["--no-progress", "--limit-per-category", "1", "--server-timeout", "120"]
+    rc, cap = _run([*common, "--concurrency", "1,3"], capsys)
+    assert rc == 0, cap.err
+    assert cap.out.count("launching:") == 2  # one start per configuration, not per concurrency
+    order = [
+        line.split("]")[0][1:] + line.split(":")[0][-2:] for line in cap.out.splitlines() if " turns to run" in line
+    ]
+    assert order == ["ar 1", "ar 3", "spec 1", "spec 3"]  # each server asked at both before the next starts
+    one, three = (json.loads((out / f"specbench-c{c}.json").read_text()) for c in (1, 3))
+    assert not (out / "specbench.json").exists() and (out / "specbench-c3.md").is_file()
+    assert (one["concurrency"], three["concurrency"]) == (1, 3)
+    rows = lambda r: [(x["config"], x["category"], x["n"], x["accept_length"]) for x in r["runs"]]
+    assert rows(one) == rows(three) and len(rows(one)) > 2  # the same answers at either concurrency
+    assert one["parity"]["parity_ok"] and three["parity"]["parity_ok"]
+    rc, cap = _run([*common, "--concurrency", "3"], capsys)  # c3 alone: all cached, same table, no launch
+    assert rc == 0 and "launching:" not in cap.out and cap.out.count("nothing to run") == 2
+    assert rows(json.loads((out / "specbench.json").read_text())) == rows(three)
+    for bad, message in (("1,1", "'1,1' names a value twice"), ("1,0", "must be at least 1, got 0")):
+        rc, cap = _run([*common, "--concurrency", bad], capsys)
+        assert rc == 2 and f"argument --concurrency: {message}" in cap.err

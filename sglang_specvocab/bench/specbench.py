@@ -24,7 +24,7 @@ import json
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -233,10 +233,30 @@ def run_bench(
     command: str,
     progress: bool = True,
 ) -> dict:
-    """Ask every question of every configuration (skipping cached turns); the result (see ``summarize``)."""
+    """Ask every question of every configuration at ``settings.concurrency`` (skipping cached turns)."""
+    return run_bench_levels(
+        configs, questions, settings, [settings.concurrency], cache_path, log_dir, command, progress
+    )[settings.concurrency]
+
+
+def run_bench_levels(
+    configs: list[ServerConfig],
+    questions: list[Question],
+    settings: BenchSettings,
+    concurrencies: list[int],
+    cache_path: Path,
+    log_dir: Path,
+    command: str,
+    progress: bool = True,
+) -> dict[int, dict]:
+    """Ask every question of every configuration at each concurrency in turn, each server started once
+    for all of them (a start with CUDA graphs takes 30-60 s); cached turns are skipped (the concurrency
+    is in each turn's key). One result per concurrency (see ``summarize``)."""
     check_unique(configs)
     if not questions:
         raise SpecBenchError("no questions to ask")
+    if not concurrencies or len(set(concurrencies)) != len(concurrencies) or min(concurrencies) < 1:
+        raise SpecBenchError(f"concurrencies must be distinct positive integers, got {concurrencies}")
     if settings.prompt_format not in PROMPT_FORMATS:
         raise SpecBenchError(
             f"prompt format must be one of {', '.join(PROMPT_FORMATS)}, got {settings.prompt_format!r}"
@@ -245,37 +265,49 @@ def run_bench(
     cache = ResultCache(cache_path)
     if cache.skipped_lines:
         print(f"cache {cache_path}: ignored {cache.skipped_lines} unreadable line(s)", file=sys.stderr)
+    levels = {c: replace(settings, concurrency=c) for c in concurrencies}
+    total = sum(len(q.turns) for q in questions)
     tokenizers: dict = {}
+
+    def pending(config: ServerConfig, s: BenchSettings) -> int:
+        fp = fingerprint(config, s)
+        return sum(cache.get(turn_key(config.name, fp, q, t)) is None for q in questions for t in range(len(q.turns)))
+
     for config in configs:
-        fp = fingerprint(config, settings)
-        total = sum(len(q.turns) for q in questions)
-        pending = sum(
-            cache.get(turn_key(config.name, fp, q, t)) is None for q in questions for t in range(len(q.turns))
-        )
-        if pending == 0:
+        todo = {c: pending(config, s) for c, s in levels.items()}
+        if not any(todo.values()):
             print(f"[{config.name}] all {total} turns are cached in {cache_path}: nothing to run", flush=True)
             continue
-        print(f"[{config.name}] {pending} of {total} turns to run ({total - pending} cached)", flush=True)
         with Server(config, settings, log_dir) as server:
-            _run_config(config, server, questions, settings, cache, fp, tokenizers, progress, pending)
-    records = {
-        c.name: [
-            r
-            for q in questions
-            for t in range(len(q.turns))
-            if (r := cache.get(turn_key(c.name, fingerprint(c, settings), q, t))) is not None
-        ]
-        for c in configs
-    }
-    return {
-        "runs": summarize(configs, questions, records),
-        "parity": parity(configs, questions, records, settings.temperature, pairs),
-        "device": device_name(),
-        "versions": versions(),
-        "command": command,
-        "concurrency": settings.concurrency,
-        "temperature": settings.temperature,
-    }
+            for c, s in levels.items():
+                if not todo[c]:
+                    continue
+                print(
+                    f"[{config.name}] concurrency {c}: {todo[c]} of {total} turns to run ({total - todo[c]} cached)",
+                    flush=True,
+                )
+                _run_config(config, server, questions, s, cache, fingerprint(config, s), tokenizers, progress, todo[c])
+    out = {}
+    for c, s in levels.items():
+        records = {
+            cfg.name: [
+                r
+                for q in questions
+                for t in range(len(q.turns))
+                if (r := cache.get(turn_key(cfg.name, fingerprint(cfg, s), q, t))) is not None
+            ]
+            for cfg in configs
+        }
+        out[c] = {
+            "runs": summarize(configs, questions, records),
+            "parity": parity(configs, questions, records, settings.temperature, pairs),
+            "device": device_name(),
+            "versions": versions(),
+            "command": command,
+            "concurrency": c,
+            "temperature": settings.temperature,
+        }
+    return out
 
 
 def run(args) -> int:
@@ -284,10 +316,11 @@ def run(args) -> int:
     configs = configs_from_args(args)
     check_unique(configs)  # also: at least one configuration
     questions = load_bench_questions(spec_bench_file(args.questions), args.limit_per_category, args.categories)
+    levels = list(args.concurrency)
     settings = BenchSettings(
         temperature=args.temperature,
         max_new_tokens=args.max_new_tokens,
-        concurrency=args.concurrency,
+        concurrency=levels[0],
         prompt_format=args.prompt_format,
         tokenizer=args.tokenizer,
         **server_settings(args),
@@ -295,30 +328,34 @@ def run(args) -> int:
     turns = sum(len(q.turns) for q in questions)
     print(
         f"{len(questions)} questions ({turns} turns) x {len(configs)} configurations: "
-        + ", ".join(f"{c.name} ({c.algorithm})" for c in configs),
+        + ", ".join(f"{c.name} ({c.algorithm})" for c in configs)
+        + f"; concurrency {', '.join(map(str, levels))}",
         flush=True,
     )
     with sigterm_as_interrupt():
         cache = args.cache or args.out / "specbench-cache.jsonl"
-        result = run_bench(
+        results = run_bench_levels(
             configs,
             questions,
             settings,
+            levels,
             cache_path=cache,
             log_dir=args.out / "logs",
             command=args.command_line,
             progress=not args.no_progress,
         )
-    paths = write_report(result, args.out, args.name)
-    print()
-    print(markdown(result), end="")
-    print()
-    for path in paths:
-        print(f"wrote {path}")
-    failures = parity_failures(result["parity"])
-    if failures:
-        print("greedy parity FAILED (see the report's Greedy parity section):", file=sys.stderr)
-        for line in failures:
-            print(f"  {line}", file=sys.stderr)
-        return 1
-    return 0
+    failed = False
+    for c, result in results.items():
+        paths = write_report(result, args.out, args.name if len(levels) == 1 else f"{args.name}-c{c}")
+        print()
+        print(markdown(result), end="")
+        print()
+        for path in paths:
+            print(f"wrote {path}")
+        failures = parity_failures(result["parity"])
+        if failures:
+            failed = True
+            print(f"greedy parity FAILED at concurrency {c} (see the report's Greedy parity section):", file=sys.stderr)
+            for line in failures:
+                print(f"  {line}", file=sys.stderr)
+    return 1 if failed else 0
