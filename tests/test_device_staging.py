@@ -854,3 +854,36 @@ def test_train_resumes_across_calls_and_returns_the_draft_every_call(tmp_path):
     with tarfile.open(dev.out / "train.tar.gz") as t:
         assert "train/training.json" in t.getnames() and "train/train.log" in t.getnames()
     assert (dev.work / "done" / "train").read_text().strip() == "0"
+
+
+def test_every_plans_settings_parse_with_the_commands_they_are_for():
+    """The options a plan writes into its commands (SV_*_ARGS) are the CLI's own: a renamed or dropped
+    option fails here, not on a lent GPU."""
+    import shlex as sh
+
+    from sglang_specvocab import cli
+
+    commands = {
+        "SV_BENCH_ARGS": ["bench", "kernels", "--out", "k.json", "--time-budget-s", "60"],
+        "SV_PARITY_ARGS": ["check-lossless", "--tiny", "t", "--out", "o", "--server-args", "--context-length 16384"],
+        "SV_LATENCY_ARGS": ["bench", "rounds", "--out", "o", "--checkpoints", "c"],
+        "SV_SPECBENCH_ARGS": ["bench", "specbench", "--configs", "c.yaml", "--out", "o", "--name", "specbench"],
+        "SV_TRAIN_ARGS": ["train-eagle3", "--target", "gemma3-270m", "--head", "full", "--time-budget-s", "400"],
+    }
+    seen = set()
+    for lease in stage.ORDER:
+        for settings in stage.LEASES[lease].settings.values():
+            for var, value in settings.items():
+                if var in commands:
+                    extra = (
+                        ["--concurrency", settings["SV_SPECBENCH_CONCURRENCY"]] if var == "SV_SPECBENCH_ARGS" else []
+                    )
+                    args = cli.parser().parse_args([*commands[var], *extra, *sh.split(value)])
+                    assert callable(args.run)
+                    seen.add(var)
+    assert seen == {"SV_BENCH_ARGS", "SV_PARITY_ARGS", "SV_LATENCY_ARGS", "SV_SPECBENCH_ARGS"}
+    for tests in stage.LEASES["K"].settings["tests"]["SV_TESTS"].split():
+        assert (ROOT / tests).is_file()
+    run_sh = RUN_SH.read_text()  # run.sh's own default train options parse too
+    default = re.search(r'TRAIN_ARGS="\$\{SV_TRAIN_ARGS:-(.*)\}"', run_sh).group(1)
+    assert callable(cli.parser().parse_args([*commands["SV_TRAIN_ARGS"], *sh.split(default)]).run)
