@@ -70,9 +70,16 @@ def _int_csv(text: str) -> list[int]:
 
 
 def _distinct_positive_csv(text: str) -> list[int]:
-    out = [POSITIVE(x) for x in _csv(text)] if _csv(text) else [POSITIVE(text)]
-    if len(set(out)) != len(out):
-        raise argparse.ArgumentTypeError(f"{text!r} names a value twice")
+    """``_int_csv``, strict (``1.5`` is refused, not read as 1) and with no value named twice; order kept."""
+    try:
+        out = [int(x) for x in _csv(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be integers separated by commas, got {text!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"must be positive integers separated by commas, got {text!r}")
+    twice = sorted({x for x in out if out.count(x) > 1})
+    if twice:
+        raise argparse.ArgumentTypeError(f"{text!r} names {', '.join(map(str, twice))} twice")
     return out
 
 
@@ -647,9 +654,9 @@ def _int_list_any(text: str) -> list[int]:
 
 
 def _run_train_eagle3(args) -> int:
-    from time import perf_counter
+    from time import perf_counter  # the clock only: the command's start, before the heavy imports
 
-    args.started = perf_counter()  # --time-budget-s counts from here, before the heavy imports
+    args.started = perf_counter()  # --time-budget-s counts from here
     from .train.train import run  # heavy: transformers
 
     return run(args)
@@ -1059,6 +1066,12 @@ draft and tree arguments, or control=NAME); a turn after a differing turn is not
 status 1 when a DYNVOCAB turn differs from both its control and the target (without a control: from
 the target); OUT/NAME.json lists every differing turn. At temperature > 0 nothing is compared.
 
+Several concurrencies (--concurrency 1,8): each configuration's server is started once and asked at
+every concurrency in turn, in the order given, before the next configuration's starts. Each
+concurrency has its own result, OUT/NAME-cN.json/.md/.png (speed table and greedy parity), the same
+as a run at that concurrency alone would write; a turn cached at one concurrency is never used for
+another. Exit status 1 when greedy parity fails at any of them.
+
 Questions: --questions, else the Spec-Bench file beside a source checkout (../shared/data/spec_bench/question.jsonl).
 """
 
@@ -1125,8 +1138,8 @@ def _add_bench_specbench(sub) -> None:
         type=_distinct_positive_csv,
         default=[1],
         metavar="N[,N]",
-        help="questions in flight at once (default: 1); several (1,8): each server starts once and is asked at "
-        "each in turn, the results as NAME-cN",
+        help="questions in flight at once (default: 1); several, e.g. 1,8: each server starts once and is asked "
+        "at each in turn, one result per concurrency (OUT/NAME-cN.*)",
     )
     p.add_argument(
         "--temperature",

@@ -2,9 +2,13 @@
 
 import json
 import math
+import os
+import re
 import shlex
+import signal
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -588,7 +592,7 @@ def test_bad_inputs_give_clear_errors(tokdir, questions, tmp_path, capsys):
     rc, cap = _run(["--configs", str(yaml_file), "--questions", str(questions)] + common, capsys)
     assert rc == 2 and "c.yaml entry 1 (config 'a'): needs 'args'" in cap.err
     for args, message in (
-        (["--concurrency", "0"], "argument --concurrency: must be at least 1, got 0"),
+        (["--concurrency", "0"], "argument --concurrency: must be positive integers separated by commas, got '0'"),
         (["--temperature", "-1"], "argument --temperature: must be at least 0.0, got -1.0"),
         ([], "no configurations: give --config and/or --configs"),
     ):
@@ -838,18 +842,21 @@ def test_parity_without_a_control_lists_every_difference_in_the_json():
 
 
 class AlteredSGLang(FakeSGLang):
-    """FakeSGLang whose answer to a prompt containing ``marker`` gets ``suffix`` appended."""
+    """FakeSGLang whose answer to a prompt containing ``marker`` gets ``suffix`` appended (only after its
+    first ``after`` requests: a server that goes wrong later, e.g. at the second concurrency)."""
 
-    def __init__(self, tokenizer_path, marker=None, suffix=" (changed)", **kw):
+    def __init__(self, tokenizer_path, marker=None, suffix=" (changed)", after=0, **kw):
         from transformers import AutoTokenizer
 
-        self.marker, self.suffix = marker, suffix
+        self.marker, self.suffix, self.after = marker, suffix, after
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         super().__init__(tokenizer_path, **kw)
 
     def reply(self, payload):
         reply = super().reply(payload)
-        if self.marker and self.marker in self.tokenizer.decode(payload["input_ids"]):
+        with self.lock:
+            late = len(self.requests) > self.after
+        if late and self.marker and self.marker in self.tokenizer.decode(payload["input_ids"]):
             reply["text"] += self.suffix
         return reply
 
@@ -942,9 +949,34 @@ def test_an_ambiguous_control_is_refused_before_any_server_starts(questions, tmp
     assert "launching:" not in cap.out and not (tmp_path / "o" / "logs").exists()
 
 
-def test_several_concurrencies_start_each_server_once(tokdir, questions, tmp_path, capsys):
-    """--concurrency 1,3: each launched server is asked at 1, then 3, before the next starts; one result
-    per concurrency (NAME-cN), each what a run at that concurrency alone reports; the cache resumes."""
+# --- several concurrencies in one run -----------------------------------------------------------
+
+LEVEL_LINE = re.compile(r"^\[(\S+)\] (launching|concurrency \d+):", re.MULTILINE)
+
+
+def _events(out: str) -> list[str]:
+    """What a run did, in order, from its output: '<config> launching', '<config> concurrency N'."""
+    return [f"{name} {what}" for name, what in LEVEL_LINE.findall(out)]
+
+
+def _rows(result: dict) -> list[tuple]:
+    """The speed table without its timings: who, which category, how many questions, accept length."""
+    return [(r["config"], r["algorithm"], r["category"], r["n"], r["accept_length"]) for r in result["runs"]]
+
+
+def _counts_by_row(result: dict) -> dict:
+    return {(r["config"], r["category"]): r["n"] for r in result["runs"]}
+
+
+def _timed(fake) -> int:
+    return len(fake.timed())
+
+
+def _warmups(fake) -> int:
+    return len(fake.requests) - len(fake.timed())
+
+
+def _launched_configs(tmp_path: Path, tokdir: Path) -> Path:
     launcher = [
         sys.executable,
         "-c",
@@ -957,25 +989,281 @@ def test_several_concurrencies_start_each_server_once(tokdir, questions, tmp_pat
         f"  - name: spec\n    args: [--model-path, {tokdir}, --accept, '2', --speculative-algorithm, eagle3]\n"
         f"    launcher: {json.dumps(launcher)}\n"
     )
+    return configs
+
+
+def test_several_concurrencies_start_each_server_once(tokdir, questions, tmp_path, capsys):
+    """--concurrency 1,3: each launched server starts once and is asked at 1, then 3, before the next
+    starts; one result per concurrency (NAME-cN), each the table a run at that concurrency alone writes."""
+    configs = _launched_configs(tmp_path, tokdir)
+    common = ["--configs", str(configs), "--questions", str(questions), "--warmup", "0", "--no-progress"]
+    common += ["--limit-per-category", "1", "--server-timeout", "120"]
     out = tmp_path / "out"
-    common = ["--configs", str(configs), "--questions", str(questions), "--out", str(out), "--warmup", "0"]
-    common += ["--no-progress", "--limit-per-category", "1", "--server-timeout", "120"]
-    rc, cap = _run([*common, "--concurrency", "1,3"], capsys)
+    rc, cap = _run([*common, "--out", str(out), "--concurrency", "1,3"], capsys)
     assert rc == 0, cap.err
-    assert cap.out.count("launching:") == 2  # one start per configuration, not per concurrency
-    order = [
-        line.split("]")[0][1:] + line.split(":")[0][-2:] for line in cap.out.splitlines() if " turns to run" in line
+    assert "x 2 configurations: ar (none), spec (EAGLE3); concurrency 1, 3\n" in cap.out
+    assert _events(cap.out) == [
+        "ar launching",
+        "ar concurrency 1",
+        "ar concurrency 3",
+        "spec launching",
+        "spec concurrency 1",
+        "spec concurrency 3",
     ]
-    assert order == ["ar 1", "ar 3", "spec 1", "spec 3"]  # each server asked at both before the next starts
-    one, three = (json.loads((out / f"specbench-c{c}.json").read_text()) for c in (1, 3))
-    assert not (out / "specbench.json").exists() and (out / "specbench-c3.md").is_file()
-    assert (one["concurrency"], three["concurrency"]) == (1, 3)
-    rows = lambda r: [(x["config"], x["category"], x["n"], x["accept_length"]) for x in r["runs"]]
-    assert rows(one) == rows(three) and len(rows(one)) > 2  # the same answers at either concurrency
-    assert one["parity"]["parity_ok"] and three["parity"]["parity_ok"]
-    rc, cap = _run([*common, "--concurrency", "3"], capsys)  # c3 alone: all cached, same table, no launch
-    assert rc == 0 and "launching:" not in cap.out and cap.out.count("nothing to run") == 2
-    assert rows(json.loads((out / "specbench.json").read_text())) == rows(three)
-    for bad, message in (("1,1", "'1,1' names a value twice"), ("1,0", "must be at least 1, got 0")):
-        rc, cap = _run([*common, "--concurrency", bad], capsys)
-        assert rc == 2 and f"argument --concurrency: {message}" in cap.err
+    assert "[ar] concurrency 3: 4 of 4 turns to run (0 cached)" in cap.out  # 3 questions, mt_bench's of 2 turns
+    assert sorted(p.name for p in out.glob("specbench-c[0-9]*")) == [
+        "specbench-c1.json",
+        "specbench-c1.md",
+        "specbench-c1.png",
+        "specbench-c3.json",
+        "specbench-c3.md",
+        "specbench-c3.png",
+    ]
+    assert not (out / "specbench.json").exists()
+    for c in (1, 3):
+        assert f"wrote {out / f'specbench-c{c}.json'}" in cap.out
+    both = {c: json.loads((out / f"specbench-c{c}.json").read_text()) for c in (1, 3)}
+    assert {c: r["concurrency"] for c, r in both.items()} == {1: 1, 3: 3}
+    assert "concurrency 3, temperature 0" in (out / "specbench-c3.md").read_text()
+    assert "concurrency 1, temperature 0" in (out / "specbench-c1.md").read_text()
+
+    # the same, one concurrency a run (each starting both servers again), into fresh directories
+    for c in (1, 3):
+        alone = tmp_path / f"alone-{c}"
+        rc, cap = _run([*common, "--out", str(alone), "--concurrency", str(c)], capsys)
+        assert rc == 0, cap.err
+        assert _events(cap.out) == ["ar launching", f"ar concurrency {c}", "spec launching", f"spec concurrency {c}"]
+        result = json.loads((alone / "specbench.json").read_text())
+        assert set(result) == set(both[c]) == EXPECTED_KEYS and result["concurrency"] == c
+        assert _rows(result) == _rows(both[c])
+        assert _counts_by_row(result) == {
+            (cfg, cat): n
+            for cfg in ("ar", "spec")
+            for cat, n in (("mt_bench", 1), ("translation", 1), ("qa", 1), ("overall", 3))
+        }
+        assert result["parity"] == both[c]["parity"] and result["parity"]["parity_ok"] is True
+
+
+def test_a_turn_cached_at_one_concurrency_is_never_used_at_another(tokdir, questions, tmp_path, capsys):
+    """Each concurrency has its own cache keys: after a run at 1, a run at 8,1 asks every turn again at 8
+    (in the order given, warming the server up once) and takes those at 1 from the cache."""
+    out = tmp_path / "out"
+    with FakeSGLang(tokdir, accept=2.0) as fake:
+        args = ["--config", f"name=a,algorithm=EAGLE3,url={fake.url}", "--questions", str(questions)]
+        args += ["--out", str(out), "--warmup", "2", "--no-progress"]
+        rc, cap = _run([*args, "--concurrency", "1"], capsys)
+        assert rc == 0, cap.err
+        assert (_warmups(fake), _timed(fake)) == (2, 7)
+        alone = json.loads((out / "specbench.json").read_text())
+
+        rc, cap = _run([*args, "--concurrency", "8,1"], capsys)
+        assert rc == 0, cap.err
+        assert _events(cap.out) == ["a concurrency 8", "a concurrency 1"]
+        assert "[a] concurrency 8: 7 of 7 turns to run (0 cached)" in cap.out
+        assert "[a] concurrency 1: all 7 turns are cached" in cap.out
+        assert (_warmups(fake), _timed(fake)) == (2 + 2, 7 + 7)  # every turn again at 8; warmed up once
+        eight, one = (json.loads((out / f"specbench-c{c}.json").read_text()) for c in (8, 1))
+        assert (eight["concurrency"], one["concurrency"]) == (8, 1)
+        assert one["runs"] == alone["runs"] and one["parity"] == alone["parity"]  # the same cached turns
+        assert _rows(eight) == _rows(alone)  # the fake answers alike at any concurrency
+
+        records = [json.loads(line) for line in (out / "specbench-cache.jsonl").read_text().splitlines()]
+        assert len(records) == len({r["key"] for r in records}) == 14
+        by_fp: dict = {}
+        for r in records:
+            by_fp.setdefault(r["fingerprint"], set()).add((r["question_id"], r["turn"]))
+        assert len(by_fp) == 2 and all(len(turns) == 7 for turns in by_fp.values())
+
+        rc, cap = _run([*args, "--concurrency", "1,8"], capsys)  # all cached at both: no request
+        assert rc == 0 and "[a] all 7 turns are cached in" in cap.out and _events(cap.out) == []
+        assert len(fake.requests) == 4 + 14
+        assert json.loads((out / "specbench-c8.json").read_text())["runs"] == eight["runs"]
+
+        rc, cap = _run([*args, "--concurrency", "2,4"], capsys)  # both new: asked at each, warmed up once
+        assert rc == 0 and _events(cap.out) == ["a concurrency 2", "a concurrency 4"]
+        assert (_warmups(fake), _timed(fake)) == (4 + 2, 14 + 14)
+
+
+class InterruptingSGLang(FakeSGLang):
+    """FakeSGLang that sends this process SIGTERM (a job runner's ``timeout``) on its request number
+    ``kill_at``, before answering it; from that request on it answers ``delay`` seconds late."""
+
+    def __init__(self, tokenizer_path, kill_at, delay=0.3, **kw):
+        self.kill_at, self.delay, self.seen = kill_at, delay, 0
+        super().__init__(tokenizer_path, **kw)
+
+    def reply(self, payload):
+        with self.lock:
+            self.seen += 1
+            n = self.seen
+        if n == self.kill_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        if n >= self.kill_at:
+            time.sleep(self.delay)
+        return super().reply(payload)
+
+
+def test_an_interrupted_run_at_several_concurrencies_resumes(tokdir, questions, tmp_path, capsys):
+    """SIGTERM while the first server is asked at 8 (all its turns at 1 done): exit 130, no result
+    written; the same command then asks only the turns not cached, and writes what an uninterrupted
+    run writes."""
+    out = tmp_path / "out"
+    with FakeSGLang(tokdir) as base, InterruptingSGLang(tokdir, kill_at=8, accept=2.0) as spec:
+        args = [
+            "--config",
+            f"name=spec,algorithm=EAGLE3,url={spec.url}",
+            "--config",
+            f"name=base,algorithm=none,url={base.url}",
+            "--questions",
+            str(questions),
+            "--warmup",
+            "0",
+            "--no-progress",
+            "--concurrency",
+            "1,8",
+        ]
+        rc, cap = _run([*args, "--out", str(out)], capsys)
+        for t in threading.enumerate():  # turns in flight at the signal end (and are cached) in the background
+            if t.name.startswith("specbench-"):
+                t.join(timeout=30)
+        assert rc == 130, cap.err
+        assert "interrupted; finished turns are cached, rerun the same command to resume" in cap.err
+        assert _events(cap.out) == ["spec concurrency 1", "spec concurrency 8"]
+        assert not list(out.glob("specbench-c[0-9]*"))
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        records = [json.loads(line) for line in (out / "specbench-cache.jsonl").read_text().splitlines()]
+        assert {r["config"] for r in records} == {"spec"} and len(base.requests) == 0
+        at_one = next(r["fingerprint"] for r in records if r["turn"] == 1)  # second turns: asked at 1 only
+        cached_at_8 = sum(r["fingerprint"] != at_one for r in records)
+        assert sum(r["fingerprint"] == at_one for r in records) == 7
+        assert 1 <= cached_at_8 <= 5  # first turns only: no second turn is asked after the signal
+
+        rc, cap = _run([*args, "--out", str(out)], capsys)
+        assert rc == 0, cap.err
+        assert _events(cap.out) == [
+            "spec concurrency 1",
+            "spec concurrency 8",
+            "base concurrency 1",
+            "base concurrency 8",
+        ]
+        assert "[spec] concurrency 1: all 7 turns are cached" in cap.out
+        assert f"[spec] concurrency 8: {7 - cached_at_8} of 7 turns to run ({cached_at_8} cached)" in cap.out
+        assert "[base] concurrency 8: 7 of 7 turns to run (0 cached)" in cap.out
+        assert len(spec.requests) == 7 + cached_at_8 + (7 - cached_at_8)  # each turn asked once at each
+        assert len(base.requests) == 14
+        resumed = {c: json.loads((out / f"specbench-c{c}.json").read_text()) for c in (1, 8)}
+
+        fresh = tmp_path / "fresh"
+        rc, cap = _run([*args, "--out", str(fresh)], capsys)  # uninterrupted (the signal was sent once)
+        assert rc == 0, cap.err
+    for c in (1, 8):
+        whole = json.loads((fresh / f"specbench-c{c}.json").read_text())
+        assert resumed[c]["concurrency"] == whole["concurrency"] == c
+        assert _rows(resumed[c]) == _rows(whole) and resumed[c]["parity"] == whole["parity"]
+        assert _counts_by_row(whole) == {
+            (cfg, cat): n
+            for cfg in ("spec", "base")
+            for cat, n in (("mt_bench", 2), ("translation", 2), ("qa", 1), ("overall", 5))
+        }
+
+
+def test_greedy_parity_failing_at_one_concurrency_exits_1(tokdir, questions, tmp_path, capsys):
+    """DYNVOCAB identical at 1 but not at 8: exit 1, the failure named with its concurrency, both results
+    written."""
+    out = tmp_path / "out"
+    with (
+        FakeSGLang(tokdir) as target,
+        FakeSGLang(tokdir, accept=2.0) as eagle3,
+        AlteredSGLang(tokdir, "Hamlet", after=3, accept=2.0) as dyn,  # 3 turns a concurrency: wrong at the second
+    ):
+        rc, cap = _run(
+            [
+                "--config",
+                f"name=target,algorithm=none,url={target.url}",
+                "--config",
+                f"name=eagle3-full,algorithm=EAGLE3,url={eagle3.url}",
+                "--config",
+                f"name=dynvocab-hybrid,algorithm=DYNVOCAB,url={dyn.url},control=eagle3-full",
+                "--questions",
+                str(questions),
+                "--categories",
+                "translation,qa",
+                "--out",
+                str(out),
+                "--warmup",
+                "0",
+                "--no-progress",
+                "--concurrency",
+                "1,8",
+            ],
+            capsys,
+        )
+    assert rc == 1, cap.err
+    assert len(dyn.requests) == 6
+    assert "greedy parity FAILED at concurrency 8" in cap.err and "at concurrency 1" not in cap.err
+    assert "dynvocab-hybrid: differs from its control on 1 turn" in cap.err
+    one, eight = (json.loads((out / f"specbench-c{c}.json").read_text()) for c in (1, 8))
+    assert one["parity"]["parity_ok"] is True and eight["parity"]["parity_ok"] is False
+    assert "**parity ok" in (out / "specbench-c1.md").read_text()
+    assert "**parity FAILED" in (out / "specbench-c8.md").read_text()
+    [diff] = next(r for r in eight["parity"]["configs"] if r["config"] == "dynvocab-hybrid")["ours_turns"]
+    assert diff == {"question_id": "301", "category": "qa", "turn": 1}
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("1,1", "'1,1' names 1 twice"),
+        ("8,1,8", "'8,1,8' names 8 twice"),
+        ("1,0", "must be positive integers separated by commas, got '1,0'"),
+        ("8,-1", "must be positive integers separated by commas, got '8,-1'"),
+        (",", "must be positive integers separated by commas, got ','"),
+        ("1,x", "must be integers separated by commas, got '1,x'"),
+        ("1.5", "must be integers separated by commas, got '1.5'"),
+        ("1;8", "must be integers separated by commas, got '1;8'"),
+    ],
+)
+def test_bad_concurrency_lists_are_refused(questions, tmp_path, capsys, value, message):
+    rc, cap = _run(
+        [
+            "--config",
+            "name=a,args=--model-path m",
+            "--questions",
+            str(questions),
+            "--out",
+            str(tmp_path / "o"),
+            f"--concurrency={value}",
+        ],
+        capsys,
+    )
+    usage = "(see sglang-specvocab bench specbench --help)"
+    assert rc == 2 and cap.err.strip().splitlines() == [
+        f"error: sglang-specvocab bench specbench: argument --concurrency: {message} {usage}"
+    ]
+    assert cap.out == "" and not (tmp_path / "o").exists()
+
+
+def test_a_concurrency_list_with_spaces_is_read_in_its_order(tokdir, questions, tmp_path, capsys):
+    with FakeSGLang(tokdir) as fake:
+        rc, cap = _run(
+            [
+                "--config",
+                f"name=a,algorithm=none,url={fake.url}",
+                "--questions",
+                str(questions),
+                "--categories",
+                "qa",
+                "--out",
+                str(tmp_path / "o"),
+                "--warmup",
+                "0",
+                "--no-progress",
+                "--concurrency",
+                " 4, 2 ,1",
+            ],
+            capsys,
+        )
+    assert rc == 0, cap.err
+    assert _events(cap.out) == ["a concurrency 4", "a concurrency 2", "a concurrency 1"]
+    recorded = {c: json.loads((tmp_path / "o" / f"specbench-c{c}.json").read_text())["concurrency"] for c in (4, 2, 1)}
+    assert recorded == {4: 4, 2: 2, 1: 1}

@@ -14,6 +14,11 @@ At temperature 0 the report also compares the greedy outputs (``specbench_report
 configuration against the first, each DYNVOCAB configuration against its EAGLE3 control; ``run``
 exits 1 when a DYNVOCAB turn differs from both its control and the target.
 
+Several concurrencies (``run_bench_levels``, ``--concurrency 1,8``): each server is started once and
+asked at every concurrency in turn (warmed up once), before the next configuration's starts; one
+result per concurrency. The concurrency is in the settings ``fingerprint``, so in every turn's key: a
+turn cached at one concurrency is never used for another.
+
 Results are cached per turn (``ResultCache``, ``turn_key``); ``specbench_report`` makes the table.
 """
 
@@ -159,7 +164,9 @@ def _run_config(
     tokenizers: dict,
     progress: bool,
     pending: int,
+    warmup: int,
 ) -> None:
+    """Ask ``questions`` of one running server at ``settings.concurrency``, after ``warmup`` untimed requests."""
     from tqdm import tqdm  # the lab extra (progress bars)
 
     tok_path = settings.tokenizer
@@ -188,7 +195,7 @@ def _run_config(
             raise
 
     first = prompt_ids(tokenizer, settings.prompt_format, [questions[0].turns[0]], [])
-    for _ in range(settings.warmup):  # CUDA graphs, JIT and caches: not timed, not recorded
+    for _ in range(warmup):  # CUDA graphs, JIT and caches: not timed, not recorded
         generate(first, {**sampling, "max_new_tokens": min(32, settings.max_new_tokens)})
 
     stop = threading.Event()
@@ -279,14 +286,18 @@ def run_bench_levels(
             print(f"[{config.name}] all {total} turns are cached in {cache_path}: nothing to run", flush=True)
             continue
         with Server(config, settings, log_dir) as server:
+            warmup = settings.warmup  # once per server: the later concurrencies find it warm
             for c, s in levels.items():
                 if not todo[c]:
+                    print(f"[{config.name}] concurrency {c}: all {total} turns are cached", flush=True)
                     continue
                 print(
                     f"[{config.name}] concurrency {c}: {todo[c]} of {total} turns to run ({total - todo[c]} cached)",
                     flush=True,
                 )
-                _run_config(config, server, questions, s, cache, fingerprint(config, s), tokenizers, progress, todo[c])
+                fp = fingerprint(config, s)
+                _run_config(config, server, questions, s, cache, fp, tokenizers, progress, todo[c], warmup)
+                warmup = 0
     out = {}
     for c, s in levels.items():
         records = {
@@ -312,7 +323,8 @@ def run_bench_levels(
 
 def run(args) -> int:
     """``sglang-specvocab bench specbench``: configurations, questions, the run (resumable), the report.
-    0 when done, 1 when greedy parity fails (temperature 0: a DYNVOCAB turn differs from its control and the target)."""
+    0 when done, 1 when greedy parity fails at any concurrency (temperature 0: a DYNVOCAB turn differs from its
+    control and the target). Several concurrencies: one result each, written as OUT/NAME-cN.*."""
     configs = configs_from_args(args)
     check_unique(configs)  # also: at least one configuration
     questions = load_bench_questions(spec_bench_file(args.questions), args.limit_per_category, args.categories)
