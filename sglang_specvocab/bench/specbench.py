@@ -231,21 +231,6 @@ def _run_config(
         bar.close()
 
 
-def run_bench(
-    configs: list[ServerConfig],
-    questions: list[Question],
-    settings: BenchSettings,
-    cache_path: Path,
-    log_dir: Path,
-    command: str,
-    progress: bool = True,
-) -> dict:
-    """Ask every question of every configuration at ``settings.concurrency`` (skipping cached turns)."""
-    return run_bench_levels(
-        configs, questions, settings, [settings.concurrency], cache_path, log_dir, command, progress
-    )[settings.concurrency]
-
-
 def run_bench_levels(
     configs: list[ServerConfig],
     questions: list[Question],
