@@ -25,6 +25,14 @@ where this rank (or the draft) has none. The set rows of the batch are mapped on
 their request's slot, so the kernel reads a request's rows once for all its hidden rows; an id with no local row is
 a dead column (a negative id). With ``group`` (tp_size > 1) the top-k is a local top-k merged across ranks.
 
+CUDA graphs. The server runs the head inside SGLang's captured graphs and, in the draft extend, its top-k eagerly
+after the replay, where no Python of the head ran. So the head keeps no state of its last call: what a call's logits
+mean is a pure function of the call's shape key ``(bs, n)`` (``plan``, cached) plus tensors the call writes in place
+(the union's column map lives in the static buffer ``union_ids``; the per-request map is the table; the stock map is
+fixed). ``output(logits, rows, key)`` rebuilds the column map of logits from the key of the call that produced them,
+so a caller that replayed a graph captured at batch size B passes ``(B, n)``. ``union_ids`` holds the last union
+call's map: read it before the next union call (the draft loops do).
+
 ``head.mode: packed`` (the lab's MicroSpec ablation; the server refuses it) keeps each request's rows in a buffer
 ``[R, W, d]`` that ``refresh(rows)`` updates after each set change, copying only the rows that entered, on a side CUDA
 stream; the head waits for that copy just before it runs (a caller replaying the head in a CUDA graph calls
@@ -61,6 +69,7 @@ class HeadOutput:
     group: Any = None  # process group of the top-k merge (tp_size > 1)
     tp_size: int = 1
     topk_op: Callable | None = None  # compact_topk of the head's backend: the one-rank top-k in one op
+    plan: str = ""  # the plan of the call that produced the logits (one of PLANS)
 
     def _fused(self, k: int, mode: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """``compact_topk`` where it applies (one rank, k within the op's limit), else None."""
@@ -171,8 +180,7 @@ class DraftHead:
         self.union_sizes = union_sizes or headcost.shipped_union_sizes()
         self.union_overflow = torch.zeros((), dtype=torch.int64, device=dev)  # calls whose union passed C
         self._plans: dict[tuple[int, int], str] = {}
-        self.last_mode: str | None = None
-        self._union_ids: torch.Tensor | None = None
+        self.union_ids: torch.Tensor | None = None  # the last union call's column map [C] (a static buffer)
         # The top-k has no Triton version: a Triton head (or auto) gets the extension's where it runs, else torch.
         self._topk = ops.implementation(ops.update_backend(kernel), dev, "compact_topk")
         if table is None:
@@ -183,6 +191,10 @@ class DraftHead:
         if C < self.capacity:
             raise ValueError(f"DraftHead: union_capacity = {C} must be at least the set capacity {self.capacity}")
         self.union_capacity = min(C, self.vocab_size)
+        # Written in place by every union call (captured or eager), so a graph replay refreshes what the eager top-k
+        # reads; column C is the sink of ids past the capacity.
+        self._union_buf = torch.full((self.union_capacity + 1,), -1, dtype=torch.long, device=dev)
+        self.union_ids = self._union_buf[: self.union_capacity]
         self._indexed = ops.implementation(kernel, dev, "indexed_logits")
         if mode == "fused":
             self._logits = self._indexed
@@ -231,6 +243,11 @@ class DraftHead:
             self._plans[(bs, n)] = mode
         return mode
 
+    @property
+    def planned(self) -> dict[tuple[int, int], str]:
+        """Every call shape ``(bs, n)`` planned so far (each call plans its own) and its plan."""
+        return dict(self._plans)
+
     # --- packed mode ----------------------------------------------------------------------------------
 
     def refresh(self, rows: torch.Tensor) -> None:
@@ -266,8 +283,8 @@ class DraftHead:
             raise ValueError(
                 f"DraftHead: {N} hidden rows do not split evenly over {bs} requests (rows must be request-major)"
             )
-        mode = self.plan(max(bs, 1), N // bs if N else 1)
-        self.last_mode = mode
+        key = (max(bs, 1), N // bs if N else 1)
+        mode = self.plan(*key)
         hidden = hidden.to(weight.dtype)
         if mode == "stock":
             logits = self._stock(hidden, weight)
@@ -280,26 +297,35 @@ class DraftHead:
         if self.logit_softcap:
             c = self.logit_softcap
             logits = torch.where(torch.isneginf(logits), logits, torch.tanh(logits / c) * c)
-        return self.output(logits, rows)
+        return self.output(logits, rows, key)
 
-    def output(self, logits: torch.Tensor, rows: torch.Tensor) -> HeadOutput:
-        """The column map of logits from the last call (its mode), for ``rows`` (request-major, any rows per request:
-        the server's draft extend keeps one row per request of a call that scored several)."""
-        mode = self.last_mode
-        if mode is None:
-            raise RuntimeError("DraftHead.output: no head call yet (the logits' mode is unknown)")
+    def output(self, logits: torch.Tensor, rows: torch.Tensor, key: tuple[int, int]) -> HeadOutput:
+        """The column map of ``logits`` produced by a call of shape key ``key = (bs, n)`` (``bs`` requests of ``n``
+        rows: for a replayed graph, its captured batch size), read for ``rows`` (request-major, any rows per request:
+        the server's draft extend keeps one row per request of a call that scored several, and a replay's logits
+        drop the graph's padding rows). A union's map is the last union call's (``union_ids``)."""
+        mode = self.plan(*key)
         fallback = self.table.fallback_id if self.table is not None else 0
-        common = {"fallback_id": fallback, "group": self.group, "tp_size": self.tp_size, "topk_op": self._topk}
+        common = {
+            "fallback_id": fallback,
+            "group": self.group,
+            "tp_size": self.tp_size,
+            "topk_op": self._topk,
+            "plan": mode,
+        }
         if mode == "stock":
             out = HeadOutput(logits, self.stock_ids, col_offset=self.start, **common)
         elif mode == "per-request":
             ids = self.packed_ids if self.mode == "packed" else self.table.ids
             out = HeadOutput(logits, ids, rows, **common)
         else:
-            out = HeadOutput(logits, self._union_ids, **common)
+            out = HeadOutput(logits, self.union_ids, **common)
         width = out.col_ids.shape[-1] if mode != "stock" else self.weight.shape[0]
         if logits.shape[1] != width:
-            raise ValueError(f"DraftHead.output: logits have {logits.shape[1]} columns, the {mode} head {width}")
+            raise ValueError(
+                f"DraftHead.output: logits have {logits.shape[1]} columns, the {mode} head of a call of shape "
+                f"(bs, n) = {tuple(key)} has {width} (is the key the one of the call that produced them?)"
+            )
         return out
 
     def _stock(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -338,10 +364,9 @@ class DraftHead:
         pos = mark.cumsum(0) - 1  # union column of each marked id, in ascending id
         total = pos[-1] + 1
         keep = (mark > 0) & (pos < C)
-        union_ids = torch.full((C + 1,), -1, dtype=torch.long, device=dev)
-        union_ids.scatter_(0, torch.where(keep, pos, C), torch.arange(V, device=dev))  # the rest land on the sink C
-        union_ids = union_ids[:C]
-        self._union_ids = union_ids
+        buf = self._union_buf.fill_(-1)
+        buf.scatter_(0, torch.where(keep, pos, C), torch.arange(V, device=dev))  # the rest land on the sink C
+        union_ids = buf[:C]
         self.union_overflow += (total > C).long()
         if self.row_map is None:
             loc = union_ids

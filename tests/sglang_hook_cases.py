@@ -263,7 +263,8 @@ def test_compact_hook_takes_the_argmax_for_chains_except_after_prefill(mods):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     proc = SimpleNamespace(
-        draft_topk=lambda logits, k, rows: ("draft_topk", k), draft_topk1=lambda logits, rows: ("draft_topk1", 1)
+        draft_topk=lambda logits, k, rows, head_key: ("draft_topk", k, head_key),
+        draft_topk1=lambda logits, rows, head_key: ("draft_topk1", 1, head_key),
     )
     hook = mods.W.CompactTopKHook(proc)
     rows = torch.tensor([3, 1])
@@ -273,7 +274,8 @@ def test_compact_hook_takes_the_argmax_for_chains_except_after_prefill(mods):
         (ForwardMode.EXTEND, 0, "draft_topk"),
     ]:
         fb = SimpleNamespace(forward_mode=mode, req_pool_indices=rows)
-        assert hook.draft_topk(None, 1, fb, step) == (want, 1), mode
-        assert hook.draft_topk(None, 3, fb, step) == ("draft_topk", 3), mode
+        # the head call's shape reaches the processor: after a replay it is the graph's, not the logits'
+        assert hook.draft_topk(None, 1, fb, step, (4, 1)) == (want, 1, (4, 1)), mode
+        assert hook.draft_topk(None, 3, fb, step, (2, 3)) == ("draft_topk", 3, (2, 3)), mode
     hook.before_draft_forward(None, 4)
     assert proc.dv_step == 4

@@ -149,7 +149,9 @@ _CHILD = CHILD_PREAMBLE + textwrap.dedent(
             h, rpi = inp["hidden"], inp["rpi"]
             o = proc(None, h, model.lm_head, batch(ForwardMode.DECODE, h.shape[0], rpi))
             got = {k: proc.draft_topk(o.next_token_logits, k, rpi) for k in (1, 3)}
-            got["select"] = proc.draft_topk(o.next_token_logits[1::2], 3, rpi)
+            # the kept rows are read by the call that scored them all: head_key names it
+            key = (rpi.shape[0], h.shape[0] // rpi.shape[0])
+            got["select"] = proc.draft_topk(o.next_token_logits[1::2], 3, rpi, head_key=key)
             out[space, mode] = got
     torch.save(out, sys.argv[3])
     """

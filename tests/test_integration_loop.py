@@ -82,7 +82,6 @@ def test_draft_topk1_equals_draft_topk_with_ties_and_dead_columns(H):
     proc, table = r.stack.proc, r.stack.policy.table
     rows = torch.tensor([1, 2, 3, 4])
     table.assign(rows, torch.tensor([[5, 9, 2, -1], [7, -1, -1, -1], [1, 2, 3, 4], [8, 8, 6, -1]]))
-    proc.dv_head(torch.zeros(4, proc.dv_head.weight.shape[1]), rows)  # the column map is the head's last call's
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(4, 16, generator=g)
     logits[2, :4] = 1.0  # a tie: the lowest column (smallest id) wins, as in draft_topk
@@ -105,8 +104,9 @@ def test_draft_topk1_equals_draft_topk_in_every_batch_mode(H, batch):
     rows = torch.tensor([1, 2, 3, 4])
     table.assign(rows, torch.tensor([[5, 9, 2, -1], [7, -1, -1, -1], [1, 2, 3, 4], [8, 8, 6, -1]]))
     hidden = torch.randn(4, proc.dv_head.weight.shape[1], generator=torch.Generator().manual_seed(1))
-    logits = proc.dv_head(hidden, rows).logits
-    assert proc.dv_head.last_mode == batch
+    out = proc.dv_head(hidden, rows)
+    logits = out.logits
+    assert out.plan == batch
     _, want = proc.draft_topk(logits, 1, rows)
     assert torch.equal(proc.draft_topk1(logits, rows)[1], want)
 

@@ -682,8 +682,8 @@ def run_case(bench: Bench, case: Case, avail: list[str] | None, avail_err: str |
         )
         rec["pool"] = hb.pool_size(case.batch, case.W, case.H, headcost.shipped_union_sizes())
         heads = bench.data.get(case.data_key, {}).get("last_heads")
-        if case.op == "head" and case.mode.startswith("union") and heads and heads[0]._union_ids is not None:
-            rec["union"] = int((heads[0]._union_ids >= 0).sum())  # measured after timing: one host read
+        if case.op == "head" and case.mode.startswith("union") and heads and heads[0].union_ids is not None:
+            rec["union"] = int((heads[0].union_ids >= 0).sum())  # measured after timing: one host read
     return rec
 
 

@@ -32,6 +32,11 @@ Every rank holds the same table; each computes the columns whose head row is in 
 local top-k and merges it across ranks (one all-gather of ``[tp, N, 2k+1]``), so every rank ends
 with the same top-k values, token ids and probabilities.
 
+CUDA graphs. SGLang replays the head inside its captured graphs and, in the decode draft extend, runs the
+top-k eagerly after the replay: ``draft_topk``/``draft_topk1`` read the logits with the column map of the head
+call that produced them, named by its shape (``head_key = (bs, n)``, default: what the logits show), never with
+Python state of a later call (``head.DraftHead``, "CUDA graphs"; README, "CUDA graphs").
+
 Tie rule (every path): value descending, then column ascending (columns run in ascending token id);
 an entry of value ``-inf`` is the fallback id (``HeadOutput.topk``).
 """
@@ -162,21 +167,41 @@ class DynVocabLogitsProcessor(LogitsProcessor):
 
     # --- for the worker ---------------------------------------------------------------------------
 
+    @staticmethod
+    def head_key(logits: torch.Tensor, req_pool_indices: torch.Tensor) -> tuple[int, int]:
+        """The shape key ``(bs, n)`` of a head call whose logits are ``logits`` unchanged: ``n`` rows a request."""
+        bs, N = int(req_pool_indices.shape[0]), int(logits.shape[0])
+        if bs == 0 or N % bs:
+            raise ValueError(
+                f"DynVocabLogitsProcessor: {N} logits rows do not split over {bs} requests; pass head_key, the "
+                "(bs, n) of the head call that produced them"
+            )
+        return bs, N // bs
+
     def draft_topk(
-        self, next_token_logits: torch.Tensor | None, k: int, req_pool_indices: torch.Tensor
+        self,
+        next_token_logits: torch.Tensor | None,
+        k: int,
+        req_pool_indices: torch.Tensor,
+        head_key: tuple[int, int] | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(probabilities fp32 ``[N, k]``, target token ids int64 ``[N, k]``), identical on every TP rank.
 
         Replaces ``renorm_draft_probs`` + ``fast_topk`` + the ``hot_token_id`` remap: the head's top-k of
-        the logits its last call produced (their mode), with the probabilities over the row's whole
-        distribution (all ranks). ``None`` logits (an autotune pass without LM head) give ``(None, None)``.
+        the logits, read with the column map of the head call that produced them, with the probabilities over
+        the row's whole distribution (all ranks). ``head_key``: that call's ``(bs, n)`` where it differs from
+        what the logits show (a CUDA graph replayed at a padded batch size, rows selected after the head);
+        default ``(len(req_pool_indices), N // len(req_pool_indices))``. Never Python state of an earlier call:
+        after a graph replay none of the head's Python ran. ``None`` logits (an autotune pass without LM head)
+        give ``(None, None)``.
         """
         if next_token_logits is None:
             return None, None
         if next_token_logits.shape[0] == 0:
             z = next_token_logits.new_zeros((0, k))
             return z.float(), z.long()
-        return self.dv_head.output(next_token_logits, req_pool_indices).topk_probs(k)
+        key = head_key or self.head_key(next_token_logits, req_pool_indices)
+        return self.dv_head.output(next_token_logits, req_pool_indices, key).topk_probs(k)
 
     def draft_topk1(
         self,
@@ -184,27 +209,34 @@ class DynVocabLogitsProcessor(LogitsProcessor):
         req_pool_indices: torch.Tensor,
         chain: torch.Tensor | None = None,
         column: int = 0,
+        head_key: tuple[int, int] | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """``draft_topk`` for topk = 1 (draft chains), with fewer ops: the argmax column of each row
         through the table, probability 1 as in upstream's topk=1 paths (a chain never reads it).
         Written into ``chain[:, column]`` too when given (``draft_forward``'s chain buffer, as
-        upstream's fused topk-1 kernel does). Same ids as ``draft_topk(logits, 1, ...)``."""
+        upstream's fused topk-1 kernel does). Same ids as ``draft_topk(logits, 1, ...)``; ``head_key`` as there."""
         if next_token_logits is None:
             return None, None
         head, N = self.dv_head, next_token_logits.shape[0]
-        if head.tp_size > 1:  # shards to merge
-            _, index = self.draft_topk(next_token_logits, 1, req_pool_indices)
-        elif head.last_mode == "per-request" and N == req_pool_indices.shape[0]:  # the chain: one row a request
-            cols = next_token_logits.argmax(dim=1)  # the first maximum: the lowest column, as local_topk
-            ids = head.table.ids  # a live column's id; a dead one's is the fallback (tables fill with it)
-            index = ids.view(-1)[req_pool_indices * ids.shape[1] + cols].long().view(N, 1)
+        if N == 0:
+            index = next_token_logits.new_zeros((0, 1), dtype=torch.long)
+        elif head.tp_size > 1:  # shards to merge
+            _, index = self.draft_topk(next_token_logits, 1, req_pool_indices, head_key)
         else:
-            # the head's column map of its last call (per-request, union or stock), without the logsumexp;
-            # max returns the first maximum: the lowest column, as local_topk
-            out = self.dv_head.output(next_token_logits, req_pool_indices)
-            values, cols = next_token_logits.max(dim=1, keepdim=True)
-            tokens = out.tokens(cols)
-            index = torch.where(torch.isneginf(values) | (tokens < 0), out.fallback_id, tokens)
+            key = head_key or self.head_key(next_token_logits, req_pool_indices)
+            if head.plan(*key) == "per-request" and N == req_pool_indices.shape[0]:  # the chain: a row a request
+                cols = next_token_logits.argmax(dim=1)  # the first maximum: the lowest column, as local_topk
+                ids = head.table.ids  # a live column's id; a dead one's is the fallback (tables fill with it)
+                if next_token_logits.shape[1] != ids.shape[1]:
+                    head.output(next_token_logits, req_pool_indices, key)  # raises: logits of another call
+                index = ids.view(-1)[req_pool_indices * ids.shape[1] + cols].long().view(N, 1)
+            else:
+                # the call's column map (union or stock, or several rows a request), without the logsumexp;
+                # max returns the first maximum: the lowest column, as local_topk
+                out = head.output(next_token_logits, req_pool_indices, key)
+                values, cols = next_token_logits.max(dim=1, keepdim=True)
+                tokens = out.tokens(cols)
+                index = torch.where(torch.isneginf(values) | (tokens < 0), out.fallback_id, tokens)
         if chain is not None:
             chain[:, column].copy_(index.view(-1))
         return torch.ones_like(index, dtype=torch.float32), index

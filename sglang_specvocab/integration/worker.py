@@ -170,12 +170,15 @@ class CompactTopKHook:
     def before_draft_forward(self, forward_batch, step: int) -> None:
         self.proc.dv_step = step  # the draft step whose set a stepwise policy picks inside the LM head
 
-    def draft_topk(self, logits, topk: int, forward_batch, step: int):
+    def draft_topk(self, logits, topk: int, forward_batch, step: int, head_shape: tuple[int, int]):
+        # head_shape: the (bs, n) of the head call that produced the logits (a replayed graph's captured batch
+        # size), which the top-k reads their column map from: after a replay no Python of the head ran.
         # topk 1 in the draft steps and the decode extend: the argmax with p = 1, as upstream's topk-1 paths
         # there (and the copies); the prefill extend (an EXTEND batch) keeps the softmax, as upstream's.
+        rows, key = forward_batch.req_pool_indices, tuple(head_shape)
         if topk == 1 and not forward_batch.forward_mode.is_extend():
-            return self.proc.draft_topk1(logits, forward_batch.req_pool_indices)
-        return self.proc.draft_topk(logits, topk, forward_batch.req_pool_indices)
+            return self.proc.draft_topk1(logits, rows, head_key=key)
+        return self.proc.draft_topk(logits, topk, rows, head_key=key)
 
 
 # --- the target's LM head (prefill top-K) -------------------------------------------------------------

@@ -26,7 +26,9 @@ every upstream branch. Returns ``draft_probs = None``.
 ``draft_extend_for_prefill`` and ``draft_extend_for_decode``: only the top-k block at the end changes (plus the drops
 above; topk == 1 in the decode extend: ``proc.draft_topk1``, upstream's argmax with p = 1); the input
 rotation, the forward, the graph/eager split and the ``select_index`` row selection are
-upstream's.
+upstream's. The decode extend's top-k runs eagerly after a graph replay: it names the head call that produced
+the logits (``head_key``: the replayed graph's batch size, one row a request; or the eager forward's rows before
+``select_index``), so it never reads Python state of another call (``head.DraftHead``, "CUDA graphs").
 """
 
 from __future__ import annotations
@@ -135,9 +137,7 @@ def _extend_canary_ctx(self, forward_batch):
     )
 
 
-def draft_extend_for_prefill(
-    self, batch, target_hidden_states, next_token_ids, mm_input_embeds=None, kv_loc_plan=None
-):
+def draft_extend_for_prefill(self, batch, target_hidden_states, next_token_ids, mm_input_embeds=None, kv_loc_plan=None):
     proc = self.dynvocab_proc
     if not batch.forward_mode.is_idle():
         tail_tokens = ew._eagle_prefill_tail_tokens(batch, next_token_ids)
@@ -241,8 +241,7 @@ def draft_extend_for_decode(self, batch, batch_result, *, kv_loc_plan=None):
         torch.get_device_module(self.device).current_stream().wait_stream(self.plan_stream)
 
     can_run_decode_cuda_graph = (
-        self.cuda_graph_runner_for_draft_extend
-        and self.cuda_graph_runner_for_draft_extend.can_run_graph(forward_batch)
+        self.cuda_graph_runner_for_draft_extend and self.cuda_graph_runner_for_draft_extend.can_run_graph(forward_batch)
     )
     canary_ctx = _extend_canary_ctx(self, forward_batch)
     proc.dv_step = 0
@@ -256,19 +255,23 @@ def draft_extend_for_decode(self, batch, batch_result, *, kv_loc_plan=None):
         f"draft_extend_for_decode (cuda_graph={can_run_decode_cuda_graph})",
     )
 
-    if not can_run_decode_cuda_graph:
+    rows = forward_batch.req_pool_indices
+    if can_run_decode_cuda_graph:
+        # The head ran inside the graph, at its captured batch size, one row a request (the graph prunes to
+        # select_index before the LM head); none of its Python ran at this replay: the top-k reads that call.
+        head_key = (self.cuda_graph_runner_for_draft_extend.bs, 1)
+    else:
+        head_key = proc.head_key(draft_logits_output.next_token_logits, rows)  # every draft token's row
         draft_logits_output.next_token_logits = draft_logits_output.next_token_logits[select_index]
         if draft_logits_output.hidden_states is not None:
             draft_logits_output.hidden_states = draft_logits_output.hidden_states[select_index]
     # One row per request (its last accepted position): the next round's first top-k (topk=1: argmax, p = 1,
     # as upstream's decode extend).
     if self.topk == 1:
-        ret_topk_p, ret_topk_index = proc.draft_topk1(
-            draft_logits_output.next_token_logits, forward_batch.req_pool_indices
-        )
+        ret_topk_p, ret_topk_index = proc.draft_topk1(draft_logits_output.next_token_logits, rows, head_key=head_key)
     else:
         ret_topk_p, ret_topk_index = proc.draft_topk(
-            draft_logits_output.next_token_logits, self.topk, forward_batch.req_pool_indices
+            draft_logits_output.next_token_logits, self.topk, rows, head_key=head_key
         )
 
     next_draft_input = batch_result.next_draft_input

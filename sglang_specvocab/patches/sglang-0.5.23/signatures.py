@@ -136,6 +136,6 @@ WORKER = {
 HOOK = {
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.set_draft_topk_hook": "(self, hook)",
     "sglang.srt.speculative.eagle_worker_v2.DraftTopKHook.before_draft_forward": "(self, forward_batch, step)",
-    "sglang.srt.speculative.eagle_worker_v2.DraftTopKHook.draft_topk": "(self, logits, topk, forward_batch, step)",
+    "sglang.srt.speculative.eagle_worker_v2.DraftTopKHook.draft_topk": "(self, logits, topk, forward_batch, step, head_shape)",
     "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.on_target_prefill_complete": "(self, batch, batch_output)",
 }
