@@ -172,10 +172,14 @@ class DraftHead:
         else:
             self.head_rows = int(target_vocab_size or (shard[1] if shard is not None else weight.shape[0]))
         self.vocab_size = int(target_vocab_size or self.head_rows)
-        self.start, self.end = shard if shard is not None else (0, int(weight.shape[0]))
+        # One rank: rows past the head's own (SGLang pads ParallelLMHead's weight to a multiple of 64) are no tokens.
+        self.start, self.end = shard if shard is not None else (0, min(int(weight.shape[0]), self.head_rows))
         self.row_map = head_row_map(self.vocab_size, hot_token_id=hot_token_id, shard=shard, device=dev)
         # Stock columns are global head rows; their tokens: the d2t map, or the row itself.
         self.stock_ids = None if hot_token_id is None else hot_token_id.to(device=dev, dtype=torch.long).flatten()
+        if self.stock_ids is not None and shard is None and weight.shape[0] > self.stock_ids.numel():
+            pad = weight.shape[0] - self.stock_ids.numel()  # the padding rows' columns: no token (-inf logits)
+            self.stock_ids = torch.cat([self.stock_ids, self.stock_ids.new_full((pad,), -1)])
         self.costs = costs or headcost.costs_for(_device_name(dev))
         self.union_sizes = union_sizes or headcost.shipped_union_sizes()
         self.union_overflow = torch.zeros((), dtype=torch.int64, device=dev)  # calls whose union passed C

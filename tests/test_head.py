@@ -269,3 +269,22 @@ def test_fallback_costs_pick_by_bytes():
     big = headcost.Shape(128, 1, 3072, 4096, 32768, 128256, 32768)
     assert headcost.choose(small, c, sizes) == "per-request"
     assert headcost.choose(big, c, sizes) == "stock"  # disjoint sets: 128 x 3072 rows > 32k
+
+
+@pytest.mark.parametrize("d2t", [False, True], ids=["full", "d2t"])
+def test_one_rank_stock_head_never_proposes_a_padding_row(d2t):
+    """SGLang pads ParallelLMHead's weight to a multiple of 64 rows at any TP size: 10 real rows in 64. The padding
+    rows score 0 and every real row -1; the stock head must still propose real tokens only."""
+    rows_real = 10
+    weight = torch.zeros(64, 4)
+    weight[:rows_real, 0] = -1.0
+    hidden = torch.tensor([[1.0, 0, 0, 0], [1.0, 0, 0, 0]])
+    hot = torch.tensor([7, 3, 12, 0, 5, 9, 1, 14, 2, 11]) if d2t else None
+    table = CandidateTable(3, 4, fallback_id=int(hot[0]) if d2t else 0)
+    head = DraftHead(weight, table, batch="stock", hot_token_id=hot, target_vocab_size=16 if d2t else rows_real)
+    out = head(hidden, torch.tensor([1, 2]))
+    values, tokens = out.topk(12)
+    real = set(hot.tolist()) if d2t else set(range(rows_real))
+    assert set(tokens[:, :rows_real].flatten().tolist()) == real  # the 10 real tokens first, all at -1
+    assert torch.all(values[:, :rows_real] == -1.0) and torch.all(torch.isneginf(values[:, rows_real:]))
+    assert torch.all(tokens[:, rows_real:] == table.fallback_id)  # past the live columns: the fallback
