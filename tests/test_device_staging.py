@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import random
 import re
@@ -10,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import xml.etree.ElementTree as ET
 import zipfile
 from fnmatch import fnmatch
 from importlib import metadata
@@ -601,11 +603,16 @@ LEASE_FILES = {  # what a lease stage holds (random bytes: the dry run unpacks n
 class Device:
     """A fake device for run.sh: WORK (its /tmp), OUT, and per call the carried part of a stage (SV_CARRY)."""
 
-    def __init__(self, tmp: Path, files: dict[str, int] | None = None):
+    def __init__(self, tmp: Path, files: dict[str, int] | None = None, contents: dict[str, bytes] | None = None):
+        """``files``: name -> size of random bytes; ``contents``: name -> the bytes of a file that is really used."""
         self.tmp, self.work, self.out = tmp, tmp / "work", tmp / "out"
         tmp.mkdir(parents=True, exist_ok=True)
         self.stage = tmp / "repo" / ".stage" / "X"
-        self.manifest = stage.pack(_files(tmp, files or LEASE_FILES), self.stage, 100, {"lease": "X"}, in_order=True)
+        paths = _files(tmp, files or LEASE_FILES)
+        for p in paths:
+            if contents and p.name in contents:
+                p.write_bytes(contents[p.name])
+        self.manifest = stage.pack(paths, self.stage, 100, {"lease": "X"}, in_order=True)
         self.chunks = len(self.manifest["chunks"])
         self.call = 0
 
@@ -642,8 +649,97 @@ class Device:
         assert rc == 0, out
 
 
-def test_run_sh_parses():
-    subprocess.run(["bash", "-n", str(RUN_SH)], check=True)
+# --- run.sh for real (SV_DRY_RUN=0): the phases a CPU machine can run, on stub inputs ---------------------------
+
+
+def _site_tar(files: dict[str, str]) -> bytes:
+    """A staged site archive (what base.tar.xz and sglang.tar.xz are): ``files`` relative path -> text."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:xz") as t:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_base_phase_unpacks_the_site_and_puts_it_first_on_the_path(tmp_path):
+    subprocess.run(["bash", "-n", str(RUN_SH)], check=True)  # the syntax; what follows runs it
+    # A staged transformers (the device's is older): the base phase's import check must see the staged one.
+    site = {
+        "transformers/__init__.py": '__version__ = "0.0+staged"\n',
+        "transformers-0.0+staged.dist-info/METADATA": "Metadata-Version: 2.1\nName: transformers\nVersion: 0.0+staged\n",
+    }
+    dev = Device(tmp_path, {"base.tar.xz": 1}, contents={"base.tar.xz": _site_tar(site)})
+    dev.carry_all()
+    rc, out = dev.run("base", SV_DRY_RUN=0)
+    assert rc == 0, out
+    assert "would run" not in out and "running (timeout" in out
+    assert (dev.work / "site" / "transformers" / "__init__.py").is_file()  # stage.py unpack really extracted it
+    # The check ran with env.sh's PYTHONPATH: the staged transformers shadows the device's, torch is the device's.
+    assert re.search(r"base: torch \S+ \| transformers 0\.0\+staged \| pydantic \S+ \| cuda (True|False)", out), out
+    env_sh = (dev.work / "env.sh").read_text()
+    assert env_sh.startswith(f"export PYTHONPATH={dev.work}/src:{dev.work}/site")
+    assert (dev.work / "done" / "base").read_text().strip() == "0"
+    with tarfile.open(dev.out / "logs.tar.gz") as t:
+        base_log = t.extractfile("logs/base.log").read().decode()
+        versions = t.extractfile("logs/versions.txt").read().decode()  # written only by a real run
+    assert "transformers 0.0+staged" in base_log
+    # What the phases ran with: the staged transformers, not the device's.
+    assert re.search(r"^python: 3\.\d+", versions, re.MULTILINE) and "transformers: 0.0+staged" in versions, versions
+    rc, out = dev.run("base", SV_DRY_RUN=0)  # done: a second call does not unpack again
+    assert rc == 0 and "base: done in an earlier call (exit 0)" in out and "running" not in out
+
+
+def test_tests_phase_runs_pytest_cuts_off_and_resumes_file_by_file(tmp_path):
+    """The tests phase on three stub test files: one passes (its slow test deselected), one hangs past the
+    phase budget in the first call, one fails. Real pytest under real timeouts; the results that come back."""
+    stubs, hang = tmp_path / "stubs", tmp_path / "hang.flag"
+    stubs.mkdir()
+    (stubs / "test_ok.py").write_text(
+        "import pytest\n\n\ndef test_ok():\n    pass\n\n\n@pytest.mark.slow\ndef test_heavy():\n    assert False\n"
+    )
+    (stubs / "test_hang.py").write_text(
+        f"import os, time\n\n\ndef test_hang():\n    if os.path.exists({str(hang)!r}):\n        time.sleep(600)\n"
+    )
+    (stubs / "test_bad.py").write_text("def test_bad():\n    assert 1 + 1 == 3\n")
+    hang.touch()
+    dev = Device(tmp_path / "dev")
+    (dev.work / "done").mkdir(parents=True)
+    (dev.work / "done" / "kernels").write_text("0\n")  # an earlier call built the kernels
+    files = " ".join(str(stubs / f) for f in ("test_ok.py", "test_hang.py", "test_bad.py"))
+    # PYTEST_DISABLE_PLUGIN_AUTOLOAD: a stub file needs no plugin; pytest then starts in well under the budget.
+    env = dict(SV_DRY_RUN=0, SV_TESTS=files, SV_BUDGET_tests=6, PYTEST_DISABLE_PLUGIN_AUTOLOAD=1)
+    cache, res = dev.work / "cache" / "tests", dev.work / "results" / "tests"
+
+    rc, out = dev.run("tests", **env)
+    assert rc == 124, out
+    assert "running (timeout 6s)" in out and "tests: cut off by its time limit; call 'run.sh tests' again" in out
+    assert (cache / "test_ok.rc").read_text().strip() == "0"
+    assert not (cache / "test_hang.rc").exists() and not (cache / "test_bad.rc").exists()  # stopped at the hang
+    assert not (dev.work / "done" / "tests").exists() and (dev.work / "cache" / "tests.cuts").read_text() == "1\n"
+    ok = ET.parse(res / "test_ok.xml").getroot().find("testsuite")
+    assert [c.get("name") for c in ok.iter("testcase")] == ["test_ok"]  # -m "not slow": test_heavy deselected
+    assert ok.get("failures") == "0" and ok.get("errors") == "0"
+    with tarfile.open(dev.out / "tests.tar.gz") as t:  # what a cut-off call brings back
+        assert {"tests/test_ok.xml", "tests/test_ok.log", "tests/versions.txt", "tests/tests.log"} <= set(t.getnames())
+
+    hang.unlink()
+    rc, out = dev.run("tests", **env)
+    assert rc == 1, out  # done, failed: a result
+    assert (
+        "(cut off in 1 earlier call(s))" in out and f"{stubs}/test_ok.py: finished in an earlier call (exit 0)" in out
+    )
+    assert [(cache / f"{k}.rc").read_text().strip() for k in ("test_ok", "test_hang", "test_bad")] == ["0", "0", "1"]
+    bad = ET.parse(res / "test_bad.xml").getroot().find("testsuite")
+    assert bad.get("failures") == "1" and "assert (1 + 1) == 3" in (res / "test_bad.log").read_text()
+    assert (dev.work / "done" / "tests").read_text().strip() == "1"
+    times = [line.split("\t") for line in (dev.work / "times.tsv").read_text().splitlines()]
+    assert [(t[0], t[2]) for t in times] == [("tests", "124"), ("tests", "1")]
+    assert int(times[0][1]) >= 6  # the first call waited out the budget
+    rc, out = dev.run("tests", **env)
+    assert rc == 1 and "tests: done in an earlier call (exit 1)" in out and "running" not in out
 
 
 def test_phases_refuse_to_run_out_of_order(tmp_path):

@@ -430,11 +430,15 @@ write_versions() {
     echo "date: $(date -u +%FT%TZ)"
     echo "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
     echo "nvcc: $(nvcc --version 2>/dev/null | tail -1)"
-    "$PY" -c 'import importlib.metadata as md, sys
+    ( # the packages the phases ran with: env.sh puts the staged site first (its SGLang, its transformers)
+      # shellcheck disable=SC1091
+      [ -f "$WORK/env.sh" ] && . "$WORK/env.sh"
+      "$PY" -c 'import importlib.metadata as md, sys
 print("python:", sys.version.split()[0])
 for p in ("torch", "triton", "transformers", "sglang", "sglang-specvocab"):
     try: print(p + ":", md.version(p))
     except md.PackageNotFoundError: print(p + ": absent")' 2>/dev/null
+    )
     echo "checkout: ${SV_GIT:-unknown} (git describe of the staged checkout)"
   } >"$1"
 }
