@@ -58,8 +58,9 @@ logger = logging.getLogger(__name__)
 NAME = "DYNVOCAB"
 FLAG = "--speculative-dynvocab-config"
 ENV = "SGLANG_DYNVOCAB_CONFIG"
-#: Where the flag's value travels inside ``ServerArgs`` (a bookkeeping attribute: SGLang pickles a
-#: record's ``__dict__`` with it to the scheduler processes; fields cannot be added by a plug-in).
+#: Where the flag's value (or the keyword ``speculative_dynvocab_config=`` of ``ServerArgs``/``Engine``, see
+#: ``plugin.DynVocabServerArgs``) travels inside ``ServerArgs``: a bookkeeping attribute, which SGLang pickles
+#: with the record's ``__dict__`` to the scheduler processes, and which the flag sets on any record.
 ATTR = "_dynvocab_config"
 DEFAULT_CONFIG = "microspec.yaml"
 
@@ -207,7 +208,8 @@ def default_config_path() -> Path:
 
 
 def config_location(server_args: Any) -> tuple[str, str]:
-    """``(path, where it came from)``: the flag, else ``$SGLANG_DYNVOCAB_CONFIG``, else the shipped default.
+    """``(path, where it came from)``: the flag (or the same keyword), else ``$SGLANG_DYNVOCAB_CONFIG``, else the
+    shipped default.
 
     ``server_args`` may be the record or any SGLang view of it (reads fall through to the record).
     """

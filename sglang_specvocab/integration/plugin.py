@@ -17,7 +17,7 @@ detokenizer, each spawned scheduler), possibly more than once; ``register()`` is
 
 How the flag is added (the least fragile way in 0.5.23): ``ServerArgs`` is a ``msgspec`` Struct whose
 fields are collected from the ``arg_groups/fields`` namespaces when ``sglang.srt.server_args`` is
-first imported, which happens before any plug-in runs, so a plug-in cannot add a *field*. The
+first imported, which happens before any plug-in runs, so a plug-in cannot add a *field* to it. The
 parser, though, is built by the static method ``ServerArgs.add_cli_args(parser)`` and the record by
 the class method ``ServerArgs.from_cli_args(args)``. Two ``AFTER`` hooks through SGLang's own plug-in
 ``HookRegistry`` (applied by ``load_plugins`` after all plug-ins ran) add the argument to the parser
@@ -27,9 +27,25 @@ pickles its ``__dict__`` (``ServerArgs.__reduce__``), so the spawned scheduler s
 hooked signatures are recorded and checked. Every launcher that builds its parser through
 ``ServerArgs.add_cli_args`` (``sglang serve``, ``python -m sglang.launch_server``,
 ``prepare_server_args``) gets the flag, and SGLang's ``--config`` YAML can name it too.
-``Engine(...)``/``ServerArgs(**kwargs)`` take fields only: there, set ``SGLANG_DYNVOCAB_CONFIG``,
-the fall-back the flag overrides (children inherit the environment). With neither, the ``microspec.yaml``
-shipped in ``sglang_specvocab.configs`` is used.
+
+The keyword ``speculative_dynvocab_config=PATH`` of ``ServerArgs(...)`` and ``sglang.Engine(...)`` (the
+offline API: ``Engine.__init__`` calls ``load_plugins()``, then ``self.server_args_class(**kwargs)``). A
+Struct's constructor is msgspec's C code: it refuses an unknown keyword and calls no Python ``__init__``
+or ``__new__`` a hook could wrap, so the one way in is a class that has the field.
+``DynVocabServerArgs`` is ``ServerArgs`` plus that one optional field, without CLI metadata (the flag
+stays the only CLI spelling); its ``__post_init__`` and the flag's hook both go through ``_keep_config``
+(same normalisation, type check, warning and ``_dynvocab_config``). A ``REPLACE`` hook on
+``sglang.srt.server_args.ServerArgs`` puts it where the class is looked up (the module attribute and
+every module global bound to SGLang's class: ``HookRegistry`` propagates a class replacement), and
+``register`` points ``Engine.server_args_class`` (a class attribute, which the propagation misses) at
+it. The flag's two hooks stay on SGLang's class (``SGLANG_SERVER_ARGS``), which the subclass inherits.
+A subclass keeps ``isinstance(..., ServerArgs)`` true; SGLang's resolution leaves a field outside its
+namespaces out of the runtime namespace bags; the record pickles by reference to this module, which a
+spawned child imports when it unpickles the record, before it loads the plug-ins. A ``ServerArgs``
+built before ``load_plugins()`` ran is SGLang's own class and refuses the keyword (msgspec's
+"Unexpected keyword argument"); ``Engine(...)`` loads the plug-ins itself. Precedence: the flag or the
+keyword, else ``$SGLANG_DYNVOCAB_CONFIG`` (children inherit the environment), else the
+``microspec.yaml`` shipped in ``sglang_specvocab.configs``.
 """
 
 from __future__ import annotations
@@ -37,20 +53,32 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Any
 
+from sglang.srt import server_args as _server_args  # the module: HookRegistry rebinds the name ServerArgs
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import get_spec
 
-from ..errors import SpecVocabError
+from ..errors import ConfigError, SpecVocabError
 from ..patches import SGLangCompatibilityError, check_sglang, check_worker_signatures
 from .algorithm import ATTR, ENV, FLAG, NAME, DynVocabAlgo, validate_server_args
 
 logger = logging.getLogger(__name__)
 
-DEST = "speculative_dynvocab_config"
+DEST = "speculative_dynvocab_config"  # the keyword (a field of DynVocabServerArgs)
+# The flag's argparse dest: not the field's name, so from_cli_args does not pass the flag's value as the
+# keyword; from_cli_args_hook keeps it, for SGLang's class and the subclass alike, and its messages name the flag.
+FLAG_DEST = "dynvocab_config_flag"
+SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
+ENGINE_MODULE = "sglang.srt.entrypoints.engine"
+# SGLang's own class, whatever ``SERVER_ARGS`` names by the time hooks apply (the class REPLACE goes first): the
+# flag's hooks sit on it, so DynVocabServerArgs inherits them and code that kept SGLang's class still gets them.
+# Named through __base__ only: HookRegistry's propagation rebinds every module global that holds SGLang's class.
+SGLANG_SERVER_ARGS = f"{__name__}.DynVocabServerArgs.__base__"
 HOOK_TARGETS = (
-    "sglang.srt.server_args.ServerArgs.add_cli_args",
-    "sglang.srt.server_args.ServerArgs.from_cli_args",
+    SERVER_ARGS,
+    f"{SGLANG_SERVER_ARGS}.add_cli_args",
+    f"{SGLANG_SERVER_ARGS}.from_cli_args",
     "sglang.srt.speculative.adaptive_spec_params.adaptive_unsupported_reason",
 )
 
@@ -81,6 +109,7 @@ def register() -> None:
     elif type(existing).__name__ != DynVocabAlgo.__name__:
         raise RuntimeError(f"speculative algorithm {NAME} is already registered by someone else: {existing!r}")
     _register_cli_hooks()
+    _install_engine_server_args()
     _install_refusal_hook()
     _registered = True
 
@@ -132,7 +161,7 @@ def add_cli_args_hook(result, parser):
         return
     parser.add_argument(
         FLAG,
-        dest=DEST,
+        dest=FLAG_DEST,
         type=str,
         default=None,
         metavar="PATH",
@@ -144,13 +173,61 @@ def add_cli_args_hook(result, parser):
 
 def from_cli_args_hook(result, cls, args):
     """AFTER ``ServerArgs.from_cli_args(args)``: keep the flag's value on the record (absolute path)."""
-    value = getattr(args, DEST, None)
+    value = getattr(args, FLAG_DEST, None)
     if value is not None:
-        setattr(result, ATTR, os.path.abspath(os.path.expanduser(value)))
-        algo = (getattr(result, "speculative_algorithm", None) or "").upper()
-        if algo != NAME:
-            logger.warning("%s is ignored: --speculative-algorithm is %s, not %s", FLAG, algo or "unset", NAME)
+        path = _keep_config(result, value, FLAG)
+        if isinstance(result, DynVocabServerArgs):
+            result.speculative_dynvocab_config = path  # the record shows it as the keyword would
     return result
+
+
+def _keep_config(record: Any, value: Any, given_as: str) -> str:
+    """Store the policy YAML path (absolute, ``~`` expanded, against this process's cwd) as ``ATTR``.
+
+    Shared by the flag and the keyword, so both give the same path, the same errors and the same warning.
+    """
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        raise ConfigError(
+            f"{given_as} must be the path of a {NAME} policy YAML (a str or os.PathLike), "
+            f"got {type(value).__name__} {value!r}"
+        )
+    path = os.path.abspath(os.path.expanduser(value))
+    setattr(record, ATTR, path)  # a bookkeeping attribute: allowed on the record before it is sealed
+    algo = (getattr(record, "speculative_algorithm", None) or "").upper()
+    if algo != NAME:
+        logger.warning("%s is ignored: the speculative algorithm is %s, not %s", given_as, algo or "unset", NAME)
+    return path
+
+
+# --- the keyword (ServerArgs(...), Engine(...)) -----------------------------------------------------
+
+
+class DynVocabServerArgs(_server_args.ServerArgs):
+    """SGLang's ``ServerArgs`` plus the keyword ``speculative_dynvocab_config`` (installed by ``register``).
+
+    A plain annotation (no ``A[..., Arg]``): SGLang derives no CLI flag from it; ``add_cli_args`` and
+    ``from_cli_args`` are SGLang's, hooked. ``__post_init__`` runs for every construction, an unpickled
+    copy included (the value is then already absolute).
+    """
+
+    speculative_dynvocab_config: str | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.speculative_dynvocab_config is not None:
+            self.speculative_dynvocab_config = _keep_config(self, self.speculative_dynvocab_config, DEST)
+
+
+def _install_engine_server_args() -> None:
+    """``Engine.server_args_class`` was bound to SGLang's class when the engine module was imported (an
+    engine module imported later binds ``DynVocabServerArgs`` through the module attribute). Inside
+    ``Engine(...)`` this runs before ``self.server_args_class(**kwargs)``. A class a fork put there stays."""
+    engine = sys.modules.get(ENGINE_MODULE)
+    cls = getattr(engine, "Engine", None)
+    if cls is not None and cls.__dict__.get("server_args_class") is DynVocabServerArgs.__base__:
+        cls.server_args_class = DynVocabServerArgs
 
 
 # --- --speculative-adaptive ------------------------------------------------------------------------
@@ -169,6 +246,7 @@ def _register_cli_hooks() -> None:
     from sglang.srt.plugins import hook_registry as hr  # late: keeps the plug-in's import (every server process) light
 
     hooks = (
+        (DynVocabServerArgs, hr.HookType.REPLACE),
         (add_cli_args_hook, hr.HookType.AFTER),
         (from_cli_args_hook, hr.HookType.AFTER),
         (adaptive_reason_hook, hr.HookType.AROUND),
@@ -184,7 +262,12 @@ def _register_cli_hooks() -> None:
 
 __all__ = [
     "DEST",
+    "ENGINE_MODULE",
+    "FLAG_DEST",
     "HOOK_TARGETS",
+    "SERVER_ARGS",
+    "SGLANG_SERVER_ARGS",
+    "DynVocabServerArgs",
     "adaptive_reason_hook",
     "add_cli_args_hook",
     "from_cli_args_hook",
