@@ -4,9 +4,68 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
 #include "ops.h"
 
 namespace specvocab {
+namespace {
+
+// SGLANG_DYNVOCAB_DEBUG_CHECKS, read once when the library loads (as ops/checks.py reads it once on import).
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  std::string s = v == nullptr ? "" : v;
+  s.erase(std::remove_if(s.begin(), s.end(), [](unsigned char ch) { return std::isspace(ch); }), s.end());
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  return s == "1" || s == "true" || s == "yes" || s == "on";
+}
+
+std::atomic<bool> g_debug{env_flag("SGLANG_DYNVOCAB_DEBUG_CHECKS")};
+
+}  // namespace
+
+bool debug_checks() { return g_debug.load(std::memory_order_relaxed); }
+
+void set_debug_checks_op(bool on) { g_debug.store(on); }
+
+void check_rows(const char* op, const at::Tensor& rows_, int64_t R) {
+  const at::Tensor rows = rows_.to(at::kCPU).contiguous();  // a host copy: a sync on a GPU (debug setting only)
+  const int64_t* r = rows.data_ptr<int64_t>();
+  std::vector<int64_t> first(static_cast<size_t>(std::max<int64_t>(R, 0)), -1);
+  for (int64_t b = 0; b < rows.numel(); ++b) {
+    TORCH_CHECK(r[b] >= 0 && r[b] < R, op, ": rows must be in [0, R=", R, "), got rows[", b, "] = ", r[b]);
+    TORCH_CHECK(first[r[b]] < 0, op, ": rows must be distinct, got ", r[b], " twice (rows[", first[r[b]], "] and rows[",
+                b, "])");
+    first[r[b]] = b;
+  }
+}
+
+void check_table_entries(const char* op, const at::Tensor* ids_, const at::Tensor& cnt_, const at::Tensor& slot_,
+                         int64_t W, int64_t V) {
+  // Host copies (a sync on a GPU: debug setting only). The order is ops/checks.py's: the first hidden row with a
+  // bad entry, and in it the slot, then the count, then the first bad column.
+  const at::Tensor cnt = cnt_.to(at::kCPU).contiguous(), slot = slot_.to(at::kCPU).contiguous();
+  const at::Tensor ids = ids_ != nullptr ? ids_->to(at::kCPU).contiguous() : at::Tensor();
+  const int64_t R = cnt.size(0);
+  const int32_t* c = cnt.data_ptr<int32_t>();
+  const int32_t* sl = slot.data_ptr<int32_t>();
+  for (int64_t m = 0; m < slot.size(0); ++m) {
+    const int64_t s = sl[m];
+    TORCH_CHECK_VALUE(s >= 0 && s < R, op, ": row_to_slot must be in [0, R=", R, "), got row_to_slot[", m, "] = ", s);
+    TORCH_CHECK_VALUE(c[s] >= 1 && c[s] <= W, op, ": cnt must be in [1, W=", W, "], got cnt[", s, "] = ", c[s],
+                      " (the slot of hidden row ", m, ")");
+    if (!ids.defined()) continue;
+    const int32_t* row = ids.data_ptr<int32_t>() + s * W;
+    for (int64_t j = 0; j < c[s]; ++j)
+      TORCH_CHECK_VALUE(row[j] < V, op, ": ids must be below V=", V, " (a negative id is a dead column), got ids[", s,
+                        ", ", j, "] = ", row[j], " (a live column of hidden row ", m, ")");
+  }
+}
 
 void* current_cuda_stream(const at::Device& device) {
   // c10's virtual device guard answers for CUDA once torch's CUDA library is loaded; going
@@ -25,8 +84,12 @@ void check_launch(int code, const char* op) {
 TORCH_LIBRARY(specvocab, m) {
   // out[m, j] = dot(weight[ids[s, j]], hidden[m]) for j < cnt[s] and ids[s, j] >= 0, else -inf; s = row_to_slot[m].
   // A negative id is a dead column (a set mapped to local head rows, d2t or a TP shard, keeps its slot).
-  m.def("indexed_logits(Tensor hidden, Tensor weight, Tensor ids, Tensor cnt, Tensor row_to_slot) -> Tensor");
-  m.def("packed_logits(Tensor hidden, Tensor packed, Tensor cnt, Tensor row_to_slot) -> Tensor");
+  // An entry that breaks the table's contract (a slot outside [0, R), a count outside [1, W], an id >= V) is read as
+  // -inf (table.head_reads) and added to the optional int64 counter `bad`; under the debug setting it is refused.
+  m.def(
+      "indexed_logits(Tensor hidden, Tensor weight, Tensor ids, Tensor cnt, Tensor row_to_slot, Tensor(a!)? bad=None) "
+      "-> Tensor");
+  m.def("packed_logits(Tensor hidden, Tensor packed, Tensor cnt, Tensor row_to_slot, Tensor(a!)? bad=None) -> Tensor");
   m.def(
       "window_update(Tensor(a!) ring, Tensor(b!) length, Tensor(c!) ids, Tensor(d!) cnt, Tensor rows, Tensor block, "
       "int fallback_id, int vocab_size) -> ()");
@@ -53,6 +116,8 @@ TORCH_LIBRARY(specvocab, m) {
   m.def("force_logits_plan(int mt, int ntmax) -> ()", &specvocab::force_logits_plan_op);
   // The pieces the logits kernels cut row_to_slot into (csrc/pieces.h): [n, 2] of (first row, rows).
   m.def("logits_pieces(Tensor row_to_slot, int P) -> Tensor");
+  // The debug setting (SGLANG_DYNVOCAB_DEBUG_CHECKS) for later calls in this process (ops.set_debug_checks).
+  m.def("set_debug_checks(bool on) -> ()", &specvocab::set_debug_checks_op);
 }
 
 TORCH_LIBRARY_IMPL(specvocab, CPU, m) {

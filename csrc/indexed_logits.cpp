@@ -1,4 +1,6 @@
 // indexed_logits / packed_logits: argument checks, the C++ CPU implementation, the CUDA wrapper.
+// Table values are never refused (bad entries read as -inf and are counted, as on the GPU), except under the debug
+// setting (check_table_entries).
 #include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
 
@@ -33,17 +35,15 @@ void check_common(const char* op, const at::Tensor& hidden, const at::Tensor& ro
                 " and ", t->device());
 }
 
-// Value checks read the tensors: only on the CPU, where that costs nothing.
-void check_values_cpu(const char* op, const at::Tensor& cnt_, const at::Tensor& row_to_slot_, int64_t R, int64_t W) {
-  // Read through contiguous copies: a strided or expanded (stride-0) view would be read out of place.
-  const at::Tensor cnt = cnt_.contiguous(), row_to_slot = row_to_slot_.contiguous();
-  const int32_t* c = cnt.data_ptr<int32_t>();
-  for (int64_t r = 0; r < R; ++r)
-    TORCH_CHECK(c[r] >= 1 && c[r] <= W, op, ": cnt must be in [1, W=", W, "], got cnt[", r, "] = ", c[r]);
-  const int32_t* s = row_to_slot.data_ptr<int32_t>();
-  for (int64_t m = 0; m < row_to_slot.size(0); ++m)
-    TORCH_CHECK(s[m] >= 0 && s[m] < R, op, ": row_to_slot must be in [0, R=", R, "), got row_to_slot[", m,
-                "] = ", s[m]);
+void check_counter(const char* op, const c10::optional<at::Tensor>& bad, const at::Device& device) {
+  if (!bad.has_value() || !bad->defined()) return;
+  TORCH_CHECK(bad->scalar_type() == at::kLong && bad->numel() == 1 && bad->is_contiguous(), op,
+              ": bad must be an int64 counter of one element, got ", bad->scalar_type(), " ", bad->sizes());
+  TORCH_CHECK(bad->device() == device, op, ": all tensors must be on one device, got ", device, " and ", bad->device());
+}
+
+int64_t* counter_ptr(const c10::optional<at::Tensor>& bad) {
+  return bad.has_value() && bad->defined() ? bad->data_ptr<int64_t>() : nullptr;
 }
 
 // fp32 dot product with eight independent partial sums (the compiler vectorises the lanes).
@@ -59,10 +59,11 @@ inline float dot(const float* a, const float* b, int64_t n) {
 
 // The pieces of the CUDA kernel (pieces.h: runs of consecutive rows with one slot, cut to at most 16 rows) share
 // their candidate rows: each live row is converted to fp32 once per piece and dotted with every hidden row of the
-// piece. Work items are (piece, 16 columns); dead columns are never read.
+// piece. Work items are (piece, 16 columns); dead columns are never read. Bad table entries are read as the CUDA
+// kernel reads them (table.head_reads) and counted the same way; returns their number.
 template <typename T>
-void logits_cpu(const T* hidden, const T* weight, const int32_t* ids, const int32_t* cnt, const int32_t* slot,
-                float* out, int64_t M, int64_t d, int64_t W, bool packed) {
+int64_t logits_cpu(const T* hidden, const T* weight, const int32_t* ids, const int32_t* cnt, const int32_t* slot,
+                   float* out, int64_t M, int64_t d, int64_t W, int64_t V, int64_t R, bool packed) {
   constexpr bool kFloat = std::is_same<T, float>::value;
   constexpr int kPiece = 16;
   std::vector<int64_t> starts, lens;
@@ -84,14 +85,21 @@ void logits_cpu(const T* hidden, const T* weight, const int32_t* ids, const int3
   const float* h = kFloat ? reinterpret_cast<const float*>(hidden) : hidden_f.data();
   constexpr int64_t kCols = 16;
   const int64_t tiles = (W + kCols - 1) / kCols;
+  std::atomic<int64_t> bad{0};
   at::parallel_for(0, pieces * tiles, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> row_f(kFloat ? 0 : d);
+    int64_t my_bad = 0;
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t q = t / tiles, m0 = starts[q], m1 = m0 + lens[q];
-      const int64_t s = slot[m0], c = cnt[s];
+      const int64_t q = t / tiles, m0 = starts[q], len = lens[q], m1 = m0 + len;
+      const int64_t s = slot[m0];
+      const int64_t raw = s >= 0 && s < R ? cnt[s] : 0;  // a bad slot reads as count 0
+      const int64_t c = std::min(std::max<int64_t>(raw, 0), W);
+      if ((raw < 1 || raw > W) && t % tiles == 0) my_bad += len;  // one per hidden row, by its first column tile
       for (int64_t j = (t % tiles) * kCols; j < std::min(W, (t % tiles + 1) * kCols); ++j) {
-        const int64_t row = packed ? s * W + j : static_cast<int64_t>(ids[s * W + j]);
-        if (j >= c || row < 0) {  // a dead column: never read
+        const int64_t row = packed ? s * W + j : (j < c ? static_cast<int64_t>(ids[s * W + j]) : -1);
+        const bool id_bad = !packed && row >= V;
+        if (j < c && id_bad) my_bad += len;
+        if (j >= c || row < 0 || id_bad) {  // a dead column: never read
           for (int64_t m = m0; m < m1; ++m) out[m * W + j] = -std::numeric_limits<float>::infinity();
           continue;
         }
@@ -106,21 +114,25 @@ void logits_cpu(const T* hidden, const T* weight, const int32_t* ids, const int3
         for (int64_t m = m0; m < m1; ++m) out[m * W + j] = dot(w, h + m * d, d);
       }
     }
+    bad += my_bad;
   });
+  return bad.load();
 }
 
 at::Tensor run_cpu(const at::Tensor& hidden_, const at::Tensor& weight_, const at::Tensor* ids_, const at::Tensor& cnt_,
-                   const at::Tensor& slot_, int64_t W, bool packed) {
+                   const at::Tensor& slot_, int64_t W, int64_t V, bool packed, const c10::optional<at::Tensor>& bad) {
   at::Tensor hidden = hidden_.contiguous(), weight = weight_.contiguous(), cnt = cnt_.contiguous(),
              slot = slot_.contiguous();
   at::Tensor ids = ids_ ? ids_->contiguous() : at::Tensor();
-  const int64_t M = hidden.size(0), d = hidden.size(1);
+  const int64_t M = hidden.size(0), d = hidden.size(1), R = cnt.size(0);
   at::Tensor out = at::empty({M, W}, hidden.options().dtype(at::kFloat));
+  int64_t n_bad = 0;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, hidden.scalar_type(), "specvocab_logits_cpu", [&] {
-    logits_cpu<scalar_t>(hidden.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
-                         packed ? nullptr : ids.data_ptr<int32_t>(), cnt.data_ptr<int32_t>(), slot.data_ptr<int32_t>(),
-                         out.data_ptr<float>(), M, d, W, packed);
+    n_bad = logits_cpu<scalar_t>(hidden.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
+                                 packed ? nullptr : ids.data_ptr<int32_t>(), cnt.data_ptr<int32_t>(),
+                                 slot.data_ptr<int32_t>(), out.data_ptr<float>(), M, d, W, V, R, packed);
   });
+  if (int64_t* counter = counter_ptr(bad)) *counter += n_bad;
   return out;
 }
 
@@ -131,7 +143,7 @@ std::atomic<int> g_force_mt{0}, g_force_ntmax{0};
 
 at::Tensor run_cuda(const at::Tensor& hidden_, const at::Tensor& weight_, const at::Tensor* ids_,
                     const at::Tensor& cnt_, const at::Tensor& slot_, int64_t W, int64_t R, bool packed,
-                    const char* op) {
+                    const c10::optional<at::Tensor>& bad, const char* op) {
   c10::DeviceGuard guard(hidden_.device());
   at::Tensor hidden = hidden_.contiguous(), weight = weight_.contiguous(), cnt = cnt_.contiguous(),
              slot = slot_.contiguous();
@@ -143,14 +155,14 @@ at::Tensor run_cuda(const at::Tensor& hidden_, const at::Tensor& weight_, const 
   const SpecvocabLogitsPlan plan = plan_logits(M, W, d, hidden.scalar_type(), aligned, specvocab_sm_count());
   const int code = specvocab_indexed_logits_launch(
       hidden.data_ptr(), weight.data_ptr(), packed ? nullptr : ids.data_ptr<int32_t>(), cnt.data_ptr<int32_t>(),
-      slot.data_ptr<int32_t>(), out.data_ptr<float>(), M, d, W, weight.size(0), R, dtype_code(hidden.scalar_type()),
-      packed ? 1 : 0, &plan, current_cuda_stream(hidden.device()));
+      slot.data_ptr<int32_t>(), out.data_ptr<float>(), counter_ptr(bad), M, d, W, weight.size(0), R,
+      dtype_code(hidden.scalar_type()), packed ? 1 : 0, &plan, current_cuda_stream(hidden.device()));
   check_launch(code, op);
   return out;
 }
 
 void check_indexed(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& ids, const at::Tensor& cnt,
-                   const at::Tensor& row_to_slot) {
+                   const at::Tensor& row_to_slot, const c10::optional<at::Tensor>& bad) {
   const char* op = "indexed_logits";
   TORCH_CHECK(weight.dim() == 2, op, ": weight must be [V, d], got shape ", weight.sizes());
   TORCH_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kInt, op, ": ids must be int32 [R, W], got ",
@@ -160,50 +172,49 @@ void check_indexed(const at::Tensor& hidden, const at::Tensor& weight, const at:
   check_common(op, hidden, weight, cnt, row_to_slot, ids.size(0));
   TORCH_CHECK(hidden.dim() == 2 && hidden.size(1) == weight.size(1), op, ": hidden has d=", hidden.size(1),
               " but weight has d=", weight.size(1));
+  check_counter(op, bad, hidden.device());
+  if (debug_checks()) check_table_entries(op, &ids, cnt, row_to_slot, ids.size(1), weight.size(0));
 }
 
 void check_packed(const at::Tensor& hidden, const at::Tensor& packed, const at::Tensor& cnt,
-                  const at::Tensor& row_to_slot) {
+                  const at::Tensor& row_to_slot, const c10::optional<at::Tensor>& bad) {
   const char* op = "packed_logits";
   TORCH_CHECK(packed.dim() == 3, op, ": packed must be [R, W, d], got shape ", packed.sizes());
   check_common(op, hidden, packed, cnt, row_to_slot, packed.size(0));
   TORCH_CHECK(hidden.size(1) == packed.size(2), op, ": hidden has d=", hidden.size(1),
               " but packed has d=", packed.size(2));
+  check_counter(op, bad, hidden.device());
+  if (debug_checks()) check_table_entries(op, nullptr, cnt, row_to_slot, packed.size(1), 0);
 }
 
 }  // namespace
 
 at::Tensor indexed_logits_cpu(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& ids,
-                              const at::Tensor& cnt, const at::Tensor& row_to_slot) {
-  check_indexed(hidden, weight, ids, cnt, row_to_slot);
-  const int64_t R = ids.size(0), W = ids.size(1), V = weight.size(0);
-  check_values_cpu("indexed_logits", cnt, row_to_slot, R, W);
-  at::Tensor ids_c = ids.contiguous();
-  const int32_t* p = ids_c.data_ptr<int32_t>();
-  for (int64_t i = 0; i < ids_c.numel(); ++i)
-    TORCH_CHECK(p[i] < V, "indexed_logits: ids must be below V=", V, " (a negative id is a dead column), got ", p[i]);
-  return run_cpu(hidden, weight, &ids_c, cnt, row_to_slot, W, false);
+                              const at::Tensor& cnt, const at::Tensor& row_to_slot,
+                              const c10::optional<at::Tensor>& bad) {
+  check_indexed(hidden, weight, ids, cnt, row_to_slot, bad);
+  return run_cpu(hidden, weight, &ids, cnt, row_to_slot, ids.size(1), weight.size(0), false, bad);
 }
 
 at::Tensor indexed_logits_cuda(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& ids,
-                               const at::Tensor& cnt, const at::Tensor& row_to_slot) {
-  check_indexed(hidden, weight, ids, cnt, row_to_slot);
-  return run_cuda(hidden, weight, &ids, cnt, row_to_slot, ids.size(1), ids.size(0), false, "indexed_logits");
+                               const at::Tensor& cnt, const at::Tensor& row_to_slot,
+                               const c10::optional<at::Tensor>& bad) {
+  check_indexed(hidden, weight, ids, cnt, row_to_slot, bad);
+  return run_cuda(hidden, weight, &ids, cnt, row_to_slot, ids.size(1), ids.size(0), false, bad, "indexed_logits");
 }
 
 at::Tensor packed_logits_cpu(const at::Tensor& hidden, const at::Tensor& packed, const at::Tensor& cnt,
-                             const at::Tensor& row_to_slot) {
-  check_packed(hidden, packed, cnt, row_to_slot);
+                             const at::Tensor& row_to_slot, const c10::optional<at::Tensor>& bad) {
+  check_packed(hidden, packed, cnt, row_to_slot, bad);
   const int64_t R = packed.size(0), W = packed.size(1);
-  check_values_cpu("packed_logits", cnt, row_to_slot, R, W);
-  return run_cpu(hidden, packed.reshape({R * W, packed.size(2)}), nullptr, cnt, row_to_slot, W, true);
+  return run_cpu(hidden, packed.reshape({R * W, packed.size(2)}), nullptr, cnt, row_to_slot, W, R * W, true, bad);
 }
 
 at::Tensor packed_logits_cuda(const at::Tensor& hidden, const at::Tensor& packed, const at::Tensor& cnt,
-                              const at::Tensor& row_to_slot) {
-  check_packed(hidden, packed, cnt, row_to_slot);
+                              const at::Tensor& row_to_slot, const c10::optional<at::Tensor>& bad) {
+  check_packed(hidden, packed, cnt, row_to_slot, bad);
   const int64_t R = packed.size(0), W = packed.size(1);
-  return run_cuda(hidden, packed.reshape({R * W, packed.size(2)}), nullptr, cnt, row_to_slot, W, R, true,
+  return run_cuda(hidden, packed.reshape({R * W, packed.size(2)}), nullptr, cnt, row_to_slot, W, R, true, bad,
                   "packed_logits");
 }
 

@@ -30,6 +30,10 @@
 // * the WD partial sums of a column are added in shared memory in slice order (deterministic, no atomics).
 // * dead columns (j >= cnt[s] or a negative id) are never read and give -inf; a column tile with no live column
 //   skips the d-loop, and a CTA whose first column is past cnt[s] writes -inf without loading anything.
+// * bad table entries (sglang_specvocab/table.py::head_reads, the definition every backend follows): a slot outside
+//   [0, R) reads as count 0, a count is clamped into [0, W], an id >= V is a dead column; nothing is read out of
+//   bounds. With a counter (a.bad), a piece whose slot or count is bad adds its rows (by the CTAs of column tile 0)
+//   and a bad id adds the piece's rows (by the one thread that owns the column): an atomic on the bad path only.
 //
 // The summation order of out[m, j] depends only on d and the dtype (the d-slices, WD = f(d)), never on M, the
 // piece, the row's position in it, MT or NTMAX: a row's logits are bitwise the same whatever else is in the batch
@@ -74,6 +78,7 @@ struct Args {
   const int32_t* cnt;
   const int32_t* row_to_slot;
   float* out;
+  unsigned long long* bad;  // the bad-entry counter, or null
   int64_t M, d, W, V, R;
   int packed;
   int wd, wc;      // warps per CTA = wd * wc = 8
@@ -312,11 +317,13 @@ __global__ void __launch_bounds__(kThreads, 2) indexed_logits_kernel(const Args 
   const T* weight = static_cast<const T*>(a.weight);
   int cur_slot = -1;
   int64_t cur_cnt = 0;
+  bool cur_bad = false;  // the slot or its count is out of range
   int32_t cur_id[MT][2];
   auto fetch = [&](int s) {
     cur_slot = s;
     const bool ok = s >= 0 && s < a.R;  // out-of-range slots (never valid input) give -inf, not a bad read
     const int64_t c = ok ? a.cnt[s] : 0;
+    cur_bad = c < 1 || c > W;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -356,6 +363,8 @@ __global__ void __launch_bounds__(kThreads, 2) indexed_logits_kernel(const Args 
     const int64_t row0 = m0 + pc.x;
     const int len = pc.y;
     if (pc.z != cur_slot) fetch(pc.z);  // CTA-uniform
+    if (a.bad != nullptr && cur_bad && blockIdx.y == 0 && threadIdx.x == 0)
+      atomicAdd(a.bad, static_cast<unsigned long long>(len));  // one per hidden row of the piece
     const int64_t col_end = min(W, col_base + cta_cols);
     if (col_base >= cur_cnt) {  // the whole column tile is dead for this piece: no loads
       for (int idx = threadIdx.x; idx < (col_end - col_base) * len; idx += kThreads) {
@@ -378,7 +387,11 @@ __global__ void __launch_bounds__(kThreads, 2) indexed_logits_kernel(const Args 
         const int64_t row = a.packed ? static_cast<int64_t>(cur_slot) * W + j : id;
         arow[mt][h] = live ? weight + row * a.d : nullptr;
         any |= live;
-        if (wd == 0 && (lane & 3) == 0) s_live[local] = live;
+        if (wd == 0 && (lane & 3) == 0) {  // the one thread of this column
+          s_live[local] = live;
+          if (a.bad != nullptr && j < cur_cnt && !a.packed && id >= a.V)
+            atomicAdd(a.bad, static_cast<unsigned long long>(len));
+        }
       }
     if (__any_sync(0xffffffffu, any)) {  // a column tile with no live column skips the d-loop
       switch ((len + 7) / 8) {
@@ -466,11 +479,14 @@ int specvocab_sm_count(void) {
 
 // See ops.h for the contract.
 int specvocab_indexed_logits_launch(const void* hidden, const void* weight, const int32_t* ids, const int32_t* cnt,
-                                    const int32_t* row_to_slot, float* out, int64_t M, int64_t d, int64_t W, int64_t V,
-                                    int64_t R, int dtype, int packed, const SpecvocabLogitsPlan* plan, void* stream) {
+                                    const int32_t* row_to_slot, float* out, int64_t* bad, int64_t M, int64_t d,
+                                    int64_t W, int64_t V, int64_t R, int dtype, int packed,
+                                    const SpecvocabLogitsPlan* plan, void* stream) {
   if (M == 0 || W == 0) return 0;
   if (plan == nullptr || plan->wd * plan->wc != kWarps || plan->wd < 1) return static_cast<int>(cudaErrorInvalidValue);
-  Args a{hidden, weight, ids, cnt, row_to_slot, out, M, d, W, V, R, packed, plan->wd, plan->wc, plan->nsteps};
+  // int64 counts add as unsigned 64-bit (two's complement: the same bits)
+  Args a{hidden, weight, ids,      cnt,      row_to_slot, out, reinterpret_cast<unsigned long long*>(bad), M, d, W, V,
+         R,      packed, plan->wd, plan->wc, plan->nsteps};
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   switch (dtype) {
     case SV_F32:

@@ -28,10 +28,12 @@ const char* specvocab_cuda_error_string(int code);
 int specvocab_sm_count(void);
 // Launchers: see each .cu file for the exact contract.
 // hidden [M, d] and weight [V, d] (packed: [R * W, d], ids unused) of `dtype`, contiguous; ids [R, W], cnt [R],
-// row_to_slot [M] int32; out [M, W] fp32, every element written. Returns a cudaError_t (0 = launched).
+// row_to_slot [M] int32; out [M, W] fp32, every element written; bad: an int64 counter the bad table entries are
+// added to, or null. Returns a cudaError_t (0 = launched).
 int specvocab_indexed_logits_launch(const void* hidden, const void* weight, const int32_t* ids, const int32_t* cnt,
-                                    const int32_t* row_to_slot, float* out, int64_t M, int64_t d, int64_t W, int64_t V,
-                                    int64_t R, int dtype, int packed, const SpecvocabLogitsPlan* plan, void* stream);
+                                    const int32_t* row_to_slot, float* out, int64_t* bad, int64_t M, int64_t d,
+                                    int64_t W, int64_t V, int64_t R, int dtype, int packed,
+                                    const SpecvocabLogitsPlan* plan, void* stream);
 int specvocab_window_update_launch(int32_t* ring, int64_t* length, int32_t* ids, int32_t* cnt, const int64_t* rows,
                                    const int32_t* block, int64_t B, int64_t n, int64_t ring_stride, int64_t capacity,
                                    int32_t fallback_id, int64_t vocab_size, void* stream);

@@ -16,20 +16,34 @@
 
 namespace specvocab {
 
-// indexed_logits: out[m, j] = dot(weight[ids[s, j]], hidden[m]) for j < cnt[s] and ids[s, j] >= 0, else -inf
-// (a negative id is a dead column: a set mapped to local head rows keeps its slot).
-// The CPU kernel checks values (cnt in [1, W], row_to_slot in [0, R), ids < V); the CUDA kernel cannot without a
-// host sync and instead never reads out of bounds (such columns and rows give -inf).
-at::Tensor indexed_logits_cpu(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& ids,
-                              const at::Tensor& cnt, const at::Tensor& row_to_slot);
-at::Tensor indexed_logits_cuda(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& ids,
-                               const at::Tensor& cnt, const at::Tensor& row_to_slot);
+// The debug setting (SGLANG_DYNVOCAB_DEBUG_CHECKS, read once at load; set_debug_checks_op changes it): host checks
+// of values that the GPU ops otherwise trust or count, with ops/checks.py's messages.
+bool debug_checks();
+void set_debug_checks_op(bool on);
+// rows (any device; copied to the host) in [0, R) and distinct, else a RuntimeError naming the first bad one.
+void check_rows(const char* op, const at::Tensor& rows, int64_t R);
+// The table entries a logits call reads (any device; copied to the host), else a ValueError naming the first bad one
+// (ops/checks.py::check_table_entries); ids null for packed_logits.
+void check_table_entries(const char* op, const at::Tensor* ids, const at::Tensor& cnt, const at::Tensor& row_to_slot,
+                         int64_t W, int64_t V);
 
-// packed_logits: out[m, j] = dot(packed[s, j], hidden[m]) for j < cnt[s], else -inf.
+// indexed_logits: out[m, j] = dot(weight[ids[s, j]], hidden[m]) for j < cnt[s] and 0 <= ids[s, j] < V, else -inf
+// (a negative id is a dead column: a set mapped to local head rows keeps its slot). Entries that break the table's
+// contract (row_to_slot outside [0, R), cnt outside [1, W], ids >= V) are read as table.head_reads says, on the CPU
+// and the GPU alike: -inf where they would give columns, never out of bounds, and added to `bad` when given (the CUDA
+// kernel with an atomic on that path only). Under the debug setting both refuse them instead.
+at::Tensor indexed_logits_cpu(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& ids,
+                              const at::Tensor& cnt, const at::Tensor& row_to_slot,
+                              const c10::optional<at::Tensor>& bad);
+at::Tensor indexed_logits_cuda(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& ids,
+                               const at::Tensor& cnt, const at::Tensor& row_to_slot,
+                               const c10::optional<at::Tensor>& bad);
+
+// packed_logits: out[m, j] = dot(packed[s, j], hidden[m]) for j < cnt[s], else -inf; bad slots and counts as above.
 at::Tensor packed_logits_cpu(const at::Tensor& hidden, const at::Tensor& packed, const at::Tensor& cnt,
-                             const at::Tensor& row_to_slot);
+                             const at::Tensor& row_to_slot, const c10::optional<at::Tensor>& bad);
 at::Tensor packed_logits_cuda(const at::Tensor& hidden, const at::Tensor& packed, const at::Tensor& cnt,
-                              const at::Tensor& row_to_slot);
+                              const at::Tensor& row_to_slot, const c10::optional<at::Tensor>& bad);
 
 // window_update: append block entries to each row's ring, then publish the row's set.
 // window_update's checks of shapes, dtypes, layouts, devices and the two ints (window_verify runs them first too).

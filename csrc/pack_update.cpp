@@ -85,13 +85,7 @@ void pack_update_cpu(at::Tensor& packed, at::Tensor& packed_ids, const at::Tenso
   const char* weight_p = static_cast<const char*>(weight.const_data_ptr());
 
   // 1. Check every listed row before writing any, so a refused call leaves the state as it was.
-  std::vector<char> seen(R, 0);
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t s = row[b];
-    TORCH_CHECK(s >= 0 && s < R, "pack_update: rows must be in [0, R=", R, "), got ", s);
-    TORCH_CHECK(!seen[s], "pack_update: rows must be distinct, got ", s, " twice");
-    seen[s] = 1;
-  }
+  check_rows("pack_update", rows_c, R);
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const int64_t s = row[b];
@@ -166,9 +160,11 @@ void pack_update_cuda(at::Tensor& packed, at::Tensor& packed_ids, const at::Tens
   TORCH_CHECK(packed.device().is_cuda(), "pack_update_cuda: tensors must be on a CUDA device, got ", packed.device());
   // Values are not checked here (that would cost a host sync): rows must be distinct, cnt in [1, W],
   // ids[s, :cnt] ascending in [0, V), packed_ids[s] a live prefix; the kernel stays in bounds regardless of
-  // these. Not of rows: the launcher is not given R, so a listed row outside [0, R) is the caller's to prevent.
+  // these. Not of rows: the launcher is not given R, so a listed row outside [0, R) is the caller's to prevent
+  // (a row listed twice races with itself). The debug setting checks rows on the host.
   const c10::DeviceGuard guard(packed.device());
   const at::Tensor ids_c = ids.contiguous(), cnt_c = cnt.contiguous(), rows_c = rows.contiguous();
+  if (debug_checks()) check_rows("pack_update", rows_c, packed.size(0));
   const int64_t B = rows_c.size(0), W = packed.size(1);
   if (B == 0) return;
   // Per listed row, the list of its free slots (global memory: W may be 32K and more).

@@ -112,14 +112,8 @@ at::Tensor window_verify_cpu(at::Tensor& ring, at::Tensor& length, at::Tensor& i
   const at::Tensor rows = rows_.contiguous();
   Prepared p = prepare(ring, length, ids, cnt, acc, rows, draft_token, accept_index, accept_lens, predict, topk_values,
                        topk_ids, hot, k, context, compacted, fallback_id, vocab_size);
-  const int64_t R = ids.size(0), B = rows.size(0);
-  const int64_t* r = rows.data_ptr<int64_t>();
-  std::vector<char> seen(R, 0);
-  for (int64_t b = 0; b < B; ++b) {  // before any row is read or written (window_update repeats it)
-    TORCH_CHECK(r[b] >= 0 && r[b] < R, "window_verify: rows must be in [0, R=", R, "), got ", r[b]);
-    TORCH_CHECK(!seen[r[b]], "window_verify: rows must be distinct, row ", r[b], " is listed twice");
-    seen[r[b]] = 1;
-  }
+  const int64_t B = rows.size(0);
+  check_rows("window_verify", rows, ids.size(0));  // before any row is read or written (window_update repeats it)
   const SpecvocabVerifyArgs args = p.args;
   at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) sv_verify_row(args, b);
@@ -137,7 +131,9 @@ at::Tensor window_verify_cuda(at::Tensor& ring, at::Tensor& length, at::Tensor& 
   const at::Tensor rows = rows_.contiguous();
   Prepared p = prepare(ring, length, ids, cnt, acc, rows, draft_token, accept_index, accept_lens, predict, topk_values,
                        topk_ids, hot, k, context, compacted, fallback_id, vocab_size);
-  // As in window_update: rows are SGLang's req_pool_indices, distinct and in range by construction (no host check).
+  // As in window_update: rows are SGLang's req_pool_indices, distinct and in range by construction (a host check
+  // only under the debug setting).
+  if (debug_checks()) check_rows("window_verify", rows, ids.size(0));
   check_launch(specvocab_window_verify_launch(&p.args, rows.size(0), current_cuda_stream(ids.device())),
                "window_verify");
   window_update_cuda(ring, length, ids, cnt, rows, p.block, fallback_id, vocab_size);

@@ -175,6 +175,12 @@ class DraftHead:
         # One rank: rows past the head's own (SGLang pads ParallelLMHead's weight to a multiple of 64) are no tokens.
         self.start, self.end = shard if shard is not None else (0, min(int(weight.shape[0]), self.head_rows))
         self.row_map = head_row_map(self.vocab_size, hot_token_id=hot_token_id, shard=shard, device=dev)
+        if self.row_map is not None:
+            # Indexed by ids clamped into [-1, V]: a bad id (>= V) maps to a row past the weight's, which the
+            # kernel reads as -inf and counts, as it would the id itself; a negative id stays a dead column.
+            tail = torch.tensor([weight.shape[0], -1], dtype=self.row_map.dtype, device=dev)
+            self._row_map_ext = torch.cat([self.row_map, tail])
+        self._bad = ops.bad_entries(dev)  # the counter the logits ops add bad table entries to
         # Stock columns are global head rows; their tokens: the d2t map, or the row itself.
         self.stock_ids = None if hot_token_id is None else hot_token_id.to(device=dev, dtype=torch.long).flatten()
         if self.stock_ids is not None and shard is None and weight.shape[0] > self.stock_ids.numel():
@@ -352,7 +358,7 @@ class DraftHead:
         # Map the batch's sets to local head rows once ([bs, W], -1 = no row here: a dead column); each request keeps
         # its own slot in that mapped table, so its rows are read once for all its hidden rows.
         r = rows.long()
-        loc = self.row_map[t.ids.index_select(0, r).long()]
+        loc = self._row_map_ext[t.ids.index_select(0, r).clamp(-1, self.vocab_size).long()]
         local = torch.arange(r.shape[0], device=hidden.device, dtype=torch.int32)
         return self._logits(hidden, weight, loc, t.cnt.index_select(0, r), row_slots(local, N))
 
@@ -361,9 +367,12 @@ class DraftHead:
         V, C = self.vocab_size, self.union_capacity
         r = rows.long()
         bs, W = r.shape[0], t.capacity
-        ids = t.ids.index_select(0, r).long()
+        ids = t.ids.index_select(0, r).long().clamp_(-1, V)  # V: a bad id (>= V); -1: a dead one
         live = torch.arange(W, device=dev)[None, :] < t.cnt.index_select(0, r)[:, None]
-        at = torch.where(live, ids, V)  # dead entries mark the sink V
+        bad = live & (ids == V)
+        self._bad.add_(bad.sum(), alpha=N // bs if bs else 0)  # once per hidden row, as the per-request kernel
+        live &= (ids >= 0) & ~bad
+        at = torch.where(live, ids, V)  # dead and bad entries mark the sink V
         mark = torch.zeros(V + 1, dtype=torch.int32, device=dev).index_fill_(0, at.reshape(-1), 1)[:V]
         pos = mark.cumsum(0) - 1  # union column of each marked id, in ascending id
         total = pos[-1] + 1

@@ -7,11 +7,16 @@ that captured them sees every update. Row 0 is SGLang's padding row: it, like ev
 always holds at least one id (``cnt >= 1``), so no head row is ever all ``-inf``.
 
 All methods take ``rows`` as an int64 tensor on the table's device and do no host sync.
+
+How the head reads the table (``head_reads``, shared by every backend of the logits ops): an entry that breaks
+the contract (a slot outside ``[0, R)``, a count outside ``[1, W]``, an id ``>= V``) is never read out of bounds;
+it gives ``-inf`` logits where it would have given columns and is counted (``ops.bad_entries``).
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -93,6 +98,42 @@ def assign_sets(
     packed = torch.where(packed >= 0, packed, fallback_id)  # an empty row becomes the set {fallback_id}
     ids.index_copy_(0, rows, packed.to(torch.int32))
     cnt.index_copy_(0, rows, torch.where(count == 0, 1, count.clamp(max=cap)).to(torch.int32))
+
+
+class HeadReads(NamedTuple):
+    """What a logits call reads of the table for each of its M hidden rows (``head_reads``)."""
+
+    slot: torch.Tensor  # [M] int64, the row's slot clamped into [0, R) (safe to index with)
+    ids: torch.Tensor | None  # [M, W] the slot's ids (indexed calls; None for packed ones)
+    live: torch.Tensor  # [M, W] bool, the columns that are read
+    row_bad: torch.Tensor | None  # [M] bool, the slot or its count is out of range: one bad entry per hidden row
+    id_bad: torch.Tensor | None  # [M, W] bool, a column within the count whose id is >= V (None for packed calls)
+
+
+def head_reads(
+    ids: torch.Tensor | None, cnt: torch.Tensor, row_to_slot: torch.Tensor, W: int, V: int, *, counted: bool = True
+) -> HeadReads:
+    """What the logits ops read of a table for each hidden row m (the CUDA kernel's rules, which cannot check
+    values without a host sync; every backend follows them).
+
+    ``s = row_to_slot[m]``; a slot outside ``[0, R)`` reads nothing (its count is 0); the count ``cnt[s]`` is
+    clamped into ``[0, W]`` (so one ``<= 0`` reads nothing and one ``> W`` reads all ``W`` columns); column j is
+    live if ``j < count`` and, with ``ids`` (indexed, not packed), ``0 <= ids[s, j] < V`` (a negative id is a
+    dead column by design, an id ``>= V`` a bad one). Bad entries: one per hidden row whose slot or count is out of
+    range, one per column within the count whose id is ``>= V`` (``counted=False``: not computed, None).
+    """
+    R, M = cnt.shape[0], row_to_slot.shape[0]
+    slot = row_to_slot.long()
+    slot_ok = (slot >= 0) & (slot < R)
+    slot = torch.where(slot_ok, slot, 0)
+    raw = torch.where(slot_ok, cnt.index_select(0, slot), 0) if R else torch.zeros_like(slot)
+    row_bad = (raw < 1) | (raw > W) if counted else None  # a bad slot reads as count 0
+    live = torch.arange(W, device=cnt.device)[None, :] < raw.clamp(0, W)[:, None]
+    if ids is None:
+        return HeadReads(slot, None, live, row_bad, None)
+    sel = ids.index_select(0, slot) if R else torch.zeros((M, W), dtype=ids.dtype, device=ids.device)
+    id_bad = live & (sel >= V) if counted else None
+    return HeadReads(slot, sel, live & (sel >= 0) & (sel < V), row_bad, id_bad)
 
 
 class CandidateTable:

@@ -233,3 +233,32 @@ def literal_head_topk(hidden, weight, sets, rows, k, fallback, *, batch="per-req
         scored += [(float("-inf"), fallback)] * max(0, k - len(scored))
         out.append(scored[:k])
     return out
+
+
+def literal_table_reads(hidden, rows_of, cnt, row_to_slot, W):
+    """The logits ops over a table that may break its contract, one element at a time in fp64: ``(out, bad)``.
+
+    ``rows_of(s, j)`` is column j's head row of slot s (a tensor), None for a dead column (a negative id), or
+    "bad" (an id >= V). Row m with slot s outside [0, R) reads nothing and counts 1; else a count c outside
+    [1, W] counts 1 and reads min(max(c, 0), W) columns; each bad column within them counts 1; -inf wherever
+    nothing is read."""
+    import torch
+
+    M, R = hidden.shape[0], cnt.shape[0]
+    out = torch.full((M, W), float("-inf"), dtype=torch.float64)
+    bad = 0
+    for m in range(M):
+        s = int(row_to_slot[m])
+        if not 0 <= s < R:
+            bad += 1
+            continue
+        c = int(cnt[s])
+        if not 1 <= c <= W:
+            bad += 1
+        for j in range(min(max(c, 0), W)):
+            row = rows_of(s, j)
+            if isinstance(row, str):
+                bad += 1
+            elif row is not None:
+                out[m, j] = float(row.double() @ hidden[m].double())
+    return out, bad

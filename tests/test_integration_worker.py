@@ -54,6 +54,9 @@ def mirrored_telemetry(num_rows, done=True):
         def _host_buffer(self):
             return torch.full(self.all.shape, float("nan"), dtype=self.all.dtype)
 
+        def _host_counts_buffer(self, n):
+            return torch.full((n,), -1, dtype=torch.int64)  # -1: never published
+
         def _new_event(self):
             self.events.append(FakeEvent(done))
             return self.events[-1]
@@ -199,7 +202,7 @@ def test_prefill_slot_reuse_and_report(W, monkeypatch):
     t.record_verify(pol.table, torch.tensor([4]), torch.tensor([[p1[0], V - 1 if V - 1 not in lw.active() else -1]]))
     t.publish()  # as the verify override does
     gauges = []
-    w.dynvocab_gauges = SimpleNamespace(update=lambda s, c: gauges.append((s, c)))
+    w.dynvocab_gauges = SimpleNamespace(update=lambda s, c: gauges.append((s, c)), update_counts=gauges.append)
     w.note_request_finished(rid="a", natural_stop=True)
     size, cov = len(lw.active()), 1 / int(t.committed[4])
     assert a.customized_info == {
@@ -207,9 +210,9 @@ def test_prefill_slot_reuse_and_report(W, monkeypatch):
         COVERAGE_KEY: [pytest.approx(cov)],
         UNSEEDED_KEY: [0],
     }
-    assert gauges == [(pytest.approx(size), pytest.approx(cov))]
+    assert gauges == [(pytest.approx(size), pytest.approx(cov)), {}]  # no counters watched by this worker
     w.note_request_finished(rid="a", natural_stop=True)  # twice (or unknown rid): no second report
-    assert len(gauges) == 1
+    assert len(gauges) == 2
 
     # the slot is re-used by a new request with a 3-token radix hit: row and telemetry reset, hit seeded from ids
     w.req_to_token_pool.alloc(4)
@@ -278,6 +281,94 @@ def test_telemetry_mirror_on_cuda():
         t.publish()
     torch.cuda.synchronize()
     assert t.summary(3) == (150.0, 0.5) and t.summary(5) == (150.0, 1.0)
+
+
+def test_counters_are_read_from_the_published_copy():
+    """A watched device counter reaches the host only through publish: counts() reads the newest finished copy
+    (zeros before any), never the live tensor; a source may rebind its tensor (read at each publish)."""
+    t = mirrored_telemetry(4)
+    owner = SimpleNamespace(n=torch.zeros((), dtype=torch.int64))
+    fixed = torch.zeros(1, dtype=torch.int64)
+    t.watch("rebound", lambda: owner.n)
+    t.watch("fixed", lambda: fixed)
+    t.watch("absent", lambda: None)
+    assert t.counts() == {"rebound": 0, "fixed": 0, "absent": 0}  # nothing published yet
+    owner.n += 3
+    fixed += 7
+    t.publish()
+    assert t.counts() == {"rebound": 3, "fixed": 7, "absent": -1}  # absent: never copied
+    owner.n = owner.n + 2  # rebound, and not published yet
+    fixed += 1
+    assert t.counts() == {"rebound": 3, "fixed": 7, "absent": -1}
+    t.events[-1].done = True
+    t.publish()
+    t.events[-1].done = False  # the newest copy unfinished: the previous one is read
+    assert t.counts()["rebound"] == 3
+    t.events[-1].done = True
+    assert t.counts() == {"rebound": 5, "fixed": 8, "absent": -1}
+
+
+def test_counters_off_gpu_are_read_directly():
+    from sglang_specvocab.integration.telemetry import Telemetry
+
+    t = Telemetry(4)
+    n = torch.zeros((), dtype=torch.int64)
+    t.watch("n", lambda: n)
+    n += 4
+    assert t.counts() == {"n": 4}
+
+
+def test_init_warns_once_and_the_report_exports_the_head_counters(W, monkeypatch, caplog):
+    """No runtime context: the gauges are off and the log says why, once per process. With a head, the worker
+    watches its counters: a table row with a bad count is counted on the device by the head's op, published with the
+    telemetry and handed to the gauges when a request finishes."""
+    from sglang_specvocab import ops
+    from sglang_specvocab.head import DraftHead
+    from sglang_specvocab.integration.telemetry import BAD_ENTRIES, UNION_OVERFLOW, Gauges
+    from sglang_specvocab.table import CandidateTable
+
+    def no_context():
+        raise ValueError("config namespace 'observability' not published")
+
+    monkeypatch.setattr(W, "get_observability", no_context)
+    monkeypatch.setattr(W, "_warned_no_gauges", False)
+    table = CandidateTable(NUM_ROWS, 4, fallback_id=0)
+    table.cnt[5] = 0  # a policy bug: slot 5 has no live id
+    head = DraftHead(torch.randn(V, 8), table, kernel="torch", batch="per-request")
+    telemetry = mirrored_telemetry(NUM_ROWS)
+    w = object.__new__(W.DynVocabWorkerV2)
+    w._draft_worker = SimpleNamespace(
+        dynvocab_policy=None, dynvocab_telemetry=telemetry, dynvocab_proc=SimpleNamespace(dv_head=head)
+    )
+    with caplog.at_level("WARNING", logger=W.__name__):
+        w._init_dynvocab_state(SimpleNamespace())
+        w._init_dynvocab_state(SimpleNamespace())
+    warnings = [r for r in caplog.records if "no Prometheus gauges" in r.getMessage()]
+    assert len(warnings) == 1 and "observability' not published" in warnings[0].getMessage()
+    assert isinstance(w.dynvocab_gauges, Gauges) and w.dynvocab_gauges.set_size is None
+
+    before = int(ops.bad_entries("cpu"))
+    head(torch.randn(3, 8), torch.tensor([1, 5, 2]))  # one hidden row reads slot 5
+    head.union_overflow += 2  # as two overflowing union calls would
+    telemetry.publish()
+    counts = []
+    w.dynvocab_gauges = SimpleNamespace(update=lambda s, c: None, update_counts=counts.append)
+    w._dv_live, w._dv_row_rid = {"r": (5, None)}, {5: "r"}
+    w.dynvocab_report("r")
+    assert counts == [{BAD_ENTRIES: before + 1, UNION_OVERFLOW: 2}]
+
+
+def test_gauges_export_the_counters():
+    from prometheus_client import REGISTRY
+
+    from sglang_specvocab.integration.telemetry import BAD_ENTRIES, UNION_OVERFLOW, Gauges
+
+    gauges = Gauges(True, {"model_name": "counted"})
+    gauges.update_counts({BAD_ENTRIES: 3, UNION_OVERFLOW: 11, "other": 1})
+    labels = {"model_name": "counted"}
+    assert REGISTRY.get_sample_value("sglang:dynvocab_bad_table_entries", labels) == 3
+    assert REGISTRY.get_sample_value("sglang:dynvocab_union_overflow", labels) == 11
+    Gauges(False).update_counts({BAD_ENTRIES: 1})  # metrics off: nothing to set
 
 
 def test_dense_policy_telemetry_counts_the_vocabulary():

@@ -30,8 +30,9 @@ from sglang_specvocab.policies import build_policy, parse_config
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = {
     "indexed_logits": "specvocab::indexed_logits(Tensor hidden, Tensor weight, Tensor ids, Tensor cnt, "
-    "Tensor row_to_slot) -> Tensor",
-    "packed_logits": "specvocab::packed_logits(Tensor hidden, Tensor packed, Tensor cnt, Tensor row_to_slot) -> Tensor",
+    "Tensor row_to_slot, Tensor(a!)? bad=None) -> Tensor",
+    "packed_logits": "specvocab::packed_logits(Tensor hidden, Tensor packed, Tensor cnt, Tensor row_to_slot, "
+    "Tensor(a!)? bad=None) -> Tensor",
     "window_update": "specvocab::window_update(Tensor(a!) ring, Tensor(b!) length, Tensor(c!) ids, Tensor(d!) cnt, "
     "Tensor rows, Tensor block, int fallback_id, int vocab_size) -> ()",
     "pack_update": "specvocab::pack_update(Tensor(a!) packed, Tensor(b!) packed_ids, Tensor weight, Tensor ids, "
@@ -161,14 +162,29 @@ def test_cpu_logits_ops_refuse_bad_input():
         ((hidden.double(), weight.double(), ids, cnt, slot), "bf16, fp16 or fp32"),
         ((hidden, weight.half(), ids, cnt, slot), "must equal hidden dtype"),
         ((hidden, weight, ids.long(), cnt, slot), "ids must be int32"),
-        ((hidden, weight, ids, cnt.clone().fill_(0), slot), "cnt must be in [1, W=5]"),
-        ((hidden, weight, ids, cnt, slot.clone().fill_(3)), "row_to_slot must be in [0, R=3)"),
-        ((hidden, weight, ids.clone().fill_(20), cnt, slot), "ids must be below V=20 (a negative id is a dead column)"),
         ((hidden[:, :7], weight, ids, cnt, slot), "hidden has d=7 but weight has d=8"),
     ]
     for args, msg in bad:
         with pytest.raises(RuntimeError, match=re.escape(msg)):
             torch.ops.specvocab.indexed_logits(*args)
+    # the table's values: read as -inf and counted, as on the GPU; refused only under the debug setting
+    table_bad = [
+        ((hidden, weight, ids, cnt.clone().fill_(0), slot), "cnt must be in [1, W=5], got cnt["),
+        ((hidden, weight, ids, cnt, slot.clone().fill_(3)), "row_to_slot must be in [0, R=3), got row_to_slot[0] = 3"),
+        ((hidden, weight, ids.clone().fill_(20), cnt, slot), "ids must be below V=20 (a negative id is a dead column)"),
+    ]
+    for args, msg in table_bad:
+        want_count, got_count = torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)
+        want = reference.indexed_logits(*args, bad=want_count)
+        got = torch.ops.specvocab.indexed_logits(*args, bad=got_count)
+        assert torch.isneginf(got).any() and int(got_count) == int(want_count) > 0
+        torch.testing.assert_close(got, want)
+        ops.set_debug_checks(True)
+        try:
+            with pytest.raises(ValueError, match=re.escape("indexed_logits: " + msg)):
+                torch.ops.specvocab.indexed_logits(*args)
+        finally:
+            ops.set_debug_checks(False)
 
 
 # --- logits ops: the reference and the C++ CPU kernel against the literal definition ----------------
@@ -396,6 +412,15 @@ def test_ops_compile_in_one_graph():
     compiled = torch.compile(head, fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(*args), head(*args))
 
+    def counted(hidden, weight, ids, cnt, slot, bad):  # the mutable counter traces too (functionalized)
+        return torch.ops.specvocab.indexed_logits(hidden, weight, ids, cnt, slot, bad=bad).softmax(-1)
+
+    hidden, weight, ids, cnt, slot = args
+    cnt = cnt.clone().fill_(0)  # every row's slot has a bad count: M hidden rows counted per call
+    bad = torch.zeros((), dtype=torch.int64)
+    torch.compile(counted, fullgraph=True, backend="eager")(hidden, weight, ids, cnt, slot, bad)
+    assert int(bad) == 5
+
 
 # --- backend choice ----------------------------------------------------------------------------
 
@@ -403,7 +428,8 @@ def test_ops_compile_in_one_graph():
 def test_auto_backend_on_cpu_is_the_reference():
     assert ops.resolve("auto", "cpu", "indexed_logits") == "torch"
     assert ops.implementation("auto", "cpu", "window_update") is reference.window_update
-    assert ops.implementation("cuda", "cpu", "indexed_logits") == torch.ops.specvocab.indexed_logits
+    impl = ops.implementation("cuda", "cpu", "indexed_logits")  # bound to the device's bad-entry counter
+    assert impl.func == torch.ops.specvocab.indexed_logits and impl.keywords == {"bad": ops.bad_entries("cpu")}
 
 
 @pytest.mark.skipif(not _built_with_nvcc(), reason="this build has no CUDA kernels")

@@ -1,11 +1,15 @@
 """Every backend of an op refuses the same bad inputs, naming the argument (``ops.checks`` for the torch
-reference and Triton, the extension's TORCH_CHECKs for the C++ kernels), before it computes anything."""
+reference and Triton, the extension's TORCH_CHECKs for the C++ kernels), before it computes anything; the
+candidate table's values only under the debug setting (otherwise they are read as -inf and counted:
+test_bad_entries.py); valid arguments give the literal result on every backend."""
 
 import re
 
 import pytest
 import torch
+from literal import literal_pack_update, literal_table_reads
 
+from sglang_specvocab import ops
 from sglang_specvocab.ops import _ext, checks, reference, triton_ops
 
 R, W, D, V, M = 3, 5, 8, 20, 4
@@ -81,10 +85,6 @@ BAD = {  # op -> (valid arguments, [(change, a phrase every backend's message ha
         ({"weight": lambda a: a["weight"][:, :7]}, "hidden has d=8 but weight has d=7"),
         ({"weight": lambda a: a["weight"][0]}, "weight must be [V, d]"),
         ({"hidden": lambda a: a["hidden"].long(), "weight": lambda a: a["weight"].long()}, "hidden dtype"),
-        ({"cnt": lambda a: a["cnt"] * 0}, "cnt must be in [1, W=5]"),
-        ({"cnt": lambda a: a["cnt"] + W}, "cnt must be in [1, W=5]"),
-        ({"row_to_slot": lambda a: a["row_to_slot"] + 1}, "row_to_slot must be in [0, R=3)"),
-        ({"ids": lambda a: a["ids"] + V}, "ids must be below V=20"),
     ]),
     "packed_logits": (packed_args, [
         ({"packed": lambda a: a["packed"][0]}, "packed must be [R, W, d]"),
@@ -92,8 +92,6 @@ BAD = {  # op -> (valid arguments, [(change, a phrase every backend's message ha
         ({"packed": lambda a: a["packed"].half()}, "must equal hidden dtype"),
         ({"cnt": lambda a: a["cnt"].long()}, "cnt must be int32 [R=3]"),
         ({"row_to_slot": lambda a: a["row_to_slot"][:3]}, "row_to_slot must be int32 [M=4]"),
-        ({"cnt": lambda a: a["cnt"] * 0}, "cnt must be in [1, W=5]"),
-        ({"row_to_slot": lambda a: a["row_to_slot"] - 1}, "row_to_slot must be in [0, R=3)"),
     ]),
     "window_update": (window_args, [
         ({"ids": lambda a: a["ids"].long()}, "int32 [R, capacity]"),
@@ -105,8 +103,8 @@ BAD = {  # op -> (valid arguments, [(change, a phrase every backend's message ha
         ({"block": lambda a: a["block"][:1]}, "block must be int32 [B=2, n]"),
         ({"vocab_size": lambda a: 0}, "vocab_size = 0 must be in [1, 2^31]"),
         ({"fallback_id": lambda a: V}, "fallback_id = 20 must be a token id in [0, vocab_size=20)"),
-        ({"rows": lambda a: torch.tensor([0, 3])}, "rows must be in [0, R=3)"),
-        ({"rows": lambda a: torch.tensor([1, 1])}, "rows must be distinct"),
+        ({"rows": lambda a: torch.tensor([0, 3])}, "rows must be in [0, R=3), got rows[1] = 3"),
+        ({"rows": lambda a: torch.tensor([1, 1])}, "rows must be distinct, got 1 twice (rows[0] and rows[1])"),
     ]),
     "pack_update": (pack_args, [
         ({"packed": lambda a: a["packed"][0]}, "packed must be [R, W, d]"),
@@ -116,8 +114,8 @@ BAD = {  # op -> (valid arguments, [(change, a phrase every backend's message ha
         ({"ids": lambda a: a["ids"][:, :4]}, "ids must be int32 [R=3, W=5]"),
         ({"cnt": lambda a: a["cnt"][:2]}, "cnt must be int32 [R=3]"),
         ({"rows": lambda a: a["rows"].int()}, "rows must be int64 [B]"),
-        ({"rows": lambda a: torch.tensor([0, 3])}, "rows must be in [0, R=3)"),
-        ({"rows": lambda a: torch.tensor([2, 2])}, "rows must be distinct"),
+        ({"rows": lambda a: torch.tensor([0, 3])}, "rows must be in [0, R=3), got rows[1] = 3"),
+        ({"rows": lambda a: torch.tensor([2, 2])}, "rows must be distinct, got 2 twice (rows[0] and rows[1])"),
         ({"cnt": lambda a: a["cnt"] * 0}, "cnt[rows] must be in [1, W=5]"),
         ({"ids": lambda a: a["ids"] + V}, "ids[rows, :cnt] must be in [0, V=20)"),
         ({"ids": lambda a: a["ids"].flip(1)}, "ids[rows, :cnt] must be strictly ascending"),
@@ -138,6 +136,21 @@ BAD = {  # op -> (valid arguments, [(change, a phrase every backend's message ha
     ]),
 }  # fmt: skip
 CASES = [(op, i) for op, (_, bad) in BAD.items() for i in range(len(bad))]
+# The table's values: refused only under the debug setting, by every backend alike (a ValueError naming the op, the
+# hidden row and the value); without it read as -inf and counted (test_bad_entries.py).
+TABLE_BAD = {
+    "indexed_logits": (logits_args, [
+        ({"cnt": lambda a: a["cnt"] * 0}, "cnt must be in [1, W=5], got cnt[0] = 0 (the slot of hidden row 0)"),
+        ({"cnt": lambda a: a["cnt"] + W}, "cnt must be in [1, W=5], got cnt[0] = 6 (the slot of hidden row 0)"),
+        ({"row_to_slot": lambda a: a["row_to_slot"] + 1}, "row_to_slot must be in [0, R=3), got row_to_slot[3] = 3"),
+        ({"ids": lambda a: a["ids"] + V}, "ids must be below V=20 (a negative id is a dead column), got ids[0, 0] = "),
+    ]),
+    "packed_logits": (packed_args, [
+        ({"cnt": lambda a: a["cnt"] * 0}, "cnt must be in [1, W=5], got cnt[0] = 0 (the slot of hidden row 0)"),
+        ({"row_to_slot": lambda a: a["row_to_slot"] - 1}, "row_to_slot must be in [0, R=3), got row_to_slot[0] = -1"),
+    ]),
+}  # fmt: skip
+TABLE_CASES = [(op, i) for op, (_, bad) in TABLE_BAD.items() for i in range(len(bad))]
 
 
 def backends(op: str):
@@ -162,13 +175,94 @@ def test_every_backend_refuses_the_same_bad_input(op, i):
         assert op in str(caught.value), (name, str(caught.value))
 
 
-@pytest.mark.parametrize("op", sorted(BAD))
-def test_the_valid_arguments_pass_every_check(op):
-    make = BAD[op][0]
+@pytest.fixture
+def debug():
+    was = checks.debug_checks()
+    ops.set_debug_checks(True)
+    yield
+    ops.set_debug_checks(was)
+
+
+@pytest.mark.parametrize("op, i", TABLE_CASES, ids=[f"{op}-{TABLE_BAD[op][1][i][1]}" for op, i in TABLE_CASES])
+def test_table_values_are_refused_alike_under_the_debug_setting(op, i, debug):
+    make, bad = TABLE_BAD[op]
+    change, phrase = bad[i]
+    for _, fn, _ in backends(op):  # Triton refuses before any launch
+        args = make()
+        args.update({k: f(args) for k, f in change.items()})
+        with pytest.raises(ValueError, match=re.escape(f"{op}: {phrase}")):
+            fn(*args.values())
+
+
+@pytest.mark.parametrize("op, i", TABLE_CASES, ids=[f"{op}-{TABLE_BAD[op][1][i][1]}" for op, i in TABLE_CASES])
+def test_table_values_are_read_as_the_reference_without_it(op, i):
+    make, bad = TABLE_BAD[op]
+    args = make()
+    args.update({k: f(args) for k, f in bad[i][0].items()})
+    count = torch.zeros((), dtype=torch.int64)
+    want = getattr(reference, op)(*args.values(), bad=count)
+    assert int(count) > 0  # read as table.head_reads says: -inf where a bad entry would give columns, and counted
     for name, fn, _ in backends(op):
-        if name != "triton":  # Triton runs on GPU tensors (or under TRITON_INTERPRET=1, in test_triton_ops)
-            fn(*make().values())
+        if name != "triton":  # interpreted in test_bad_entries.py
+            got_count = torch.zeros((), dtype=torch.int64)
+            got = fn(*args.values(), bad=got_count)
+            assert torch.equal(torch.isneginf(got), torch.isneginf(want)) and int(got_count) == int(count), name
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # summation order differs
+
+
+def expected(op: str, a: dict):
+    """The literal result of ``op`` on ``a`` (the valid arguments): what every backend must return or leave."""
+    if op == "indexed_logits":
+        ids, weight = a["ids"], a["weight"]
+        out, bad = literal_table_reads(a["hidden"], lambda s, j: weight[int(ids[s, j])], a["cnt"], a["row_to_slot"], W)
+        assert bad == 0
+        return out.float()
+    if op == "packed_logits":
+        packed = a["packed"]
+        out, bad = literal_table_reads(a["hidden"], lambda s, j: packed[s, j], a["cnt"], a["row_to_slot"], W)
+        assert bad == 0
+        return out.float()
+    if op == "window_update":  # rows [2, 0] append [3, 4] and [5, 5, 6] to empty rings
+        ids, cnt = a["ids"].clone(), a["cnt"].clone()
+        ids[2], ids[0] = torch.tensor([3, 4, 0, 0, 0]), torch.tensor([5, 6, 0, 0, 0])
+        cnt[2], cnt[0] = 2, 2
+        ring = a["ring"].clone()
+        ring[2, :2], ring[0, :3] = torch.tensor([3, 4]), torch.tensor([5, 5, 6])
+        return ring, torch.tensor([3, 0, 2]), ids, cnt
+    if op == "pack_update":
+        packed, packed_ids = a["packed"].clone(), a["packed_ids"].clone()
+        literal_pack_update(packed, packed_ids, a["weight"], a["ids"], a["cnt"], a["rows"])
+        return packed, packed_ids
+    # compact_topk, mode 2: each request's rows (request-major) through its map row, probabilities
+    logits, k = a["logits"], a["k"]
+    lse = torch.logsumexp(logits, dim=1)
+    values, cols = logits.topk(k, dim=1)
+    maps = a["col_ids"].long()[a["rows"].repeat_interleave(logits.shape[0] // a["rows"].numel())]
+    return torch.exp(values - lse[:, None]), maps.gather(1, cols), lse
+
+
+def result(op: str, fn, a: dict):
+    """What the backend's call returns, or for an in-place op the tensors it updates."""
+    out = fn(*a.values())
+    if op == "window_update":
+        return a["ring"], a["length"], a["ids"], a["cnt"]
+    if op == "pack_update":
+        return a["packed"], a["packed_ids"]
+    return out
+
+
+@pytest.mark.parametrize("op", sorted(BAD))
+def test_the_valid_arguments_pass_every_check_and_give_the_literal_result(op):
+    make = BAD[op][0]
     getattr(checks, "check_" + op)(*make().values())
+    want = expected(op, make())
+    for name, fn, _ in backends(op):
+        if name == "triton":  # Triton runs on GPU tensors (or under TRITON_INTERPRET=1, in test_triton_ops)
+            continue
+        got = result(op, fn, make())
+        for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            assert g.dtype == w.dtype or op in ("indexed_logits", "packed_logits", "compact_topk"), (name, op)
+            torch.testing.assert_close(g, w.to(g.dtype), rtol=1e-5, atol=1e-5, msg=f"{name} {op}")
 
 
 def test_fp64_is_the_reference_oracle_alone():

@@ -2,6 +2,7 @@
 
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -300,12 +301,29 @@ def test_pack_update_refuses_bad_input(args, msg):
 
 
 def test_bad_rows_not_listed_are_not_checked():
-    # Values are checked on the listed rows only: row 1's table and packed ids may be anything.
+    """Values are checked on the listed rows only: row 1's table and packed ids may be anything, and stay as they
+    were; the listed rows are updated as stated (each gets its set {0}: id 0 with weight row 0)."""
+    from sglang_specvocab.ops import _ext
+
     ids = torch.arange(18, dtype=torch.int32).view(3, 6) % 6
     ids[1] = 99
     pid = torch.full((3, 6), -1, dtype=torch.int32)
     pid[1, 2] = 5
-    pack_update(**_pack_args(ids=ids, packed_ids=pid))
+    weight = torch.arange(40, dtype=torch.float32).view(10, 4) + 1
+    ops = [pack_update] + ([torch.ops.specvocab.pack_update] if _ext.available() else [])
+    for op in ops:
+        args = _pack_args(ids=ids, packed_ids=pid.clone(), weight=weight)
+        op(*args.values())
+        want_ids = torch.full((3, 6), -1, dtype=torch.int32)
+        want_ids[0, 0] = want_ids[2, 0] = 0
+        want_ids[1, 2] = 5  # untouched
+        want = torch.zeros(3, 6, 4)
+        want[0, 0] = want[2, 0] = weight[0]
+        assert torch.equal(args["packed_ids"], want_ids), op
+        assert torch.equal(args["packed"], want), op
+        literal = _pack_args(ids=ids, packed_ids=pid.clone(), weight=weight)
+        literal_pack_update(*literal.values())
+        assert torch.equal(literal["packed_ids"], want_ids) and torch.equal(literal["packed"], want)
 
 
 @pytest.mark.parametrize(
@@ -317,8 +335,6 @@ def test_bad_rows_not_listed_are_not_checked():
         (dict(packed=torch.zeros(3, 6, 4, dtype=torch.float16)), "packed dtype torch.float16 must equal hidden dtype"),
         (dict(cnt=torch.ones(2, dtype=torch.int32)), "cnt must be int32 \\[R=3\\]"),
         (dict(row_to_slot=torch.zeros(3, dtype=torch.int32)), "row_to_slot must be int32 \\[M=2\\]"),
-        (dict(cnt=torch.tensor([1, 0, 1], dtype=torch.int32)), "cnt must be in \\[1, W=6\\]"),
-        (dict(row_to_slot=torch.tensor([0, 3], dtype=torch.int32)), "row_to_slot must be in \\[0, R=3\\)"),
     ],
 )
 def test_packed_logits_refuses_bad_input(args, msg):
@@ -331,6 +347,42 @@ def test_packed_logits_refuses_bad_input(args, msg):
     base.update(args)
     with pytest.raises(ValueError, match="packed_logits: " + msg):
         packed_logits(**base)
+
+
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (dict(cnt=torch.tensor([1, 0, 1], dtype=torch.int32)), "cnt must be in [1, W=6], got cnt[1] = 0 (the slot"),
+        (
+            dict(row_to_slot=torch.tensor([3, 0], dtype=torch.int32)),
+            "row_to_slot must be in [0, R=3), got row_to_slot[0] = 3",
+        ),
+    ],
+)
+def test_packed_logits_reads_bad_table_values_as_minus_inf_and_refuses_them_under_debug(args, msg):
+    """A bad count or slot is read as a row with no live column and counted (ops/checks.py); the debug setting
+    refuses it instead."""
+    from sglang_specvocab import ops
+    from sglang_specvocab.ops import checks
+
+    base = dict(
+        hidden=torch.ones(2, 4),
+        packed=torch.ones(3, 6, 4),
+        cnt=torch.ones(3, dtype=torch.int32),
+        row_to_slot=torch.tensor([1, 0], dtype=torch.int32),
+    )
+    base.update(args)
+    bad = torch.zeros((), dtype=torch.int64)
+    out = packed_logits(**base, bad=bad)
+    assert torch.isneginf(out[0]).all() and int(bad) == 1  # the first hidden row reads the bad entry
+    assert out[1].tolist() == [4.0] + [float("-inf")] * 5
+    was = checks.debug_checks()
+    ops.set_debug_checks(True)
+    try:
+        with pytest.raises(ValueError, match=re.escape("packed_logits: " + msg)):
+            packed_logits(**base)
+    finally:
+        ops.set_debug_checks(was)
 
 
 # --- The compiled op (csrc/pack_update.cpp, .cu), once the extension is built --------------------

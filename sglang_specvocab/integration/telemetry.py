@@ -46,12 +46,22 @@ value a list). SGLang sends request-level keys of a *streaming* request only wit
 chunk, before it finished, so streaming requests do not get them; the Prometheus gauges
 ``sglang:dynvocab_set_size`` / ``sglang:dynvocab_coverage`` (most recent finished request, only
 with ``--enable-metrics``) cover every request.
+
+Counters (``watch``/``counts``): device int64 scalars that count events of the whole server, published with
+the accumulators (one more non-blocking copy per counter into pinned host memory, same event, no host sync)
+and read from the newest finished copy. The worker watches two: ``bad_table_entries``
+(``ops.bad_entries``: candidate-table entries the draft head read that broke the table's contract, each
+read as ``-inf`` logits) and ``union_overflow`` (``DraftHead.union_overflow``: head calls whose batch union
+exceeded its capacity, ids past it dropped from that call's union). Both are counted since the process
+started and exported as the gauges ``sglang:dynvocab_bad_table_entries`` / ``sglang:dynvocab_union_overflow``
+(updated when a request finishes; with ``--enable-metrics``).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -62,6 +72,8 @@ SET_SIZE_KEY = "dynvocab_set_size"
 COVERAGE_KEY = "dynvocab_coverage"
 UNSEEDED_KEY = "dynvocab_prefix_without_topk"
 KEYS = (SET_SIZE_KEY, COVERAGE_KEY, UNSEEDED_KEY)
+BAD_ENTRIES = "bad_table_entries"  # counters (see the module doc)
+UNION_OVERFLOW = "union_overflow"
 
 
 class Telemetry:
@@ -78,12 +90,24 @@ class Telemetry:
         self._host: list[torch.Tensor] = []
         self._events: list = [None, None]
         self._next = 0
+        self._sources: dict[str, Callable[[], torch.Tensor | None]] = {}  # watched counters
+        self._host_counts: list[torch.Tensor] = []
         if self.mirror:
             self._host = [self._host_buffer() for _ in range(2)]
 
     # seams for tests (a CPU machine has neither pinned memory nor CUDA events)
     def _host_buffer(self) -> torch.Tensor:
         return torch.empty(self.all.shape, dtype=self.all.dtype, pin_memory=True)
+
+    def _host_counts_buffer(self, n: int) -> torch.Tensor:
+        return torch.zeros(n, dtype=torch.int64, pin_memory=True)
+
+    def watch(self, name: str, source: Callable[[], torch.Tensor | None]) -> None:
+        """Publish the int64 device scalar ``source()`` with the accumulators from now on (``counts``). ``source``
+        is called at each publish (its owner may rebind the tensor; None: nothing to copy). At start, not per step."""
+        self._sources[name] = source
+        if self.mirror:
+            self._host_counts = [self._host_counts_buffer(len(self._sources)) for _ in range(2)]
 
     def _new_event(self):
         event = torch.cuda.Event()
@@ -125,20 +149,38 @@ class Telemetry:
             return
         i = self._next
         self._host[i].copy_(self.all, non_blocking=True)
+        for k, source in enumerate(self._sources.values()):  # a copy each, no kernel: 0-d views of one buffer
+            t = source()
+            if t is not None:
+                self._host_counts[i][k : k + 1].copy_(t.reshape(1), non_blocking=True)
         self._events[i] = self._new_event()
         self._next = 1 - i
 
-    def _host_values(self) -> torch.Tensor | None:
-        """The newest finished host copy (waiting only if none has finished); None before any publish."""
+    def _host_index(self) -> int | None:
+        """The newest finished host copy's buffer (waiting only if none has finished); None before any publish."""
         newest, older = 1 - self._next, self._next
         for i in (newest, older):
             if self._events[i] is not None and self._events[i].query():
-                return self._host[i]
+                return i
         for i in (older, newest):  # neither finished: wait for the earlier copy
             if self._events[i] is not None:
                 self._events[i].synchronize()
-                return self._host[i]
+                return i
         return None
+
+    def _host_values(self) -> torch.Tensor | None:
+        i = self._host_index()
+        return None if i is None else self._host[i]
+
+    def counts(self) -> dict[str, int]:
+        """The watched counters on the host: off-GPU read directly, on a GPU from the newest published copy (0 for
+        each before the first publish), never a read of the live device tensors."""
+        if not self.mirror:
+            return {name: 0 if (t := source()) is None else int(t) for name, source in self._sources.items()}
+        i = self._host_index() if self._sources else None
+        if i is None:
+            return dict.fromkeys(self._sources, 0)
+        return dict(zip(self._sources, self._host_counts[i].tolist(), strict=True))
 
     def _row(self, row: int) -> list[float] | None:
         """One row's five values on the host: off-GPU the accumulators, on a GPU the published copy."""
@@ -200,13 +242,15 @@ def install_request_level_keys() -> None:
 
 
 class Gauges:
-    """``sglang:dynvocab_set_size`` / ``sglang:dynvocab_coverage`` (prometheus_client), or nothing."""
+    """``sglang:dynvocab_set_size`` / ``sglang:dynvocab_coverage`` and the counters' gauges
+    (``sglang:dynvocab_bad_table_entries`` / ``sglang:dynvocab_union_overflow``; prometheus_client), or nothing."""
 
     _cache: ClassVar[dict[tuple, Any]] = {}
 
     def __init__(self, enabled: bool, labels: dict[str, str] | None = None) -> None:
         self.labels = dict(labels or {})
         self.set_size = self.coverage = None
+        self.counters: dict[str, Any] = {}
         if not enabled:
             return
         try:
@@ -230,21 +274,49 @@ class Gauges:
                     labelnames=names,
                     multiprocess_mode="mostrecent",
                 ),
+                # Totals since start that the device counts and telemetry publishes: gauges set to the published
+                # value (a Counter only adds), monotonic between restarts.
+                Gauge(
+                    name="sglang:dynvocab_bad_table_entries",
+                    documentation="DYNVOCAB: candidate-table entries the draft head read that broke the table's "
+                    "contract (a slot or count out of range, an id >= vocab), each read as -inf logits; since start.",
+                    labelnames=names,
+                    multiprocess_mode="mostrecent",
+                ),
+                Gauge(
+                    name="sglang:dynvocab_union_overflow",
+                    documentation="DYNVOCAB: draft-head calls whose batch union of sets exceeded the union capacity "
+                    "(the highest ids dropped from that call); since start.",
+                    labelnames=names,
+                    multiprocess_mode="mostrecent",
+                ),
             )
-        self.set_size, self.coverage = Gauges._cache[key]
+        self.set_size, self.coverage, bad, overflow = Gauges._cache[key]
+        self.counters = {BAD_ENTRIES: bad, UNION_OVERFLOW: overflow}
+
+    def _set(self, gauge, value: float) -> None:
+        (gauge.labels(**self.labels) if self.labels else gauge).set(value)
 
     def update(self, set_size: float, coverage: float) -> None:
         if self.set_size is None:
             return
         for gauge, value in ((self.set_size, set_size), (self.coverage, coverage)):
             if not math.isnan(value):
-                (gauge.labels(**self.labels) if self.labels else gauge).set(value)
+                self._set(gauge, value)
+
+    def update_counts(self, counts: dict[str, int]) -> None:
+        """The counters' published host values (``Telemetry.counts``); names without a gauge are ignored."""
+        for name, value in counts.items():
+            if name in self.counters:
+                self._set(self.counters[name], value)
 
 
 __all__ = [
+    "BAD_ENTRIES",
     "COVERAGE_KEY",
     "KEYS",
     "SET_SIZE_KEY",
+    "UNION_OVERFLOW",
     "Gauges",
     "Telemetry",
     "install_request_level_keys",

@@ -11,7 +11,7 @@ Imported lazily by the worker factory (``plugin.worker_factory``), in the schedu
   are reset (``reset_rows`` on the pool's generation counter; policy and telemetry rows), then
   ``policy.on_prefill`` with the prompt ids (radix-cache hits seeded from ids) and the target's
   top-K from ``last_hidden_states``; ``note_request_finished`` reports the request's telemetry
-  (``integration/telemetry.py``).
+  and the head's published counters, bad table entries and union overflows (``integration/telemetry.py``).
 - ``DynVocabDraftWorker(EagleDraftWorker)``: ``alloc_memory_pool`` runs EAGLE's (draft KV pools,
   token map, LM head), builds the policy and its candidate table with one row per request slot
   (``R = req_to_token_pool.req_to_token.shape[0]``, row 0 SGLang's padding row) and the telemetry,
@@ -51,13 +51,14 @@ import torch
 from sglang.srt.runtime_context import get_observability, get_parallel
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
+from .. import ops
 from ..errors import SpecVocabError
 from ..patches import has_draft_topk_hook, load_patch_module
 from ..policies import ModelContext, Policy, build_policy
 from .algorithm import NAME, draft_info, load_server_config
 from .events import host_to_device, prefill_event, reset_rows, verify_event
 from .logits import DynVocabLogitsProcessor, install
-from .telemetry import Gauges, Telemetry, install_request_level_keys, report_to_request
+from .telemetry import BAD_ENTRIES, UNION_OVERFLOW, Gauges, Telemetry, install_request_level_keys, report_to_request
 
 logger = logging.getLogger(__name__)
 
@@ -386,12 +387,26 @@ class DynVocabWorkerV2(EAGLEWorkerV2):
         labels = {}
         try:
             enabled = bool(get_observability().enable_metrics)
-        except Exception:  # noqa: BLE001  (no runtime context: tests, embedders; no gauges)
+        except Exception as exc:  # noqa: BLE001  (no runtime context: tests, embedders; no gauges)
+            _warn_no_gauges(exc)
             enabled = False
         if enabled:
             name = getattr(server_args, "served_model_name", None) or getattr(server_args, "model_path", "")
             labels = {"model_name": str(name)}
         self.dynvocab_gauges = Gauges(enabled, labels)
+        self._dynvocab_watch_counters()
+
+    def _dynvocab_watch_counters(self) -> None:
+        """Publish the draft head's device counters with the telemetry (``Telemetry.watch``): the bad table entries
+        its ops counted (``ops.bad_entries``) and its union overflows. None without a head (a dense policy)."""
+        telemetry = self.dynvocab_telemetry
+        proc = getattr(self._draft_worker, "dynvocab_proc", None)
+        head = getattr(proc, "dv_head", None)
+        if telemetry is None or head is None:
+            return
+        bad = ops.bad_entries(head.weight.device)  # the counter the head's logits ops were bound to
+        telemetry.watch(BAD_ENTRIES, lambda: bad)
+        telemetry.watch(UNION_OVERFLOW, lambda: getattr(head, "union_overflow", None))
 
     @property
     def dynvocab_policy(self) -> Policy | None:
@@ -556,7 +571,24 @@ class DynVocabWorkerV2(EAGLEWorkerV2):
         if req is not None:
             report_to_request(req, set_size, coverage, telemetry.unseeded_positions(row))
         self.dynvocab_gauges.update(set_size, coverage)
+        self.dynvocab_gauges.update_counts(telemetry.counts())  # the published host copy, like the summary
         return set_size, coverage
+
+
+_warned_no_gauges = False
+
+
+def _warn_no_gauges(exc: Exception) -> None:
+    """Once per process: why the Prometheus gauges are off (no runtime context)."""
+    global _warned_no_gauges
+    if _warned_no_gauges:
+        return
+    _warned_no_gauges = True
+    logger.warning(
+        "DYNVOCAB: no Prometheus gauges (set size, coverage, bad table entries, union overflow): SGLang's "
+        "observability settings could not be read: %r",
+        exc,
+    )
 
 
 def _req_ids(req):

@@ -11,6 +11,17 @@ Backends (the ``head.kernel`` key of a config):
 
 ``resolve(backend, device, op)`` picks once (call sites keep the result: nothing to decide per
 step); an explicit choice that cannot run raises ``BackendError`` saying why.
+
+Bad table entries. The logits ops take an optional int64 counter ``bad`` (one element, on the
+tensors' device): every backend reads an entry that breaks the table's contract (a slot outside
+``[0, R)``, a count outside ``[1, W]``, an id ``>= V``) as ``-inf`` logits (``table.head_reads``) and
+adds it to ``bad`` on the device, without a host sync. The kernels add nothing when ``bad`` is absent
+and add with an atomic only on the bad path when it is given (no launch is added either way).
+``implementation`` binds the logits ops to ``bad_entries(device)``, one counter per device that
+telemetry reads (``integration/telemetry.py``), so every head built on them counts. Under the debug
+setting ``SGLANG_DYNVOCAB_DEBUG_CHECKS=1`` (``checks``; ``set_debug_checks`` at run time) every
+backend refuses such an entry with a ``ValueError`` naming the op, the hidden row and the value, and
+the GPU backends also check the ``rows`` of the in-place updates on the host.
 """
 
 from __future__ import annotations
@@ -24,12 +35,13 @@ from collections.abc import Callable
 import torch
 
 from ..errors import SpecVocabError
-from . import _ext, reference
+from . import _ext, checks, reference
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "cuda", "triton", "torch")
 _TRITON_OPS = ("indexed_logits", "packed_logits")
+_COUNTED = ("indexed_logits", "packed_logits")  # the ops that read the table and count its bad entries
 OPS = ("indexed_logits", "packed_logits", "window_update", "window_verify", "compact_topk", "pack_update")
 
 
@@ -107,26 +119,62 @@ def update_backend(kernel: str) -> str:
     return kernel if kernel in ("cuda", "torch") else "auto"
 
 
+_BAD: dict[torch.device, torch.Tensor] = {}
+
+
+def _device_key(device: torch.device | str) -> torch.device:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def bad_entries(device: torch.device | str) -> torch.Tensor:
+    """The int64 device scalar that the logits ops from ``implementation`` add their bad table entries to.
+
+    Made once per device, when a call site resolves its op (before any CUDA-graph capture), and only added to
+    in place, so captured calls count too; read it through the telemetry's host copy, not per step."""
+    key = _device_key(device)
+    counter = _BAD.get(key)
+    if counter is None:
+        counter = _BAD[key] = torch.zeros((), dtype=torch.int64, device=key)
+    return counter
+
+
+def set_debug_checks(on: bool) -> None:
+    """Switch the debug setting (``SGLANG_DYNVOCAB_DEBUG_CHECKS``, see ``checks``) for every backend at once."""
+    checks._set_debug(on)
+    if _ext.available():
+        torch.ops.specvocab.set_debug_checks(bool(on))
+
+
 def implementation(backend: str, device: torch.device | str, op: str) -> Callable:
-    """The function that runs ``op`` with ``resolve(backend, device, op)``."""
+    """The function that runs ``op`` with ``resolve(backend, device, op)``; the logits ops count their bad
+    table entries into ``bad_entries(device)`` (a caller may pass its own ``bad=`` instead)."""
     chosen = resolve(backend, device, op)
     if chosen == "cuda":
-        return getattr(torch.ops.specvocab, op)
-    if chosen == "triton":
+        fn = getattr(torch.ops.specvocab, op)
+    elif chosen == "triton":
         from . import triton_ops  # optional: Triton may be absent
 
-        return getattr(triton_ops, op)
-    return getattr(reference, op)
+        fn = getattr(triton_ops, op)
+    else:
+        fn = getattr(reference, op)
+    return functools.partial(fn, bad=bad_entries(device)) if op in _COUNTED else fn
 
 
-def indexed_logits(hidden, weight, ids, cnt, row_to_slot, *, backend: str = "auto") -> torch.Tensor:
-    """Compact logits ``[M, W]`` over each row's candidate set (see ``reference.indexed_logits``)."""
-    return implementation(backend, hidden.device, "indexed_logits")(hidden, weight, ids, cnt, row_to_slot)
+def indexed_logits(hidden, weight, ids, cnt, row_to_slot, *, backend: str = "auto", bad=None) -> torch.Tensor:
+    """Compact logits ``[M, W]`` over each row's candidate set (see ``reference.indexed_logits``); bad table
+    entries are counted into ``bad``, by default ``bad_entries(hidden.device)``."""
+    fn = implementation(backend, hidden.device, "indexed_logits")
+    return fn(hidden, weight, ids, cnt, row_to_slot, **({} if bad is None else {"bad": bad}))
 
 
-def packed_logits(hidden, packed, cnt, row_to_slot, *, backend: str = "auto") -> torch.Tensor:
-    """Compact logits ``[M, W]`` over packed candidate rows (see ``reference.packed_logits``)."""
-    return implementation(backend, hidden.device, "packed_logits")(hidden, packed, cnt, row_to_slot)
+def packed_logits(hidden, packed, cnt, row_to_slot, *, backend: str = "auto", bad=None) -> torch.Tensor:
+    """Compact logits ``[M, W]`` over packed candidate rows (see ``reference.packed_logits``); ``bad`` as in
+    ``indexed_logits``."""
+    fn = implementation(backend, hidden.device, "packed_logits")
+    return fn(hidden, packed, cnt, row_to_slot, **({} if bad is None else {"bad": bad}))
 
 
 def window_update(ring, length, ids, cnt, rows, block, *, fallback_id: int, vocab_size: int, backend: str = "auto"):
@@ -193,12 +241,14 @@ __all__ = [
     "BACKENDS",
     "BackendError",
     "available_backends",
+    "bad_entries",
     "compact_topk",
     "implementation",
     "indexed_logits",
     "pack_update",
     "packed_logits",
     "resolve",
+    "set_debug_checks",
     "update_backend",
     "window_update",
     "window_verify",

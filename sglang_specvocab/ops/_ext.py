@@ -1,8 +1,8 @@
 """The compiled kernels extension: ``sglang_specvocab._C`` (built from csrc/ at install time) or, where the
 wheel was built without torch, the same sources compiled on first use against the installed torch.
 
-``load()`` loads it once into ``torch.ops.specvocab`` and registers the fake (meta) kernels that let the
-ops trace under ``torch.compile`` and run on the meta device. It never raises: ``available()`` says
+``load()`` loads it once into ``torch.ops.specvocab``, registers the fake (meta) kernels that let the
+ops trace under ``torch.compile`` and run on the meta device, and hands it the debug setting (``checks``). It never raises: ``available()`` says
 whether the ops are there and ``reason()`` why not (no compiler for the first-use build, or a build made
 against another torch). ``has_cuda_kernels()`` is False for a build made without nvcc.
 
@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from .checks import debug_checks
+
 log = logging.getLogger(__name__)
 
 OPS = ("indexed_logits", "packed_logits", "window_update", "window_verify", "compact_topk", "pack_update")
@@ -38,7 +40,7 @@ def load() -> bool:
     if spec is None or spec.origin is None:
         try:
             jit_build()
-            _register_fakes()
+            _loaded()
             ok = True
         except (OSError, RuntimeError, ImportError) as exc:  # no compiler, a failed compile, no csrc/ shipped
             why = f"the kernels extension is not built and the first-use build failed: {exc}"
@@ -46,7 +48,7 @@ def load() -> bool:
     else:
         try:
             torch.ops.load_library(spec.origin)
-            _register_fakes()
+            _loaded()
             ok = True
         except (OSError, RuntimeError) as exc:  # e.g. built against another torch: undefined symbols
             why = f"the kernels extension {spec.origin} does not load ({exc}); rebuild it against torch {torch.__version__}"
@@ -140,15 +142,23 @@ def describe() -> str:
     return "CPU; CUDA kernels compiled, no GPU here"
 
 
+def _loaded() -> None:
+    """After the library loaded: its fake kernels, and the Python side's debug setting (one source of truth once
+    ``ops.set_debug_checks`` changed it; the library read the same variable on load)."""
+    _register_fakes()
+    if hasattr(torch.ops.specvocab, "set_debug_checks"):  # absent from a library built before it existed
+        torch.ops.specvocab.set_debug_checks(debug_checks())
+
+
 def _register_fakes() -> None:
     lib = "specvocab::"
 
     @torch.library.register_fake(lib + "indexed_logits")
-    def _(hidden, weight, ids, cnt, row_to_slot):
+    def _(hidden, weight, ids, cnt, row_to_slot, bad=None):
         return hidden.new_empty((hidden.shape[0], ids.shape[1]), dtype=torch.float32)
 
     @torch.library.register_fake(lib + "packed_logits")
-    def _(hidden, packed, cnt, row_to_slot):
+    def _(hidden, packed, cnt, row_to_slot, bad=None):
         return hidden.new_empty((hidden.shape[0], packed.shape[1]), dtype=torch.float32)
 
     @torch.library.register_fake(lib + "window_update")

@@ -1,16 +1,61 @@
 """One argument check per op, shared by the Python backends (the torch reference and Triton).
 
 Each ``check_<op>`` raises ``ValueError("<op>: ...")`` naming the argument, what it must be and
-what it got. Shapes, dtypes and devices are always checked; values (counts, slots, ids, rows) only
-on CPU tensors, where reading them costs no device sync. The compiled extension keeps its own
-``TORCH_CHECK``s with the same rules (``csrc/``); ``tests/test_op_checks.py`` shows every backend
-refuses the same bad inputs. ``floats`` is the backend's float dtypes: the reference also takes
-fp64 (exact CPU oracles), the kernels bf16, fp16 and fp32.
+what it got. Shapes, dtypes and devices are always checked. Values, where reading them costs no
+device sync (CPU tensors), or under the debug setting below:
+
+- ``rows`` of the in-place updates (``window_update``, ``window_verify``, ``pack_update``): in
+  range and distinct. The GPU kernels trust them (one block per listed row: a row listed twice is
+  a data race whose result for that row is unspecified, a row out of range an out-of-bounds access);
+  SGLang's ``req_pool_indices`` are distinct and in range by construction.
+- the table entries the logits ops read (slots, counts, ids): never refused by default. Every
+  backend reads a bad entry the same way, as ``-inf`` logits, and counts it (``table.head_reads``,
+  ``ops.bad_entries``); under the debug setting every backend refuses the first one instead
+  (``check_table_entries``: the op, the hidden row, the bad value).
+
+Debug setting: ``SGLANG_DYNVOCAB_DEBUG_CHECKS=1`` (also ``true``/``yes``/``on``), read once when this
+module is imported (the C++ ops read the same variable once when the extension loads); it adds host
+reads, so a sync per call on a GPU: for debugging, never for serving. ``ops.set_debug_checks``
+switches both at run time (tests).
+
+The compiled extension keeps its own ``TORCH_CHECK``s with the same rules (``csrc/``);
+``tests/test_op_checks.py`` shows every backend refuses the same bad inputs. ``floats`` is the
+backend's float dtypes: the reference also takes fp64 (exact CPU oracles), the kernels bf16, fp16
+and fp32.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
+
+from ..table import head_reads
+
+DEBUG_ENV = "SGLANG_DYNVOCAB_DEBUG_CHECKS"
+
+
+def _env_flag(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+_debug = _env_flag(os.environ.get(DEBUG_ENV))  # read once (see the module doc)
+
+
+def debug_checks() -> bool:
+    """Whether the debug setting is on (``SGLANG_DYNVOCAB_DEBUG_CHECKS``, or ``ops.set_debug_checks``)."""
+    return _debug
+
+
+def _set_debug(on: bool) -> None:  # ops.set_debug_checks sets this and the extension's flag together
+    global _debug
+    _debug = bool(on)
+
+
+def _readable(t: torch.Tensor) -> bool:
+    """Whether values are checked: on the CPU (free), or anywhere but meta under the debug setting."""
+    return t.device.type == "cpu" or (_debug and t.device.type != "meta")
+
 
 KERNEL_FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 REFERENCE_FLOATS = (*KERNEL_FLOATS, torch.float64)
@@ -31,6 +76,49 @@ def _floats(floats) -> str:
     return ", ".join(_NAMES[f] for f in floats)
 
 
+def _check_counter(op: str, bad, device: torch.device) -> None:
+    if bad is None:
+        return
+    _need(
+        bad.dtype == torch.int64 and bad.numel() == 1 and bad.is_contiguous(),
+        op,
+        f"bad must be an int64 counter of one element, got {bad.dtype} {tuple(bad.shape)}",
+    )
+    _need(bad.device == device, op, f"all tensors must be on one device, got {sorted(map(str, {bad.device, device}))}")
+
+
+def check_rows(op: str, rows: torch.Tensor, R: int) -> None:
+    """``rows`` (read on the host) in ``[0, R)`` and distinct: the first bad one, by position, is named."""
+    seen: dict[int, int] = {}
+    for b, r in enumerate(rows.tolist()):
+        _need(0 <= r < R, op, f"rows must be in [0, R={R}), got rows[{b}] = {r}")
+        _need(r not in seen, op, f"rows must be distinct, got {r} twice (rows[{seen.get(r)}] and rows[{b}])")
+        seen[r] = b
+
+
+def check_table_entries(op: str, ids, cnt, row_to_slot, W: int, V: int) -> None:
+    """The debug setting's check of the entries a logits call reads (``table.head_reads``): the first hidden row
+    with a bad one, and in that row its slot, then its count, then its first bad column, named with the value."""
+    R = cnt.shape[0]
+    reads = head_reads(ids, cnt, row_to_slot, W, V)
+    row_bad, id_bad = reads.row_bad, reads.id_bad
+    bad = (row_bad if id_bad is None else row_bad | id_bad.any(1)).nonzero()
+    if bad.numel() == 0:
+        return
+    m = int(bad[0, 0])
+    s = int(row_to_slot[m])
+    _need(0 <= s < R, op, f"row_to_slot must be in [0, R={R}), got row_to_slot[{m}] = {s}")
+    c = int(cnt[s])
+    _need(1 <= c <= W, op, f"cnt must be in [1, W={W}], got cnt[{s}] = {c} (the slot of hidden row {m})")
+    j = int(id_bad[m].nonzero()[0, 0])
+    _need(
+        False,
+        op,
+        f"ids must be below V={V} (a negative id is a dead column), got ids[{s}, {j}] = {int(ids[s, j])} "
+        f"(a live column of hidden row {m})",
+    )
+
+
 def _check_logits(op, hidden, rows, name, cnt, row_to_slot, R, W, floats) -> None:
     """What the two logits ops share; ``rows`` holds the candidate rows (``weight`` or ``packed``)."""
     _need(hidden.dim() == 2, op, f"hidden must be [M, d], got shape {tuple(hidden.shape)}")
@@ -48,12 +136,9 @@ def _check_logits(op, hidden, rows, name, cnt, row_to_slot, R, W, floats) -> Non
         f"row_to_slot must be int32 [M={hidden.shape[0]}], got {row_to_slot.dtype} {tuple(row_to_slot.shape)}",
     )
     _one_device(op, hidden, rows, cnt, row_to_slot)
-    if hidden.device.type == "cpu":
-        _need(bool(((cnt >= 1) & (cnt <= W)).all()), op, f"cnt must be in [1, W={W}]")
-        _need(bool(((row_to_slot >= 0) & (row_to_slot < R)).all()), op, f"row_to_slot must be in [0, R={R})")
 
 
-def check_indexed_logits(hidden, weight, ids, cnt, row_to_slot, *, floats=KERNEL_FLOATS) -> None:
+def check_indexed_logits(hidden, weight, ids, cnt, row_to_slot, bad=None, *, floats=KERNEL_FLOATS) -> None:
     op = "indexed_logits"
     _need(weight.dim() == 2, op, f"weight must be [V, d], got shape {tuple(weight.shape)}")
     _need(
@@ -61,15 +146,18 @@ def check_indexed_logits(hidden, weight, ids, cnt, row_to_slot, *, floats=KERNEL
     )
     _one_device(op, ids, weight)
     _check_logits(op, hidden, weight, "weight", cnt, row_to_slot, ids.shape[0], ids.shape[1], floats)
-    if hidden.device.type == "cpu":
-        V = weight.shape[0]
-        _need(bool((ids < V).all()), op, f"ids must be below V={V} (a negative id is a dead column)")
+    _check_counter(op, bad, hidden.device)
+    if _debug and _readable(hidden):
+        check_table_entries(op, ids, cnt, row_to_slot, ids.shape[1], weight.shape[0])
 
 
-def check_packed_logits(hidden, packed, cnt, row_to_slot, *, floats=KERNEL_FLOATS) -> None:
+def check_packed_logits(hidden, packed, cnt, row_to_slot, bad=None, *, floats=KERNEL_FLOATS) -> None:
     op = "packed_logits"
     _need(packed.dim() == 3, op, f"packed must be [R, W, d], got shape {tuple(packed.shape)}")
     _check_logits(op, hidden, packed, "packed", cnt, row_to_slot, packed.shape[0], packed.shape[1], floats)
+    _check_counter(op, bad, hidden.device)
+    if _debug and _readable(hidden):
+        check_table_entries(op, None, cnt, row_to_slot, packed.shape[1], 0)
 
 
 def check_window_update(ring, length, ids, cnt, rows, block, fallback_id: int, vocab_size: int) -> None:
@@ -112,9 +200,8 @@ def check_window_update(ring, length, ids, cnt, rows, block, fallback_id: int, v
         f"fallback_id = {fallback_id} must be a token id in [0, vocab_size={vocab_size})",
     )
     _one_device(op, ring, length, ids, cnt, rows, block)
-    if ids.device.type == "cpu" and rows.numel():
-        _need(bool(((rows >= 0) & (rows < R)).all()), op, f"rows must be in [0, R={R})")
-        _need(rows.unique().numel() == rows.numel(), op, "rows must be distinct")
+    if _readable(ids):
+        check_rows(op, rows, R)
 
 
 def check_pack_update(packed, packed_ids, weight, ids, cnt, rows, *, floats=KERNEL_FLOATS) -> None:
@@ -142,11 +229,11 @@ def check_pack_update(packed, packed_ids, weight, ids, cnt, rows, *, floats=KERN
         f"rows must be int64 [B], got {rows.dtype} {tuple(rows.shape)}",
     )
     _one_device(op, packed, packed_ids, weight, ids, cnt, rows)
-    if packed.device.type != "cpu" or rows.numel() == 0:  # value checks cost a sync on a GPU, nothing here
+    if _readable(packed):
+        check_rows(op, rows, R)
+    if packed.device.type != "cpu" or rows.numel() == 0:  # the table's values: on the CPU only, as the C++ op
         return
     V = weight.shape[0]
-    _need(bool(((rows >= 0) & (rows < R)).all()), op, f"rows must be in [0, R={R})")
-    _need(rows.unique().numel() == rows.numel(), op, "rows must be distinct")
     c = cnt[rows].long()[:, None]
     _need(bool(((c >= 1) & (c <= W)).all()), op, f"cnt[rows] must be in [1, W={W}]")
     col = torch.arange(W)[None, :]

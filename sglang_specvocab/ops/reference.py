@@ -1,13 +1,15 @@
 """Torch reference of the head ops: the one definition every faster backend is tested against.
 
 Arguments are checked by ``checks`` (shared with Triton); fp64 is accepted here for exact CPU oracles.
+The logits ops read the candidate table as ``table.head_reads`` says (a bad entry gives ``-inf`` and is
+added to the optional int64 counter ``bad``), exactly as the CUDA and Triton kernels do.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..table import assign_sets, compact, distinct_segments, set_contains
+from ..table import assign_sets, compact, distinct_segments, head_reads, set_contains
 from .checks import (
     REFERENCE_FLOATS,
     check_compact_topk,
@@ -20,32 +22,40 @@ from .checks import (
 from .topk import column_tokens, local_topk
 
 
+def _count_bad(bad: torch.Tensor | None, reads) -> None:
+    if bad is not None:  # on the device, no sync: one per bad hidden row, one per bad column of a row
+        bad.add_(reads.row_bad.sum() if reads.id_bad is None else reads.row_bad.sum() + reads.id_bad.sum())
+
+
 def indexed_logits(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     ids: torch.Tensor,
     cnt: torch.Tensor,
     row_to_slot: torch.Tensor,
+    bad: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Compact logits: ``out[m, j] = dot(weight[ids[s, j]], hidden[m])`` for live columns, else -inf.
 
-    ``s = row_to_slot[m]``; column j of slot s is live if ``j < cnt[s]`` and ``ids[s, j] >= 0``.
+    ``s = row_to_slot[m]``; column j of slot s is live if ``j < cnt[s]`` and ``0 <= ids[s, j] < V``.
     Shapes: hidden ``[M, d]``, weight ``[V, d]`` (same float dtype), ids ``[R, W]`` int32, cnt ``[R]``
     int32, row_to_slot ``[M]`` int32. Returns fp32 ``[M, W]`` with products and sums in fp32 (in fp64
     for fp64 inputs, then rounded to fp32).
 
     A dead column's row is never read. A negative id lets a slot's set mapped to local head rows (d2t
     drafts, tensor-parallel shards) mark the ids the local head lacks and keep the request's slot, so
-    all of a request's hidden rows still share one read of its candidate rows. Ids must be below ``V``.
+    all of a request's hidden rows still share one read of its candidate rows. Entries that break the
+    table's contract (a slot outside ``[0, R)``, a count outside ``[1, W]``, an id ``>= V``) are read as
+    ``table.head_reads`` says (``-inf`` where they would give columns; a count above ``W`` reads ``W``)
+    and added to ``bad`` (an int64 counter of one element) when given.
     """
-    check_indexed_logits(hidden, weight, ids, cnt, row_to_slot, floats=REFERENCE_FLOATS)
+    check_indexed_logits(hidden, weight, ids, cnt, row_to_slot, bad, floats=REFERENCE_FLOATS)
     acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
-    slot = row_to_slot.long()
-    sel = ids.long().index_select(0, slot)  # [M, W]
-    rows = weight[sel.clamp(min=0)].to(acc)  # [M, W, d]
+    reads = head_reads(ids, cnt, row_to_slot, ids.shape[1], weight.shape[0], counted=bad is not None)
+    rows = weight[torch.where(reads.live, reads.ids, 0)].to(acc)  # [M, W, d]
     out = torch.einsum("mwd,md->mw", rows, hidden.to(acc)).float()
-    dead = torch.arange(ids.shape[1], device=ids.device)[None, :] >= cnt.long().index_select(0, slot)[:, None]
-    return out.masked_fill_(dead | (sel < 0), float("-inf"))
+    _count_bad(bad, reads)
+    return out.masked_fill_(~reads.live, float("-inf"))
 
 
 def compact_topk(
@@ -294,16 +304,20 @@ def packed_logits(
     packed: torch.Tensor,
     cnt: torch.Tensor,
     row_to_slot: torch.Tensor,
+    bad: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Compact logits over packed rows: ``out[m, j] = dot(packed[s, j], hidden[m])`` for ``j < cnt[s]``, else -inf.
 
     ``s = row_to_slot[m]``; column j is token ``packed_ids[s, j]`` (see ``pack_update``). Shapes:
     hidden ``[M, d]``, packed ``[R, W, d]`` (same float dtype), cnt ``[R]`` int32, row_to_slot
-    ``[M]`` int32. Returns fp32 ``[M, W]``, accumulated like ``indexed_logits``.
+    ``[M]`` int32. Returns fp32 ``[M, W]``, accumulated like ``indexed_logits``; a bad slot or count is
+    read and counted as there (``table.head_reads``).
     """
-    check_packed_logits(hidden, packed, cnt, row_to_slot, floats=REFERENCE_FLOATS)
+    check_packed_logits(hidden, packed, cnt, row_to_slot, bad, floats=REFERENCE_FLOATS)
     acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
-    slot = row_to_slot.long()
-    out = torch.einsum("mwd,md->mw", packed.index_select(0, slot).to(acc), hidden.to(acc)).float()
-    dead = torch.arange(packed.shape[1], device=packed.device)[None, :] >= cnt.long().index_select(0, slot)[:, None]
-    return out.masked_fill_(dead, float("-inf"))
+    reads = head_reads(None, cnt, row_to_slot, packed.shape[1], 0, counted=bad is not None)
+    slot = reads.slot
+    rows = packed.index_select(0, slot) if packed.shape[0] else packed.new_zeros((slot.shape[0], *packed.shape[1:]))
+    out = torch.einsum("mwd,md->mw", rows.to(acc), hidden.to(acc)).float()
+    _count_bad(bad, reads)
+    return out.masked_fill_(~reads.live, float("-inf"))

@@ -14,6 +14,10 @@ through ``ids`` into ``weight``, or the contiguous ``packed[s, j]``), and its pr
   (fp32 accumulation; fp32 inputs use ``input_precision="ieee"``, no tf32);
 * columns ``j >= cnt[s]`` and columns whose id is negative are never loaded (masked), a tile that is
   wholly dead skips the ``d`` loop, and the output there is ``-inf``;
+* bad table entries (``table.head_reads``: a slot outside ``[0, R)``, a count outside ``[1, W]``, an id
+  ``>= V``) are read like the CUDA kernel reads them, never out of bounds; with a counter ``bad``
+  (constexpr ``COUNT``) the program that owns them adds them with one masked atomic per slot pass,
+  which touches memory only when there is one; without it no counting code is compiled;
 * row addresses are int64 (``V * d`` and ``R * W * d`` may pass 2**31).
 
 The wrappers only allocate and launch (no host syncs), so they can sit inside a CUDA-graph-captured
@@ -50,15 +54,19 @@ def _head_logits_kernel(
     cnt_ptr,
     slot_ptr,
     out_ptr,
+    bad_ptr,
     M,
     W,
     D,
+    R,
+    V,
     stride_h,
     stride_ws,
     stride_wr,
     stride_ids,
     stride_out,
     PACKED: tl.constexpr,
+    COUNT: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_W: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -70,6 +78,7 @@ def _head_logits_kernel(
     row_ok = rows < M
     rows64 = rows.to(tl.int64)
     slots = tl.load(slot_ptr + rows, mask=row_ok, other=0)
+    slots = tl.where((slots >= 0) & (slots < R), slots, -1)  # every bad slot: one pass that reads nothing
     cols = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
     col_in = cols < W
     offs_d = tl.arange(0, BLOCK_D)
@@ -79,14 +88,24 @@ def _head_logits_kernel(
     while s != _INT32_MAX:
         act = todo & (slots == s)
         s64 = s.to(tl.int64)
-        c = tl.load(cnt_ptr + s)
-        live = cols < c
+        c_raw = tl.load(cnt_ptr + tl.maximum(s, 0), mask=s >= 0, other=0)  # a bad slot reads as count 0
+        live = cols < tl.minimum(tl.maximum(c_raw, 0), W)
         if PACKED:
             roff = s64 * stride_ws + cols.to(tl.int64) * stride_wr
         else:
             idx = tl.load(ids_ptr + s64 * stride_ids + cols, mask=live, other=0)
-            live = live & (idx >= 0)  # a negative id is a dead column
+            if COUNT:
+                n_bad = tl.sum((live & (idx >= V)).to(tl.int32), axis=0)
+            live = live & (idx >= 0) & (idx < V)  # a negative id is a dead column, one >= V a bad one
             roff = tl.where(live, idx, 0).to(tl.int64) * stride_wr
+        if COUNT:
+            # one per hidden row whose slot or count is bad (by the first column tile), one per bad column
+            n_rows = tl.sum(act.to(tl.int32), axis=0)
+            row_bad = ((c_raw < 1) | (c_raw > W)) & (pid_w == 0)
+            add = tl.where(row_bad, n_rows, 0)
+            if not PACKED:
+                add += n_bad * n_rows
+            tl.atomic_add(bad_ptr, add.to(tl.int64), mask=add > 0)
         acc = tl.zeros((ROWS, BLOCK_W), dtype=tl.float32)
         d_end = tl.where(tl.max(live.to(tl.int32), axis=0) > 0, D, 0)  # a wholly dead tile reads nothing
         for k in range(0, d_end, BLOCK_D):
@@ -135,7 +154,7 @@ def _inner_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _launch(hidden, table, ids, cnt, row_to_slot, W, packed, block_w, block_d, num_warps) -> torch.Tensor:
+def _launch(hidden, table, ids, cnt, row_to_slot, bad, W, packed, block_w, block_d, num_warps) -> torch.Tensor:
     for name, b in (("block_w", block_w), ("block_d", block_d)):
         # The interpreter runs any tile; a GPU compile needs tl.arange sizes that are powers of two and tl.dot
         # dimensions of at least 16.
@@ -153,10 +172,10 @@ def _launch(hidden, table, ids, cnt, row_to_slot, W, packed, block_w, block_d, n
     row_to_slot = row_to_slot.contiguous()
     if packed:
         stride_ws, stride_wr = table.stride(0), table.stride(1)
-        ids, stride_ids = cnt, 0  # never read when PACKED
+        ids, stride_ids, V = cnt, 0, 0  # never read when PACKED
     else:
         ids = _inner_contiguous(ids)
-        stride_ws, stride_wr, stride_ids = 0, table.stride(0), ids.stride(0)
+        stride_ws, stride_wr, stride_ids, V = 0, table.stride(0), ids.stride(0), table.shape[0]
     grid = (triton.cdiv(M, ROWS), triton.cdiv(W, block_w))
     _head_logits_kernel[grid](
         hidden,
@@ -165,15 +184,19 @@ def _launch(hidden, table, ids, cnt, row_to_slot, W, packed, block_w, block_d, n
         cnt,
         row_to_slot,
         out,
+        cnt if bad is None else bad,  # never touched without COUNT
         M,
         W,
         D,
+        cnt.shape[0],
+        V,
         hidden.stride(0),
         stride_ws,
         stride_wr,
         stride_ids,
         out.stride(0),
         PACKED=packed,
+        COUNT=bad is not None,
         ROWS=ROWS,
         BLOCK_W=block_w,
         BLOCK_D=block_d,
@@ -189,6 +212,7 @@ def indexed_logits(
     ids: torch.Tensor,
     cnt: torch.Tensor,
     row_to_slot: torch.Tensor,
+    bad: torch.Tensor | None = None,
     *,
     block_w: int | None = None,
     block_d: int | None = None,
@@ -199,12 +223,13 @@ def indexed_logits(
     ``s = row_to_slot[m]``; a negative id is a dead column (see ``reference.indexed_logits``).
 
     hidden ``[M, d]``, weight ``[V, d]`` (bf16/fp16/fp32, same dtype), ids ``[R, W]`` int32, cnt ``[R]``
-    int32 in ``[1, W]``, row_to_slot ``[M]`` int32. Returns fp32 ``[M, W]``. Arguments are checked by
-    ``checks`` (values only for CPU tensors: on a GPU that would sync). ``block_w``/``block_d``
+    int32 in ``[1, W]``, row_to_slot ``[M]`` int32. Returns fp32 ``[M, W]``. Bad table entries give -inf
+    and are added to the int64 counter ``bad`` when given (``table.head_reads``). Arguments are checked by
+    ``checks`` (shapes always; the table's values only under the debug setting). ``block_w``/``block_d``
     (powers of two >= 16) override the tiles.
     """
-    check_indexed_logits(hidden, weight, ids, cnt, row_to_slot)
-    return _launch(hidden, weight, ids, cnt, row_to_slot, ids.shape[1], False, block_w, block_d, num_warps)
+    check_indexed_logits(hidden, weight, ids, cnt, row_to_slot, bad)
+    return _launch(hidden, weight, ids, cnt, row_to_slot, bad, ids.shape[1], False, block_w, block_d, num_warps)
 
 
 def packed_logits(
@@ -212,6 +237,7 @@ def packed_logits(
     packed: torch.Tensor,
     cnt: torch.Tensor,
     row_to_slot: torch.Tensor,
+    bad: torch.Tensor | None = None,
     *,
     block_w: int | None = None,
     block_d: int | None = None,
@@ -220,10 +246,10 @@ def packed_logits(
     """``out[m, j] = dot(packed[s, j], hidden[m])`` for ``j < cnt[s]``, else -inf; ``s = row_to_slot[m]``.
 
     hidden ``[M, d]``, packed ``[R, W, d]`` (same dtype), cnt ``[R]`` int32 in ``[1, W]``,
-    row_to_slot ``[M]`` int32. Returns fp32 ``[M, W]``.
+    row_to_slot ``[M]`` int32. Returns fp32 ``[M, W]``; ``bad`` as in ``indexed_logits``.
     """
-    check_packed_logits(hidden, packed, cnt, row_to_slot)
-    return _launch(hidden, packed, None, cnt, row_to_slot, packed.shape[1], True, block_w, block_d, num_warps)
+    check_packed_logits(hidden, packed, cnt, row_to_slot, bad)
+    return _launch(hidden, packed, None, cnt, row_to_slot, bad, packed.shape[1], True, block_w, block_d, num_warps)
 
 
 def compile_for(
@@ -232,11 +258,13 @@ def compile_for(
     packed: tuple[bool, ...] = (False, True),
     num_warps: int = 4,
     num_stages: int = 3,
+    count: bool = False,
 ) -> dict[tuple[str, bool], object]:
     """AOT-compile the kernel for ``target`` (no GPU needed); ``{(dtype name, PACKED): CompiledKernel}``.
 
     Uses the default tiles of each dtype with ``BLOCK_W = 64``; pointers, ``d`` and the row strides of
-    hidden/table are declared multiples of 16 (as the JIT specialises them for real shapes).
+    hidden/table are declared multiples of 16 (as the JIT specialises them for real shapes); ``count``:
+    the variant that counts bad table entries (``COUNT``).
     ``CompiledKernel.asm`` holds ``ttir``, ``ttgir``, ``llir``, ``ptx`` and ``cubin``.
     """
     kernel = _head_logits_kernel
@@ -255,11 +283,16 @@ def compile_for(
                 "cnt_ptr": "*i32",
                 "slot_ptr": "*i32",
                 "out_ptr": "*fp32",
-                **{name: "i32" for name in ("M", "W", "D", "stride_h", "stride_ws", "stride_wr", "stride_ids")},
+                "bad_ptr": "*i64",
+                **{
+                    name: "i32"
+                    for name in ("M", "W", "D", "R", "V", "stride_h", "stride_ws", "stride_wr", "stride_ids")
+                },
                 "stride_out": "i32",
             }
             constexprs = {
                 "PACKED": is_packed,
+                "COUNT": count,
                 "ROWS": ROWS,
                 "BLOCK_W": 64,
                 "BLOCK_D": _blocks(dtype, 1 << 20, 1 << 20, 1)[1],

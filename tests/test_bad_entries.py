@@ -1,0 +1,382 @@
+"""Candidate-table entries that break the table's contract (a slot outside [0, R), a count outside [1, W], an id >= V)
+read alike on every backend that runs here (the torch reference, the C++ CPU kernels, Triton under the interpreter):
+-inf logits where they would give columns, the same count added to the int64 counter, and under the debug setting
+(``SGLANG_DYNVOCAB_DEBUG_CHECKS``) the same ValueError; plus the ``rows`` the in-place updates trust.
+
+Triton runs in one child process under ``TRITON_INTERPRET=1`` (as in test_triton_ops.py), started with the debug
+variable set, so it also shows the variable is read once at import. Run as a script, this file is that child:
+``TRITON_INTERPRET=1 SGLANG_DYNVOCAB_DEBUG_CHECKS=1 python tests/test_bad_entries.py OUT.pt``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from literal import literal_table_reads  # the child finds it too: a script's folder is on sys.path
+
+from sglang_specvocab import ops
+from sglang_specvocab.ops import _ext, checks, reference
+
+REPO = Path(__file__).resolve().parents[1]
+
+R, W, D, V = 5, 6, 8, 20
+# hidden rows: runs of one slot (a request's branches) and slots shared between runs
+SLOTS = [0, 0, 1, 2, 2, 2, 3, 4, 1]
+KINDS = {  # name -> what breaks (the count and messages below are the literal expectation)
+    "valid": {},
+    "slot_high": {"slot": {2: R, 7: 1 << 30}},
+    "slot_negative": {"slot": {0: -1}},
+    "cnt_zero": {"cnt": {2: 0}},
+    "cnt_negative": {"cnt": {3: -3}},
+    "cnt_above_w": {"cnt": {2: W + 4}},
+    "id_at_v": {"ids": {(1, 2): V}},
+    "id_far": {"ids": {(3, 0): 1 << 30, (3, 1): V + 1}},
+    "id_past_count": {"ids": {(4, W - 1): V + 5}},  # past cnt[4]: never read, not counted
+    "everything": {
+        "slot": {8: -7},
+        "cnt": {0: 0, 2: W + 1},
+        "ids": {(1, 0): V, (2, 5): V + 2, (3, 4): -1},
+    },
+}
+EXPECTED_BAD = {  # indexed, packed
+    "valid": (0, 0),
+    "slot_high": (2, 2),
+    "slot_negative": (1, 1),
+    "cnt_zero": (3, 3),  # slot 2 has three hidden rows
+    "cnt_negative": (1, 1),
+    "cnt_above_w": (3, 3),
+    "id_at_v": (2, 0),  # slot 1: hidden rows 2 and 8
+    "id_far": (2, 0),
+    "id_past_count": (0, 0),
+    "everything": (2 + 3 + 1 + 1 + 3, 2 + 3 + 1),  # cnt[0]: 2 rows, cnt[2]: 3, ids[1, 0]: 1 row, slot: 1; ids[2, 5]: 3
+}
+DEBUG_MESSAGES = {  # indexed; packed reads no ids
+    "slot_high": "row_to_slot must be in [0, R=5), got row_to_slot[2] = 5",
+    "slot_negative": "row_to_slot must be in [0, R=5), got row_to_slot[0] = -1",
+    "cnt_zero": "cnt must be in [1, W=6], got cnt[2] = 0 (the slot of hidden row 3)",
+    "cnt_negative": "cnt must be in [1, W=6], got cnt[3] = -3 (the slot of hidden row 6)",
+    "cnt_above_w": "cnt must be in [1, W=6], got cnt[2] = 10 (the slot of hidden row 3)",
+    "id_at_v": "ids must be below V=20 (a negative id is a dead column), got ids[1, 2] = 20 (a live column of hidden "
+    "row 2)",
+    "id_far": "ids must be below V=20 (a negative id is a dead column), got ids[3, 0] = 1073741824 (a live column of "
+    "hidden row 6)",
+    "everything": "cnt must be in [1, W=6], got cnt[0] = 0 (the slot of hidden row 0)",
+}
+OPS = ("indexed_logits", "packed_logits")
+
+
+def case(kind: str):
+    """(hidden, weight, ids, cnt, row_to_slot, packed) for one kind; small integers: every dot product is exact in
+    fp32, so the backends agree bitwise."""
+    g = torch.Generator().manual_seed(3)
+    weight = torch.randint(-3, 4, (V, D), generator=g).float()
+    hidden = torch.randint(-3, 4, (len(SLOTS), D), generator=g).float()
+    ids = torch.stack([torch.randperm(V, generator=g)[:W].sort().values for _ in range(R)]).to(torch.int32)
+    cnt = torch.tensor([W, 4, 5, 2, 3], dtype=torch.int32)
+    slot = torch.tensor(SLOTS, dtype=torch.int32)
+    change = KINDS[kind]
+    for m, s in change.get("slot", {}).items():
+        slot[m] = s
+    for r, c in change.get("cnt", {}).items():
+        cnt[r] = c
+    for (r, j), t in change.get("ids", {}).items():
+        ids[r, j] = t
+    packed = weight[ids.long().clamp(0, V - 1)]  # [R, W, D]: packed rows are read by position, not by id
+    return hidden, weight, ids, cnt, slot, packed
+
+
+def args_of(op: str, kind: str) -> tuple:
+    hidden, weight, ids, cnt, slot, packed = case(kind)
+    return (hidden, weight, ids, cnt, slot) if op == "indexed_logits" else (hidden, packed, cnt, slot)
+
+
+def literal(op: str, kind: str):
+    hidden, weight, ids, cnt, slot, packed = case(kind)
+    if op == "packed_logits":
+        return literal_table_reads(hidden, lambda s, j: packed[s, j], cnt, slot, W)
+
+    def rows_of(s, j):
+        t = int(ids[s, j])
+        return None if t < 0 else ("bad" if t >= V else weight[t])
+
+    return literal_table_reads(hidden, rows_of, cnt, slot, W)
+
+
+def run(fn, op: str, kind: str):
+    """(logits, count) of one backend's function with a fresh counter."""
+    bad = torch.zeros((), dtype=torch.int64)
+    out = fn(*args_of(op, kind), bad=bad)
+    return out, int(bad)
+
+
+def debug_message(fn, op: str, kind: str) -> str | None:
+    """The first line of the ValueError the backend raises under the debug setting, None if it raises none."""
+    try:
+        fn(*args_of(op, kind))
+    except ValueError as exc:
+        return str(exc).splitlines()[0]
+    return None
+
+
+@pytest.fixture
+def debug():
+    was = checks.debug_checks()
+    ops.set_debug_checks(True)
+    yield
+    ops.set_debug_checks(was)
+
+
+def cpu_backends():
+    out = [("torch", reference)]
+    if _ext.available():
+        out.append(("cuda", torch.ops.specvocab))  # its C++ kernels on CPU tensors
+    return out
+
+
+# --- the definition, and every backend against it ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_the_reference_is_the_literal_statement(op, kind):
+    want, count = literal(op, kind)
+    got, got_count = run(getattr(reference, op), op, kind)
+    assert torch.equal(got, want.float())
+    assert got_count == count == EXPECTED_BAD[kind][OPS.index(op)]
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_cpu_kernels_read_and_count_as_the_reference(op, kind):
+    if not _ext.available():
+        pytest.skip(_ext.reason())
+    want = run(getattr(reference, op), op, kind)
+    got = run(getattr(torch.ops.specvocab, op), op, kind)
+    assert torch.equal(got[0], want[0]) and got[1] == want[1]
+    # without a counter: the same logits
+    assert torch.equal(getattr(torch.ops.specvocab, op)(*args_of(op, kind)), want[0])
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_every_backend_refuses_alike_under_the_debug_setting(op, kind, debug):
+    want = DEBUG_MESSAGES.get(kind) if op == "indexed_logits" or not kind.startswith("id") else None
+    for name, mod in cpu_backends():
+        got = debug_message(getattr(mod, op), op, kind)
+        assert got == (None if want is None else f"{op}: {want}"), name
+
+
+def test_the_counter_accumulates_and_is_optional():
+    bad = torch.zeros((), dtype=torch.int64)
+    args = args_of("indexed_logits", "everything")
+    for name, mod in cpu_backends():
+        before = int(bad)
+        mod.indexed_logits(*args, bad=bad)
+        mod.indexed_logits(*args, bad=bad)
+        mod.indexed_logits(*args)  # no counter: nothing is added anywhere
+        assert int(bad) - before == 2 * EXPECTED_BAD["everything"][0], name
+    one = torch.zeros(1, dtype=torch.int64)  # a [1] counter works as well as a 0-d one
+    reference.packed_logits(*args_of("packed_logits", "cnt_zero"), bad=one)
+    assert one.tolist() == [3]
+
+
+def test_a_bad_counter_argument_is_refused():
+    args = args_of("indexed_logits", "valid")
+    for bad in (torch.zeros((), dtype=torch.int32), torch.zeros(2, dtype=torch.int64)):
+        with pytest.raises(ValueError, match=re.escape("indexed_logits: bad must be an int64 counter of one element")):
+            reference.indexed_logits(*args, bad=bad)
+        if _ext.available():
+            with pytest.raises(RuntimeError, match=re.escape("bad must be an int64 counter of one element")):
+                torch.ops.specvocab.indexed_logits(*args, bad=bad)
+    with pytest.raises(ValueError, match="all tensors must be on one device"):
+        reference.indexed_logits(*args, bad=torch.zeros((), dtype=torch.int64, device="meta"))
+
+
+def test_implementation_counts_into_the_device_counter():
+    """What the head holds (``ops.implementation``) counts into ``ops.bad_entries(device)``, which telemetry reads."""
+    counter = ops.bad_entries("cpu")
+    assert counter is ops.bad_entries(torch.device("cpu")) and counter.dtype == torch.int64
+    for backend in ops.available_backends("cpu"):
+        if backend == "triton":
+            continue  # interpreted in the child
+        before = int(counter)
+        ops.implementation(backend, "cpu", "indexed_logits")(*args_of("indexed_logits", "cnt_zero"))
+        ops.packed_logits(*args_of("packed_logits", "slot_high"), backend=backend)
+        own = torch.zeros((), dtype=torch.int64)
+        ops.indexed_logits(*args_of("indexed_logits", "id_at_v"), backend=backend, bad=own)  # its own counter
+        assert int(counter) - before == 3 + 2 and int(own) == 2, backend
+
+
+def test_the_head_counts_a_broken_table_row():
+    """A policy bug that leaves a slot's count at 0: that request's logits are -inf and the device counter says so."""
+    from sglang_specvocab.head import DraftHead
+    from sglang_specvocab.table import CandidateTable
+
+    weight, hidden = case("valid")[1], case("valid")[0][:6]
+    table = CandidateTable(R, W, fallback_id=1)
+    table.assign(torch.arange(R), torch.arange(R * W).view(R, W) % V)
+    table.cnt[3] = 0
+    counter = ops.bad_entries("cpu")
+    for kernel in ("torch", "cuda") if _ext.available() else ("torch",):
+        before = int(counter)
+        logits = DraftHead(weight, table, kernel=kernel, batch="per-request")(hidden, torch.tensor([0, 3, 1])).logits
+        assert torch.isneginf(logits[2:4]).all() and torch.isfinite(logits[:2, 0]).all()
+        assert int(counter) - before == 2, kernel  # request 1 has two hidden rows
+
+
+def test_meta_tensors_count_without_reading_values(debug):
+    """On meta nothing can be read (no sync anywhere): the ops run, even under the debug setting."""
+    args = tuple(t.to("meta") for t in args_of("indexed_logits", "everything"))
+    bad = torch.zeros((), dtype=torch.int64, device="meta")
+    assert reference.indexed_logits(*args, bad=bad).shape == (len(SLOTS), W)
+    if _ext.available():
+        assert torch.ops.specvocab.indexed_logits(*args, bad=bad).shape == (len(SLOTS), W)
+
+
+# --- Triton, interpreted in a child -------------------------------------------------------------------------------
+
+
+def _child(out_path: str) -> None:
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    from sglang_specvocab.ops import triton_ops
+
+    results = {"debug_from_env": checks.debug_checks()}
+    for op in OPS:
+        for kind in KINDS:
+            results["debug", op, kind] = debug_message(getattr(triton_ops, op), op, kind)
+    ops.set_debug_checks(False)
+    for op in OPS:
+        for kind in KINDS:
+            results["run", op, kind] = run(getattr(triton_ops, op), op, kind)
+            results["plain", op, kind] = getattr(triton_ops, op)(*args_of(op, kind))
+    torch.save(results, out_path)
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory):
+    pytest.importorskip("triton")
+    out = tmp_path_factory.mktemp("bad_entries") / "out.pt"
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="1",
+        SGLANG_DYNVOCAB_DEBUG_CHECKS="1",
+        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    )
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, f"interpreted run failed:\n{proc.stdout}\n{proc.stderr}"
+    return torch.load(out)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_triton_reads_counts_and_refuses_as_the_reference(interpreted, op, kind):
+    want = run(getattr(reference, op), op, kind)
+    got = interpreted["run", op, kind]
+    assert torch.equal(got[0], want[0]) and got[1] == want[1]
+    assert torch.equal(interpreted["plain", op, kind], want[0])  # COUNT off: the same logits
+    was = checks.debug_checks()
+    ops.set_debug_checks(True)
+    try:
+        assert interpreted["debug", op, kind] == debug_message(getattr(reference, op), op, kind)
+    finally:
+        ops.set_debug_checks(was)
+
+
+def test_the_debug_variable_is_read_at_import(interpreted):
+    assert interpreted["debug_from_env"] is True
+    assert checks._env_flag("1") and checks._env_flag(" On ") and not checks._env_flag("0")
+    assert not checks._env_flag("") and not checks._env_flag(None)
+
+
+# --- rows of the in-place updates -----------------------------------------------------------------------------------
+
+
+def _window_args(rows):
+    return (
+        torch.full((R, W + 1), -1, dtype=torch.int32),
+        torch.zeros(R, dtype=torch.int64),
+        torch.zeros(R, W, dtype=torch.int32),
+        torch.ones(R, dtype=torch.int32),
+        torch.tensor(rows),
+        torch.tensor([[3, 4, -1]] * len(rows), dtype=torch.int32),
+        0,
+        V,
+    )
+
+
+def _pack_args(rows):
+    _, weight, ids, cnt, _, _ = case("valid")
+    return (torch.zeros(R, W, D), torch.full((R, W), -1, dtype=torch.int32), weight, ids, cnt, torch.tensor(rows))
+
+
+ROWS_BROKEN = [
+    ([2, 0, 2], "rows must be distinct, got 2 twice (rows[0] and rows[2])"),
+    ([1, R], f"rows must be in [0, R={R}), got rows[1] = {R}"),
+    ([-1], f"rows must be in [0, R={R}), got rows[0] = -1"),
+]
+
+
+@pytest.mark.parametrize("rows, msg", ROWS_BROKEN)
+@pytest.mark.parametrize("op", ["window_update", "pack_update"])
+def test_broken_rows_are_refused_on_the_cpu_before_anything_is_written(op, rows, msg):
+    """On the CPU (where reading them is free) every backend names the first bad row and its value; the state is
+    unchanged. On a GPU they are trusted (see ops/checks.py) unless the debug setting is on."""
+    make = _window_args if op == "window_update" else _pack_args
+    backends = [(reference, ValueError)] + ([(torch.ops.specvocab, RuntimeError)] if _ext.available() else [])
+    for mod, error in backends:
+        args = make(rows)
+        before = [t.clone() for t in args if isinstance(t, torch.Tensor)]
+        with pytest.raises(error, match=re.escape(f"{op}: {msg}")):
+            getattr(mod, op)(*args)
+        assert all(torch.equal(a, b) for a, b in zip(before, [t for t in args if isinstance(t, torch.Tensor)]))
+
+
+def test_rows_on_meta_are_trusted_even_under_the_debug_setting(debug):
+    """Where values cannot be read (meta) nothing is checked and nothing syncs: the documented GPU behaviour without
+    the debug setting (a row listed twice is a data race on that row, one out of range an out-of-bounds access)."""
+    args = [t.to("meta") if isinstance(t, torch.Tensor) else t for t in _window_args([2, 2])]
+    reference.window_update(*args)
+    if _ext.available():
+        torch.ops.specvocab.window_update(*args)
+
+
+@pytest.mark.gpu
+def test_cuda_backends_check_rows_and_entries_only_under_the_debug_setting(debug):
+    """On a GPU the checks need a host copy: the debug setting's; the messages are the CPU ones."""
+    if not _ext.has_cuda_kernels():
+        pytest.skip("no CUDA kernels in this build")
+    dev = "cuda"
+    args = [t.to(dev) if isinstance(t, torch.Tensor) else t for t in _window_args([2, 0, 2])]
+    for backend in ("cuda", "torch"):
+        with pytest.raises((ValueError, RuntimeError), match=re.escape("rows must be distinct, got 2 twice")):
+            ops.window_update(*args[:6], fallback_id=0, vocab_size=V, backend=backend)
+    for op in OPS:
+        gpu_args = [t.to(dev) for t in args_of(op, "cnt_zero")]
+        for backend in ("cuda", "triton", "torch"):
+            with pytest.raises(ValueError, match=re.escape(DEBUG_MESSAGES["cnt_zero"])):
+                getattr(ops, op)(*gpu_args, backend=backend)
+    ops.set_debug_checks(False)
+    for op in OPS:
+        gpu_args = [t.to(dev) for t in args_of(op, "everything")]
+        want = run(getattr(reference, op), op, "everything")
+        for backend in ("cuda", "triton", "torch"):
+            bad = torch.zeros((), dtype=torch.int64, device=dev)
+            got = getattr(ops, op)(*gpu_args, backend=backend, bad=bad)
+            assert torch.equal(got.cpu(), want[0]) and int(bad) == want[1], (op, backend)
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1])
