@@ -213,3 +213,20 @@ def literal_event(rnd, k):
         assert committed[-1] == int(logits[path[-1]].argmax())
         out.append((drafts, vtopk, committed))
     return out
+
+
+def spawn_result(target, *args, timeout: float = 240):
+    """Run ``target(queue, *args)`` in a spawned process (a fresh interpreter: nothing of this one imported) and
+    return what it put on the queue; the process is joined, or killed if it hangs."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=target, args=(queue, *args))
+    proc.start()
+    try:
+        return queue.get(timeout=timeout)
+    finally:
+        proc.join(timeout=30)
+        if proc.is_alive():
+            proc.kill()

@@ -37,11 +37,12 @@ EXTEND_PLANS = {1: "per-request", 2: "union-indexed", 4: "stock"}
 DECODE_PLANS = {1: "stock", 2: "per-request", 4: "union-gemm"}
 
 
-class GModel:
-    """The draft loop's fake model (``h' = tanh(h @ A + E[token])``, fp64) over a table of ``SIZES`` sets, with
-    a full-vocabulary head or a d2t head (``hot``: the draft's target ids, in draft-row order)."""
+class GModel(loop.Model):
+    """The draft loop's fake model (``h' = tanh(h @ A + E[token])``, fp64, its ``step`` and ``compact``) over a
+    table of ``SIZES`` sets, with a full-vocabulary head or a d2t head (``hot``: the draft's target ids, in
+    draft-row order)."""
 
-    def __init__(self, *, d2t: bool, seed: int = 0):
+    def __init__(self, *, d2t: bool, seed: int = 0):  # its own table and head: Model.__init__ is not called
         from sglang_specvocab.integration import logits as L
         from sglang_specvocab.table import CandidateTable
 
@@ -81,17 +82,6 @@ class GModel:
     def force_plans(self, plans: dict[tuple[int, int], str]) -> None:
         """Pin the head's plan per call shape (bs, n): what ``auto``'s cost model would pick on some device."""
         self.proc.dv_head._plans.update(plans)
-
-    def step(self, tokens, hidden):
-        return torch.tanh(hidden @ self.A + self.E[tokens.long()])
-
-    def compact(self, h, rows):
-        """The installed processor's ``_get_logits``: what the draft model's forward calls for its LM head."""
-        self.proc._dv_rows = rows
-        try:
-            return self.proc._get_logits(h, self.lm_head, SimpleNamespace(extend_return_logprob=False))
-        finally:
-            self.proc._dv_rows = None
 
     # --- plain-Python references ---------------------------------------------------------------------
 

@@ -6,13 +6,13 @@ the same refusals, and the value travels to spawned processes with the pickled r
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import pickle
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import spawn_result
 
 pytestmark = pytest.mark.sglang
 
@@ -136,16 +136,7 @@ def test_keyword_travels_with_the_pickled_record(sg):
     copy = pickle.loads(pickle.dumps(sa))
     assert config_location(copy) == (str(FULL), FLAG) and copy.speculative_dynvocab_config == str(FULL)
 
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_child, args=(queue, sa))
-    proc.start()
-    try:
-        result = queue.get(timeout=240)
-    finally:
-        proc.join(timeout=30)
-        if proc.is_alive():
-            proc.kill()
+    result = spawn_result(_child, sa)
     assert result[0] == "ok", result[2]
     # unpickling imported the class's module in the fresh child (nothing had loaded the plug-in yet)
     assert result[1:] == (True, "DynVocabServerArgs", (str(FULL), FLAG))

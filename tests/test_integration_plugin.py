@@ -4,7 +4,6 @@ entry point in a spawned child process (as SGLang's scheduler does)."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import pickle
 from contextlib import nullcontext
 from pathlib import Path
@@ -12,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import spawn_result
 
 pytestmark = pytest.mark.sglang
 
@@ -580,16 +580,7 @@ def test_plugin_loads_in_spawned_child_through_the_entry_point(sg):
         "in the working directory shadows the installed metadata: python setup.py egg_info refreshes it)"
     )
     sa = prepare_server_args(argv(sg))
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_child, args=(queue, sa))
-    proc.start()
-    try:
-        result = queue.get(timeout=240)
-    finally:
-        proc.join(timeout=30)
-        if proc.is_alive():
-            proc.kill()
+    result = spawn_result(_child, sa)
     assert result[0] == "ok", result[2]
     assert result[1:] == ("sglang_specvocab.integration.algorithm.DynVocabAlgo", 1, str(CONFIGS / "microspec.yaml"))
 
