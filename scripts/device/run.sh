@@ -50,7 +50,7 @@ RADIX_ARGS="${RADIX_ARGS:-}"
 SERVER_ARGS="--attention-backend triton --sampling-backend pytorch${RADIX_ARGS:+ $RADIX_ARGS}"
 # The SV_* variables below are each lease's settings (stage.py LEASES writes them into its commands).
 GPU_TESTS="${SV_TESTS:-tests/test_kernels_gpu.py tests/test_packed.py tests/test_kernels.py tests/test_triton_ops.py
-  tests/test_window_verify.py tests/test_compact_topk.py tests/test_bench_kernels.py}"
+  tests/test_window_verify.py tests/test_compact_topk.py tests/test_bench_kernels.py tests/test_bad_entries.py}"
 BENCH_ARGS="${SV_BENCH_ARGS:---iters 100 --no-progress}" # plus --time-budget-s (phase time - 90 s), --out
 # --dtype auto (check-lossless' default): fp32, where the tiny target is batch-invariant; the leases
 # decide it once (--dtype float32). Every DYNVOCAB server is checked against the target and its EAGLE3 control.

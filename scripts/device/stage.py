@@ -700,7 +700,7 @@ def _chunk_only(n: int) -> list[Call]:
 # The kernels' GPU tests: every CUDA/Triton op against its torch reference, captured graphs replayed.
 KERNEL_TESTS = (
     "tests/test_kernels_gpu.py tests/test_compact_topk.py tests/test_window_verify.py "
-    "tests/test_triton_ops.py tests/test_kernels.py tests/test_packed.py"
+    "tests/test_triton_ops.py tests/test_kernels.py tests/test_packed.py tests/test_bad_entries.py"
 )
 LEASES = {
     "T": Lease(
