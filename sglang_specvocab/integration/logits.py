@@ -224,16 +224,14 @@ class DynVocabLogitsProcessor(LogitsProcessor):
             _, index = self.draft_topk(next_token_logits, 1, req_pool_indices, head_key)
         else:
             key = head_key or self.head_key(next_token_logits, req_pool_indices)
-            if head.plan(*key) == "per-request" and N == req_pool_indices.shape[0]:  # the chain: a row a request
+            out = head.output(next_token_logits, req_pool_indices, key)  # host only: the call's column map
+            if out.plan == "per-request" and N == req_pool_indices.shape[0]:  # the chain: one row a request
                 cols = next_token_logits.argmax(dim=1)  # the first maximum: the lowest column, as local_topk
-                ids = head.table.ids  # a live column's id; a dead one's is the fallback (tables fill with it)
-                if next_token_logits.shape[1] != ids.shape[1]:
-                    head.output(next_token_logits, req_pool_indices, key)  # raises: logits of another call
+                ids = out.col_ids  # a live column's id; a dead one's is the fallback (tables fill with it)
                 index = ids.view(-1)[req_pool_indices * ids.shape[1] + cols].long().view(N, 1)
             else:
                 # the call's column map (union or stock, or several rows a request), without the logsumexp;
                 # max returns the first maximum: the lowest column, as local_topk
-                out = head.output(next_token_logits, req_pool_indices, key)
                 values, cols = next_token_logits.max(dim=1, keepdim=True)
                 tokens = out.tokens(cols)
                 index = torch.where(torch.isneginf(values) | (tokens < 0), out.fallback_id, tokens)
