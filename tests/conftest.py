@@ -36,6 +36,19 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture
+def debug():
+    """The debug setting on (``SGLANG_DYNVOCAB_DEBUG_CHECKS``: every backend refuses bad table entries), then as
+    it was."""
+    from sglang_specvocab import ops
+    from sglang_specvocab.ops import checks
+
+    was = checks.debug_checks()
+    ops.set_debug_checks(True)
+    yield
+    ops.set_debug_checks(was)
+
+
 @pytest.fixture(scope="session")
 def llama():
     return tiny_llama()

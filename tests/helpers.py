@@ -230,3 +230,31 @@ def spawn_result(target, *args, timeout: float = 240):
         proc.join(timeout=30)
         if proc.is_alive():
             proc.kill()
+
+
+def run_interpreted(script: str, out, **env):
+    """Run ``script`` (a test module's ``__main__``) as ``python script out`` in a child under the Triton
+    interpreter (``TRITON_INTERPRET=1`` must be set before Triton is imported, hence a fresh process), with the
+    repository first on the path and ``env`` added; returns what it saved to ``out`` (``torch.save``)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="1",
+        PYTHONPATH=os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]),
+        **env,
+    )
+    proc = subprocess.run(
+        [sys.executable, str(Path(script).resolve()), str(out)],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, f"interpreted run failed:\n{proc.stdout}\n{proc.stderr}"
+    return torch.load(out)

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import run_interpreted
 from literal import literal_table_reads  # the child finds it too: a script's folder is on sys.path
 
 from sglang_specvocab import ops
@@ -122,14 +122,6 @@ def debug_message(fn, op: str, kind: str) -> str | None:
     except ValueError as exc:
         return str(exc).splitlines()[0]
     return None
-
-
-@pytest.fixture
-def debug():
-    was = checks.debug_checks()
-    ops.set_debug_checks(True)
-    yield
-    ops.set_debug_checks(was)
 
 
 def cpu_backends():
@@ -262,22 +254,7 @@ def _child(out_path: str) -> None:
 def interpreted(tmp_path_factory):
     pytest.importorskip("triton")
     out = tmp_path_factory.mktemp("bad_entries") / "out.pt"
-    env = dict(
-        os.environ,
-        TRITON_INTERPRET="1",
-        SGLANG_DYNVOCAB_DEBUG_CHECKS="1",
-        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-    )
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), str(out)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, f"interpreted run failed:\n{proc.stdout}\n{proc.stderr}"
-    return torch.load(out)
+    return run_interpreted(__file__, out, SGLANG_DYNVOCAB_DEBUG_CHECKS="1")
 
 
 @pytest.mark.parametrize("op", OPS)

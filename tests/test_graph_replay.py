@@ -186,34 +186,18 @@ class DecodeGraphs:
         return parents[:raw], scores[:raw], tokens[:raw]
 
 
-def extend_for_decode(ew, draft, monkeypatch, w, rows, predict, hidden, accept_lens, nd):
+def extend_for_decode(ew, draft, monkeypatch, w, rows, predict, hidden, accept_lens):
     """The copied decode draft extend (graph or eager, as the worker's runner decides): the next draft input."""
-
-    def prepare(draft_extend_input, batch, next_token_ids, *args, **kwargs):
-        return SimpleNamespace(
-            input_ids=next_token_ids,
-            spec_info=draft_extend_input,
-            req_pool_indices=batch.req_pool_indices,
-            out_cache_loc=None,
-            positions=None,
-            forward_mode=loop.FBMode("draft_extend"),
-        )
-
-    monkeypatch.setattr(ew, "prepare_for_draft_extend", prepare)
-    bs = rows.shape[0]
-    batch = SimpleNamespace(
-        seq_lens=torch.full((bs,), 30), req_pool_indices=rows, sampling_info=SimpleNamespace(temperatures=None)
-    )
-    nxt = SimpleNamespace()
-    result = SimpleNamespace(
-        prepared_draft_extend_inputs=None,
+    return loop.extend_for_decode(
+        ew,
+        draft.draft_extend_for_decode,
+        w,
+        monkeypatch,
+        rows=rows,
+        predict=predict,
+        hidden=hidden,
         accept_lens=accept_lens,
-        next_token_ids=predict,
-        logits_output=SimpleNamespace(hidden_states=hidden),
-        next_draft_input=nxt,
     )
-    draft.draft_extend_for_decode(w, batch, result)
-    return nxt
 
 
 def round_inputs(model: GModel, rows: torch.Tensor, nd: int, seed: int):
@@ -255,7 +239,7 @@ def test_extend_replay_reads_its_own_bucket_plan(ew, draft, monkeypatch, d2t, to
     for seed, rows in enumerate([[3, 1, 4], [5], [2, 6], [7, 3, 2, 1], [4]]):
         rows = torch.tensor(rows)
         predict, hidden, accept = round_inputs(model, rows, nd, seed)
-        nxt = extend_for_decode(ew, draft, monkeypatch, w, rows, predict, hidden, accept, nd)
+        nxt = extend_for_decode(ew, draft, monkeypatch, w, rows, predict, hidden, accept)
         plan = EXTEND_PLANS[bucket_of(rows.shape[0])]
         assert graphs.bs == bucket_of(rows.shape[0])
         assert nxt.topk_index.tolist() == expected_extend(model, rows, predict, hidden, accept, nd, plan, topk)
@@ -277,7 +261,7 @@ def test_eager_extend_reads_the_call_over_every_draft_token(ew, draft, monkeypat
     w = loop.make_worker(ew, model, compact=True, topk=topk, steps=3, nd=nd)
     w.cuda_graph_runner_for_draft_extend = ExtendGraphs(model, nd)
     predict, hidden, accept = round_inputs(model, rows, nd, 3)
-    nxt = extend_for_decode(ew, draft, monkeypatch, w, rows, predict, hidden, accept, nd)
+    nxt = extend_for_decode(ew, draft, monkeypatch, w, rows, predict, hidden, accept)
     assert nxt.topk_index.tolist() == expected_extend(model, rows, predict, hidden, accept, nd, "union", topk)
 
 
@@ -301,7 +285,7 @@ def test_server_rounds_over_captured_buckets(ew, draft, monkeypatch, d2t, topk, 
         rows = torch.tensor(rows)
         raw, bucket = rows.shape[0], bucket_of(rows.shape[0])
         predict, hidden, accept = round_inputs(model, rows, nd, 100 + seed)
-        nxt = extend_for_decode(ew, draft, monkeypatch, w, rows, predict, hidden, accept, nd)
+        nxt = extend_for_decode(ew, draft, monkeypatch, w, rows, predict, hidden, accept)
         extend_plan = plans[(bucket, 1)]
         assert nxt.topk_index.tolist() == expected_extend(model, rows, predict, hidden, accept, nd, extend_plan, topk)
         parents, scores, tokens = decode.replay(rows, nxt.topk_p, nxt.topk_index, nxt.hidden_states)

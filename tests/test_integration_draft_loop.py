@@ -292,14 +292,18 @@ def test_idle_batch_goes_to_draft_forward_idle(ew, draft):
 # --- the decode draft extend, eager path ------------------------------------------------------------
 
 
-def run_extend_for_decode(ew, draft, monkeypatch, model, *, compact, topk, nd, rows, predict, hidden, accept_lens):
+def extend_for_decode(ew, fn, w, monkeypatch, *, rows, predict, hidden, accept_lens):
+    """``fn(w, batch, result)`` (a decode draft extend: the copy or upstream's) after a verify round that predicted
+    ``predict`` with ``hidden`` and accepted ``accept_lens``; ``prepare_for_draft_extend`` is a stand-in that
+    checks what it is handed (the worker's runners, int64 ids). Returns the next draft input."""
     from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
 
     seen = {}
 
     def prepare(draft_extend_input, batch, next_token_ids, num_draft_tokens, runner, graph_runner, **kw):
-        assert isinstance(draft_extend_input, EagleDraftExtendInput) and graph_runner is None
-        assert num_draft_tokens == nd and runner is w.draft_runner
+        assert isinstance(draft_extend_input, EagleDraftExtendInput)
+        assert graph_runner is w.cuda_graph_runner_for_draft_extend and runner is w.draft_runner
+        assert num_draft_tokens == w.speculative_num_draft_tokens
         seen["dtype"] = next_token_ids.dtype
         batch.spec_info = draft_extend_input
         return SimpleNamespace(
@@ -312,7 +316,6 @@ def run_extend_for_decode(ew, draft, monkeypatch, model, *, compact, topk, nd, r
         )
 
     monkeypatch.setattr(ew, "prepare_for_draft_extend", prepare)
-    w = make_worker(ew, model, compact=compact, topk=topk, steps=3, nd=nd)
     bs = rows.shape[0]
     batch = SimpleNamespace(
         seq_lens=torch.full((bs,), 30), req_pool_indices=rows, sampling_info=SimpleNamespace(temperatures=None)
@@ -325,11 +328,16 @@ def run_extend_for_decode(ew, draft, monkeypatch, model, *, compact, topk, nd, r
         logits_output=SimpleNamespace(hidden_states=hidden),
         next_draft_input=nxt,
     )
-    if compact:
-        draft.draft_extend_for_decode(w, batch, result)
-    else:
-        ew.EagleDraftWorker._draft_extend_for_decode(w, batch, result)
-    assert seen["dtype"] == torch.int64 and len(w.draft_runner.calls) == 1
+    fn(w, batch, result)
+    assert seen["dtype"] == torch.int64
+    return nxt
+
+
+def run_extend_for_decode(ew, draft, monkeypatch, model, *, compact, topk, nd, rows, predict, hidden, accept_lens):
+    w = make_worker(ew, model, compact=compact, topk=topk, steps=3, nd=nd)
+    fn = draft.draft_extend_for_decode if compact else ew.EagleDraftWorker._draft_extend_for_decode
+    nxt = extend_for_decode(ew, fn, w, monkeypatch, rows=rows, predict=predict, hidden=hidden, accept_lens=accept_lens)
+    assert len(w.draft_runner.calls) == 1
     assert w.draft_runner.calls[0][4] == 0  # proc.dv_step = 0 in the draft extend
     return nxt
 

@@ -9,7 +9,6 @@ import pytest
 import torch
 from literal import literal_pack_update, literal_table_reads
 
-from sglang_specvocab import ops
 from sglang_specvocab.ops import _ext, checks, reference, triton_ops
 
 R, W, D, V, M = 3, 5, 8, 20, 4
@@ -173,14 +172,6 @@ def test_every_backend_refuses_the_same_bad_input(op, i):
         with pytest.raises(error, match=re.escape(phrase)) as caught:
             fn(**args) if name != "cuda" else fn(*args.values())
         assert op in str(caught.value), (name, str(caught.value))
-
-
-@pytest.fixture
-def debug():
-    was = checks.debug_checks()
-    ops.set_debug_checks(True)
-    yield
-    ops.set_debug_checks(was)
 
 
 @pytest.mark.parametrize("op, i", TABLE_CASES, ids=[f"{op}-{TABLE_BAD[op][1][i][1]}" for op, i in TABLE_CASES])

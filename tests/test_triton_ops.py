@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import run_interpreted
 from literal import literal_logits, runs_to_slots
 
 pytest.importorskip("triton")  # the Triton backend is optional; its tests need triton, not a GPU
@@ -158,19 +159,7 @@ def _run_cases(out_path: str) -> None:
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory):
     out = tmp_path_factory.mktemp("triton_interp") / "out.pt"
-    env = dict(
-        os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
-    )
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), str(out)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, f"interpreted run failed:\n{proc.stdout}\n{proc.stderr}"
-    return torch.load(out)
+    return run_interpreted(__file__, out)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
