@@ -733,7 +733,7 @@ LEASES = {
         },
         lambda n: [
             *_chunk_only(n - 1),
-            Call(("base", "kernels", "tests", "bench", "sglang", "parity", "latency"), True, 500),
+            Call(("base", "kernels", "tests", "bench", "sglang", "parity", "latency"), True, 480),
             Call(("parity", "latency"), False),
         ],
         fill_min_s=120,

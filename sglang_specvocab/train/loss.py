@@ -153,7 +153,7 @@ def ttt_loss(draft: Eagle3Draft, batch: Batch, steps: int, objective: Objective)
     else:
         j = torch.cat([m.nonzero() + torch.tensor([0, k + 1], device=m.device) for k, m in enumerate(masks)])
         seen = batch.topk[j[:, 0], j[:, 1]].flatten().to(objective.loss_ids.device)
-        cols = torch.cat([objective.loss_ids, seen]).unique()
+        cols = torch.cat([objective.loss_ids, seen]).unique().to(head.device)  # indexed by top1, on the head's device
         w = wt = head[cols]
     # The teacher once per batch: every pass scores a subset of pass 0's positions j.
     b0, i0 = masks[0].nonzero(as_tuple=True)
