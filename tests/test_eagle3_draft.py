@@ -506,6 +506,37 @@ def test_a_time_budget_fits_the_steps_and_the_schedule_decays_over_them(target, 
     assert opts[0].param_groups[0]["lr"] == pytest.approx(1e-4)
 
 
+def test_the_fit_is_made_again_from_the_steps_after_the_probe(target, data, monkeypatch, capsys):
+    """The first steps run slower than the rest (H200, 2026-11-27: 3.42 steps/s probed, 4.6 after, 140 s of
+    500 unused): the call that fitted the total fits it again from the steps after the probe."""
+    states = D.compute_states(M.TargetTap(target, M.sglang_default_capture_layers(LAYERS)), data, 48)
+    lrs, opts = _record_lr(monkeypatch)
+    monkeypatch.setattr(T, "REFIT_STEPS", 10)
+    clock, plan = _Clock(lambda step: 3.0 if step == 1 else 1.0 if step <= 11 else 0.5), {}
+    kw = dict(steps=1000, batch_size=8, lr=1e-3, ttt_steps=2, warmup=5, started=0.0, reserve=5.0)
+    hist = T.train_draft(
+        _draft(target, data, "full"),
+        data,
+        states,
+        L.Objective.for_target(target),
+        time_budget_s=60,
+        plan=plan,
+        clock=clock,
+        on_step=clock.tick,
+        **kw,
+    )
+    # The probe ends at 13 s after 11 steps: 1 step/s fits 11 + (47 - 5 - 15) = 38 steps. Ten steps later
+    # (18 s, 21 done) they go at 2 steps/s: 21 + (42 - 5 - 15) / 0.5 = 65 steps, ending at 40 s.
+    err = capsys.readouterr().err
+    assert "fitting 38 of 1,000 steps into the 47 s left (ends at about 45 s of 60 s)" in err
+    assert "[eagle3] rate 2.00 steps/s over the 10 steps after the probe: refitting 38 -> 65 steps " in err
+    assert "(ends at about 45 s of 60 s)" in err
+    assert len(hist) == plan["steps"] == 65 and clock.now == 40.0 and plan["refit"]["steps_per_s"] == 2.0
+    # The cosine over 38 steps until the refit, over the 65 after it (the warm-up unchanged), to lr / 10.
+    assert lrs[11:21] == pytest.approx(_cosine(1e-3, 38, 5)[11:21])
+    assert lrs[21:] == pytest.approx(_cosine(1e-3, 65, 5)[21:]) and opts[0].param_groups[0]["lr"] == pytest.approx(1e-4)
+
+
 def test_a_run_falling_behind_its_budget_stops_and_resumes_with_the_fitted_total(target, data, tmp_path, capsys):
     states = D.compute_states(M.TargetTap(target, M.sglang_default_capture_layers(LAYERS)), data, 48)
     state, plan = tmp_path / "state.pt", {}

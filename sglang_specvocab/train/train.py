@@ -223,6 +223,11 @@ def trainable(data: SelfDistillData, seq_len: int) -> list[int]:
 # times that vary with the batches' lengths, so that the check that stops a run falling behind (time
 # left below the reserve) fires only when it really has.
 PROBE_STEPS, PROBE_SECONDS, FIT_MARGIN_S = 20, 10.0, 15.0
+# The first steps run slower than the rest (the allocator, caches, the batches' lengths): on an H200 on
+# 2026-11-27 the probe read 3.42 steps/s, the run went at 4.6, and 140 s of a 500 s budget were left
+# unused. So the call that fitted the total fits it once more from the steps after the probe, after
+# REFIT_STEPS steps or REFIT_SECONDS seconds, whichever comes first (up or down; the warm-up stays).
+REFIT_STEPS, REFIT_SECONDS = 200, 60.0
 
 
 def train_draft(
@@ -269,8 +274,9 @@ def train_draft(
     from ``started``, a ``clock()`` value; default: now), the total steps are fitted once, by the
     first call that ends its probe, to what fits before the budget's end less ``reserve`` (seconds the
     end needs: last validation, saving) and ``FIT_MARGIN_S``, counting ``overhead_per_step`` seconds
-    per step besides the probe's time (periodic validation); never more than ``steps``. The cosine then
-    decays over the fitted total; resumed calls keep it, and the first call's ``reserve`` and
+    per step besides the probe's time (periodic validation); never more than ``steps``. That call fits
+    it once more from the rate of the steps after the probe (``REFIT_STEPS``/``REFIT_SECONDS``; recorded
+    as ``plan["refit"]``). The cosine then decays over the fitted total; resumed calls keep it, and the first call's ``reserve`` and
     ``overhead_per_step`` (they are in the state). A step that leaves less than ``reserve`` before
     the budget's end stops the run as ``should_stop`` does. ``plan`` (a dict) gets the schedule:
     ``steps`` (total), ``warmup``, ``fitted`` and ``probe`` (the rate measured)."""
@@ -286,7 +292,9 @@ def train_draft(
     warmup = max(1, steps // 20 if warmup is None else warmup)
     plan = {} if plan is None else plan
     # A resumed run's plan comes from its state: the fitted total, and the reserve that the first call measured.
-    plan.update(steps=steps, warmup=warmup, fitted=False, probe=None, reserve=reserve, per_step=overhead_per_step)
+    plan.update(
+        steps=steps, warmup=warmup, fitted=False, probe=None, refit=None, reserve=reserve, per_step=overhead_per_step
+    )
     started = clock() if started is None else started
     deadline = None if time_budget_s is None else started + time_budget_s
 
@@ -325,6 +333,21 @@ def train_draft(
         end = now - started + (plan["steps"] - done) * per_step + end_s
         return line + f" (ends at about {end:,.0f} s" + (f" of {time_budget_s:,.0f} s)" if deadline else ")")
 
+    def refitted(timed: int, took: float, done: int, now: float) -> str:
+        """Fits the total again from the steps after the probe (the warm-up as it was), and says so."""
+        took = max(took, 1e-9)
+        per_step, end_s, old = took / timed + plan["per_step"], plan["reserve"], plan["steps"]
+        left = deadline - now
+        total = min(steps, max(done + 1, done + int((left - end_s - FIT_MARGIN_S) / per_step)))
+        plan.update(steps=total, refit={"steps": timed, "seconds": round(took, 3), "steps_per_s": timed / took})
+        for group, base in zip(opt.param_groups, sched.base_lrs, strict=True):  # the next step's, refitted
+            group["lr"] = base * schedule(done)
+        end = now - started + (total - done) * per_step + end_s
+        return (
+            f"[eagle3] rate {timed / took:.2f} steps/s over the {timed} steps after the probe: refitting "
+            f"{old:,} -> {total:,} steps (ends at about {end:,.0f} s of {time_budget_s:,.0f} s)"
+        )
+
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     g = torch.Generator().manual_seed(seed)
     order: list[int] = []
@@ -352,6 +375,7 @@ def train_draft(
         _save_resume(resume, at, settings, params, opt, sched, g, order, history, extra, plan)
 
     probing, probe_t, probe_tokens = True, 0.0, 0
+    refit_at = None  # (step, time) the probe ended, in the call that fitted the total
     for step in range(first, steps):
         if step >= plan["steps"]:  # fitted to the time budget
             break
@@ -384,9 +408,16 @@ def train_draft(
             probe_tokens += tokens
             if step - first >= PROBE_STEPS or now - probe_t >= PROBE_SECONDS:
                 probing = False
+                fits = deadline is not None and not plan["fitted"]
                 bar.write(probed(step - first, now - probe_t, probe_tokens, step + 1, now), file=sys.stderr)
                 bar.total = plan["steps"]
                 bar.refresh()
+                refit_at = (step, now) if fits else None
+        elif refit_at is not None and (step - refit_at[0] >= REFIT_STEPS or now - refit_at[1] >= REFIT_SECONDS):
+            bar.write(refitted(step - refit_at[0], now - refit_at[1], step + 1, now), file=sys.stderr)
+            bar.total = plan["steps"]
+            bar.refresh()
+            refit_at = None
         over = deadline is not None and deadline - now < plan["reserve"]  # slower than probed: stop rather than overrun
         if step + 1 < plan["steps"] and (over or (should_stop is not None and should_stop())):
             why = "the time budget would be passed" if over else "asked to stop"
@@ -661,6 +692,7 @@ def run(args) -> int:
         "validation": curve,
         "time_budget_s": getattr(args, "time_budget_s", None),
         "probe": plan["probe"],  # the rate that fitted the steps (or the last call's)
+        "refit": plan.get("refit"),  # the rate after the probe that fitted them again
         "fitted_steps": plan["steps"] if plan["fitted"] else None,
         "final_top1_per_step": acc,
         "final_estimated_accept_length": accept,
