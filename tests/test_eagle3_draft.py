@@ -456,6 +456,12 @@ def _cosine(lr, steps, warmup):  # the schedule as documented: linear warm-up, c
     return [lr * ((k + 1) / warmup if k < warmup else cos[k]) for k in range(steps)]
 
 
+def _timed_run(target, data, states, clock, **kw):
+    """train_draft on a fresh full-head draft, ``clock`` ticking after every step."""
+    objective = L.Objective.for_target(target)
+    return T.train_draft(_draft(target, data, "full"), data, states, objective, clock=clock, on_step=clock.tick, **kw)
+
+
 def test_without_a_time_budget_the_schedule_is_unchanged_and_the_rate_is_printed(target, data, monkeypatch, capsys):
     states = D.compute_states(M.TargetTap(target, M.sglang_default_capture_layers(LAYERS)), data, 48)
     lrs, opts = _record_lr(monkeypatch)
@@ -478,11 +484,11 @@ def test_a_time_budget_fits_the_steps_and_the_schedule_decays_over_them(target, 
     states = D.compute_states(M.TargetTap(target, M.sglang_default_capture_layers(LAYERS)), data, 48)
     lrs, opts = _record_lr(monkeypatch)
     clock, plan = _Clock(lambda step: 3.0 if step == 1 else 1.0), {}
-    hist = T.train_draft(
-        _draft(target, data, "full"),
+    hist = _timed_run(
+        target,
         data,
         states,
-        L.Objective.for_target(target),
+        clock,
         steps=1000,
         batch_size=8,
         lr=1e-3,
@@ -491,8 +497,6 @@ def test_a_time_budget_fits_the_steps_and_the_schedule_decays_over_them(target, 
         started=0.0,
         reserve=5.0,
         plan=plan,
-        clock=clock,
-        on_step=clock.tick,
     )
     # The probe ends at 10 s (before 20 steps): 1 step/s at 13 s, after 11 steps; of the 57 s left, the
     # reserve (5 s) and the margin (15 s) leave 37 s: 37 more steps.
@@ -514,17 +518,7 @@ def test_the_fit_is_made_again_from_the_steps_after_the_probe(target, data, monk
     monkeypatch.setattr(T, "REFIT_STEPS", 10)
     clock, plan = _Clock(lambda step: 3.0 if step == 1 else 1.0 if step <= 11 else 0.5), {}
     kw = dict(steps=1000, batch_size=8, lr=1e-3, ttt_steps=2, warmup=5, started=0.0, reserve=5.0)
-    hist = T.train_draft(
-        _draft(target, data, "full"),
-        data,
-        states,
-        L.Objective.for_target(target),
-        time_budget_s=60,
-        plan=plan,
-        clock=clock,
-        on_step=clock.tick,
-        **kw,
-    )
+    hist = _timed_run(target, data, states, clock, time_budget_s=60, plan=plan, **kw)
     # The probe ends at 13 s after 11 steps: 1 step/s fits 11 + (47 - 5 - 15) = 38 steps. Ten steps later
     # (18 s, 21 done) they go at 2 steps/s: 21 + (42 - 5 - 15) / 0.5 = 65 steps, ending at 40 s.
     err = capsys.readouterr().err
@@ -544,33 +538,14 @@ def test_a_run_falling_behind_its_budget_stops_and_resumes_with_the_fitted_total
     # Fitted to 48 steps as above, then from step 14 each step takes 4 s instead of 1 s.
     clock = _Clock(lambda step: 3.0 if step == 1 else 1.0 if step <= 13 else 4.0)
     with pytest.raises(T.Stopped) as stopped:
-        T.train_draft(
-            _draft(target, data, "full"),
-            data,
-            states,
-            L.Objective.for_target(target),
-            time_budget_s=70,
-            reserve=5.0,
-            clock=clock,
-            on_step=clock.tick,
-            **kw,
-        )
+        _timed_run(target, data, states, clock, time_budget_s=70, reserve=5.0, **kw)
     # Step 26 ends at 67 s: the 3 s left are less than the reserve, so it stops there and does not overrun.
     assert (stopped.value.step, stopped.value.path, clock.now) == (26, state, 67.0)
     assert "time budget" in stopped.value.reason and plan["steps"] == 48
     capsys.readouterr()
     # The next call (a fast machine, a long budget: a fit now would give 1000 steps) keeps the 48.
     clock = _Clock(lambda step: 0.1)
-    hist = T.train_draft(
-        _draft(target, data, "full"),
-        data,
-        states,
-        L.Objective.for_target(target),
-        time_budget_s=1000,
-        clock=clock,
-        on_step=clock.tick,
-        **kw,
-    )
+    hist = _timed_run(target, data, states, clock, time_budget_s=1000, **kw)
     assert len(hist) == plan["steps"] == 48 and plan["warmup"] == 11
     err = capsys.readouterr().err
     assert "resuming at step 26 of 48" in err and "the 1 of 48 steps left, as fitted by the first call" in err
