@@ -224,7 +224,7 @@ print("base: configs", resources.files("sglang_specvocab.configs").joinpath("mic
 
 phase_kernels() {
   need base "the package's dependencies" || return 2
-  local want
+  local want so
   want="$(cat "$SRC/setup.py" "$SRC"/csrc/* | sha256sum | cut -c1-16)"
   echo "  cache: $WORK/kernels.stamp; package from $SRC"
   if [ "$(cat "$WORK/kernels.stamp" 2>/dev/null)" = "$want" ]; then
@@ -236,6 +236,10 @@ phase_kernels() {
   fi
   run_cmd 60 "$PY" -c 'from sglang_specvocab.ops import _ext
 print("kernels:", _ext.describe()); assert _ext.has_cuda_kernels(), "no CUDA kernels: " + _ext.reason()'
+  if [ "$DRY" != 1 ]; then # which C++ runtime the extension resolves (a refusal crashed it on 2026-11-27)
+    so=$("$PY" -c 'import importlib.util; print(importlib.util.find_spec("sglang_specvocab._C").origin)')
+    echo "  $so:" && ldd "$so" | grep -E "stdc\+\+|gcc_s|libc10|libtorch_cpu|libc\.so" | sed 's/^/  /'
+  fi
 }
 
 phase_sglang() {
@@ -451,6 +455,7 @@ write_versions() {
     echo "date: $(date -u +%FT%TZ)"
     echo "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
     echo "nvcc: $(nvcc --version 2>/dev/null | tail -1)"
+    echo "c++: $(c++ --version 2>/dev/null | head -1); $(ldd --version 2>/dev/null | head -1)" # the extension's host side
     ( # the packages the phases ran with: env.sh puts the staged site first (its SGLang, its transformers)
       # shellcheck disable=SC1091
       [ -f "$WORK/env.sh" ] && . "$WORK/env.sh"
