@@ -1086,9 +1086,11 @@ def test_a_turn_cached_at_one_concurrency_is_never_used_at_another(tokdir, quest
 
 class InterruptingSGLang(FakeSGLang):
     """FakeSGLang that sends this process SIGTERM (a job runner's ``timeout``) on its request number
-    ``kill_at``, before answering it; from that request on it answers ``delay`` seconds late."""
+    ``kill_at``, before answering it; that request and the 7 after it (the turns in flight at the signal)
+    are answered ``delay`` seconds late, long enough for the main thread to handle the signal on a loaded
+    machine (0.3 s was not, once in CI: a second turn was asked after the signal)."""
 
-    def __init__(self, tokenizer_path, kill_at, delay=0.3, **kw):
+    def __init__(self, tokenizer_path, kill_at, delay=2.0, **kw):
         self.kill_at, self.delay, self.seen = kill_at, delay, 0
         super().__init__(tokenizer_path, **kw)
 
@@ -1098,7 +1100,7 @@ class InterruptingSGLang(FakeSGLang):
             n = self.seen
         if n == self.kill_at:
             os.kill(os.getpid(), signal.SIGTERM)
-        if n >= self.kill_at:
+        if self.kill_at <= n < self.kill_at + 8:
             time.sleep(self.delay)
         return super().reply(payload)
 
