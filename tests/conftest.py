@@ -10,7 +10,7 @@ import os
 
 import pytest
 import torch
-from helpers import tiny_llama
+from helpers import SG_DRAFT_VOCAB, SG_VOCAB, tiny_llama
 from hypothesis import HealthCheck, settings
 
 # CI runs a fixed, reproducible set of examples; locally hypothesis explores new ones.
@@ -68,3 +68,21 @@ def torchvision_standin():
     from sglang_specvocab.testing.standins import install
 
     install(("torchvision",))
+
+
+@pytest.fixture(scope="module")
+def sg(torchvision_standin, tmp_path_factory):
+    """SGLang with DYNVOCAB registered in this process, and tiny checkpoints (``SG_VOCAB``, ``SG_DRAFT_VOCAB``)."""
+    from sglang_specvocab.integration import plugin
+    from sglang_specvocab.testing.tiny import make_tiny_checkpoints
+
+    tiny = make_tiny_checkpoints(tmp_path_factory.mktemp("tiny"), vocab_size=SG_VOCAB, draft_vocab_size=SG_DRAFT_VOCAB)
+    plugin.register()
+    return tiny
+
+
+@pytest.fixture
+def no_dynvocab_env(monkeypatch):
+    """Neither ``$SGLANG_DYNVOCAB_CONFIG`` nor ``$SGLANG_USE_CPU_ENGINE`` from the caller's environment."""
+    monkeypatch.delenv("SGLANG_DYNVOCAB_CONFIG", raising=False)
+    monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)

@@ -233,6 +233,10 @@ def spawn_result(target, *args, timeout: float = 240):
             proc.kill()
 
 
+# The tiny checkpoints of conftest's ``sg`` fixture: small and fast; the vocabulary rule only needs V > H.
+SG_VOCAB, SG_DRAFT_VOCAB = 8192, 4096
+
+
 def interpreter_broken() -> str | None:
     """Why this Triton's interpreter cannot run our kernels here, or None.
 

@@ -14,28 +14,11 @@ from pathlib import Path
 import pytest
 from helpers import spawn_result
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.usefixtures("no_dynvocab_env")]
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 FULL = CONFIGS / "full.yaml"  # not the default (microspec.yaml): a fall-back to the default cannot pass
-
-
-@pytest.fixture(scope="module")
-def sg(torchvision_standin, tmp_path_factory):
-    """SGLang with DYNVOCAB registered in this process, and tiny checkpoints."""
-    from sglang_specvocab.integration import plugin
-    from sglang_specvocab.testing.tiny import make_tiny_checkpoints
-
-    tiny = make_tiny_checkpoints(tmp_path_factory.mktemp("tiny"), vocab_size=8192, draft_vocab_size=4096)
-    plugin.register()
-    return tiny
-
-
-@pytest.fixture(autouse=True)
-def _no_env(monkeypatch):
-    monkeypatch.delenv("SGLANG_DYNVOCAB_CONFIG", raising=False)
-    monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)
 
 
 def fields(tiny) -> dict:

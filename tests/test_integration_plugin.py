@@ -11,30 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import spawn_result
+from helpers import SG_DRAFT_VOCAB, SG_VOCAB, spawn_result
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.usefixtures("no_dynvocab_env")]
 
 ROOT = Path(__file__).resolve().parents[1]
-VOCAB, DRAFT_VOCAB = 8192, 4096  # small and fast; the vocabulary rule only needs V > H
+VOCAB, DRAFT_VOCAB = SG_VOCAB, SG_DRAFT_VOCAB  # the sg fixture's checkpoints
 CONFIGS = ROOT / "configs"
-
-
-@pytest.fixture(scope="module")
-def sg(torchvision_standin, tmp_path_factory):
-    """SGLang with DYNVOCAB registered in this process, and tiny checkpoints."""
-    from sglang_specvocab.integration import plugin
-    from sglang_specvocab.testing.tiny import make_tiny_checkpoints
-
-    tiny = make_tiny_checkpoints(tmp_path_factory.mktemp("tiny"), vocab_size=VOCAB, draft_vocab_size=DRAFT_VOCAB)
-    plugin.register()
-    return tiny
-
-
-@pytest.fixture(autouse=True)
-def _no_env(monkeypatch):
-    monkeypatch.delenv("SGLANG_DYNVOCAB_CONFIG", raising=False)
-    monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)
 
 
 def argv(tiny, *extra, draft="draft-full", config=CONFIGS / "microspec.yaml"):
