@@ -276,8 +276,8 @@ def train_draft(
     end needs: last validation, saving) and ``FIT_MARGIN_S``, counting ``overhead_per_step`` seconds
     per step besides the probe's time (periodic validation); never more than ``steps``. That call fits
     it once more from the rate of the steps after the probe (``REFIT_STEPS``/``REFIT_SECONDS``; recorded
-    as ``plan["refit"]``). The cosine then decays over the fitted total; resumed calls keep it, and the first call's ``reserve`` and
-    ``overhead_per_step`` (they are in the state). A step that leaves less than ``reserve`` before
+    as ``plan["refit"]``). The cosine then decays over the fitted total; resumed calls keep it, and the
+    first call's ``reserve`` and ``overhead_per_step`` (they are in the state). A step that leaves less than ``reserve`` before
     the budget's end stops the run as ``should_stop`` does. ``plan`` (a dict) gets the schedule:
     ``steps`` (total), ``warmup``, ``fitted`` and ``probe`` (the rate measured)."""
     from tqdm import tqdm  # the lab extra (progress bars)
@@ -304,21 +304,33 @@ def train_draft(
             return (step + 1) / warm
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
 
+    def fit(per_step: float, done: int, now: float) -> int:
+        """Sets the total to the steps that fit before the budget's end less the reserve and FIT_MARGIN_S (at
+        least one more, at most ``steps``)."""
+        left = deadline - now - plan["reserve"] - FIT_MARGIN_S
+        plan["steps"] = min(steps, max(done + 1, done + int(left / per_step)))
+        return plan["steps"]
+
+    def reschedule(done: int) -> None:
+        """The next step's learning rate, from the schedule as fitted now."""
+        for group, base in zip(opt.param_groups, sched.base_lrs, strict=True):
+            group["lr"] = base * schedule(done)
+
+    def ends_at(per_step: float, done: int, now: float) -> float:
+        return now - started + (plan["steps"] - done) * per_step + plan["reserve"]
+
     def probed(timed: int, took: float, tokens: int, done: int, now: float) -> str:
         """Records the probe's rate, fits the total steps to the budget (once), and says so."""
         took = max(took, 1e-9)
-        rate, per_step, end_s = timed / took, took / timed + plan["per_step"], plan["reserve"]
+        rate, per_step = timed / took, took / timed + plan["per_step"]
         line = f"[eagle3] rate {rate:.2f} steps/s, {tokens / took:,.0f} tokens/s over {timed} steps: "
         if deadline is not None and not plan["fitted"]:
-            left = deadline - now
-            total = min(steps, max(done + 1, done + int((left - end_s - FIT_MARGIN_S) / per_step)))
-            plan.update(steps=total, fitted=True)
-            if total < steps and total < 4 * plan["warmup"]:
+            plan["fitted"] = True
+            if fit(per_step, done, now) < steps and plan["steps"] < 4 * plan["warmup"]:
                 # Shrunk once, while still warming up: the rest of the ramp is steeper (or none is left).
-                plan["warmup"] = max(done, total // 10)
-            for group, base in zip(opt.param_groups, sched.base_lrs, strict=True):  # the next step's, refitted
-                group["lr"] = base * schedule(done)
-            line += f"fitting {total:,} of {steps:,} steps into the {left:,.0f} s left"
+                plan["warmup"] = max(done, plan["steps"] // 10)
+            reschedule(done)
+            line += f"fitting {plan['steps']:,} of {steps:,} steps into the {deadline - now:,.0f} s left"
         else:
             line += f"the {plan['steps'] - done:,} of {plan['steps']:,} steps left" + (
                 ", as fitted by the first call" if plan["fitted"] else ""
@@ -330,22 +342,19 @@ def train_draft(
                 "steps_per_s": rate,
                 "tokens_per_s": tokens / took,
             }
-        end = now - started + (plan["steps"] - done) * per_step + end_s
+        end = ends_at(per_step, done, now)
         return line + f" (ends at about {end:,.0f} s" + (f" of {time_budget_s:,.0f} s)" if deadline else ")")
 
     def refitted(timed: int, took: float, done: int, now: float) -> str:
         """Fits the total again from the steps after the probe (the warm-up as it was), and says so."""
         took = max(took, 1e-9)
-        per_step, end_s, old = took / timed + plan["per_step"], plan["reserve"], plan["steps"]
-        left = deadline - now
-        total = min(steps, max(done + 1, done + int((left - end_s - FIT_MARGIN_S) / per_step)))
-        plan.update(steps=total, refit={"steps": timed, "seconds": round(took, 3), "steps_per_s": timed / took})
-        for group, base in zip(opt.param_groups, sched.base_lrs, strict=True):  # the next step's, refitted
-            group["lr"] = base * schedule(done)
-        end = now - started + (total - done) * per_step + end_s
+        per_step, old = took / timed + plan["per_step"], plan["steps"]
+        plan["refit"] = {"steps": timed, "seconds": round(took, 3), "steps_per_s": timed / took}
+        total = fit(per_step, done, now)
+        reschedule(done)
         return (
             f"[eagle3] rate {timed / took:.2f} steps/s over the {timed} steps after the probe: refitting "
-            f"{old:,} -> {total:,} steps (ends at about {end:,.0f} s of {time_budget_s:,.0f} s)"
+            f"{old:,} -> {total:,} steps (ends at about {ends_at(per_step, done, now):,.0f} s of {time_budget_s:,.0f} s)"
         )
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
