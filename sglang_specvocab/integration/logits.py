@@ -225,10 +225,9 @@ class DynVocabLogitsProcessor(LogitsProcessor):
         else:
             key = head_key or self.head_key(next_token_logits, req_pool_indices)
             out = head.output(next_token_logits, req_pool_indices, key)  # host only: the call's column map
-            if out.plan == "per-request" and N == req_pool_indices.shape[0]:  # the chain: one row a request
-                cols = next_token_logits.argmax(dim=1)  # the first maximum: the lowest column, as local_topk
-                ids = out.col_ids  # a live column's id; a dead one's is the fallback (tables fill with it)
-                index = ids.view(-1)[req_pool_indices * ids.shape[1] + cols].long().view(N, 1)
+            fused = out._fused(1, 0)  # compact_topk: the top-1's id through the column map in one launch
+            if fused is not None:
+                index = fused[1]
             else:
                 # the call's column map (union or stock, or several rows a request), without the logsumexp;
                 # max returns the first maximum: the lowest column, as local_topk
