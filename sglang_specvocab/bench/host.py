@@ -284,6 +284,35 @@ def topk_cost(tokens: int, d: int, vocab: int, k: int, chunks: list[int], reps: 
     return out
 
 
+EVENT_CASES = ((1, 0), (8, 0), (1, 2000), (8, 2000), (1, 16000))  # (requests, radix-cache-hit ids per request)
+EVENT_TARGET_US = 200.0
+
+
+def event_cost(cases, ext: int, reps: int, n: int = 20) -> list[dict]:
+    """The host work of the prefill event (``events.prefill_event`` without the top-K, whose arithmetic is a device
+    kernel on a GPU, timed apart): index building and the radix-cache hits' ids, per (requests, hit ids each) with
+    ``ext`` extended tokens each; min over reps of the median, us."""
+    from ..integration.events import prefill_event
+
+    out = []
+    for b, hit in cases:
+        ids = torch.arange(b * ext) % 251
+        full = [list(range(1000, 1000 + hit + ext)) for _ in range(b)]
+        args = (None, None, ids, [ext] * b, [hit] * b, full, [0] * b)
+        prefill_event(*args, k=0)  # warm-up
+        meds = []
+        for _ in range(reps):
+            samples = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                prefill_event(*args, k=0)
+                samples.append((time.perf_counter() - t0) * 1e6)
+            meds.append(statistics.median(samples))
+        stats = _stats(meds)
+        out.append({"requests": b, "hit_ids": hit, "extend": ext, **stats, "meets": stats["us"] <= EVENT_TARGET_US})
+    return out
+
+
 def verify_topk_cost(inputs, shape, reps: int, n: int) -> dict:
     """The verify hook's target top-k alone on this round's logits ``[bs * nd, V]``: arithmetic that DYNVOCAB's verify
     time holds on a CPU (on a GPU, a device kernel launched once)."""
@@ -376,6 +405,7 @@ def run(args) -> int:
             print(f"bench host: bs {bs}, topk {topk}, steps {args.steps}, draft tokens {nd}", flush=True)
             cases.append(run_case(H, shape, args))
     topk = topk_cost(args.topk_tokens, args.topk_d, args.topk_vocab, 3, args.topk_chunks, args.prefill_reps)
+    event = event_cost(EVENT_CASES, args.prompt_len, args.prefill_reps)
     result = {
         "schema": SCHEMA,
         **env,
@@ -395,6 +425,7 @@ def run(args) -> int:
         "target_us": args.target_us,
         "max_added_launches": args.max_added_launches,
         "cases": cases,
+        "prefill_event": {"target_us": EVENT_TARGET_US, "rows": event},
         "prefill_topk": {"tokens": args.topk_tokens, "d": args.topk_d, "vocab": args.topk_vocab, "k": 3, "rows": topk},
     }
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -549,6 +580,20 @@ def markdown(result: dict) -> str:
             f"| {s['bs']} | {s['bs'] * s['prompt_len']} | {_f(p['EAGLE3']['us'])} | {_f(p['DYNVOCAB']['us'])} | "
             f"{_f(c['added_prefill_us'])} | {_f(spread)} |"
         )
+    ev = result.get("prefill_event")
+    if ev:
+        lines += [
+            "",
+            "## Prefill event, host work (us; `prefill_event` without its top-K: index building, the cache hits' ids)",
+            "",
+            "| requests | hit ids each | extended each | us | spread | under " + f"{ev['target_us']:g} us |",
+            "|---:|---:|---:|---:|---:|:--|",
+        ]
+        for r in ev["rows"]:
+            lines.append(
+                f"| {r['requests']} | {r['hit_ids']} | {r['extend']} | {_f(r['us'])} | {_f(r['spread_us'])} | "
+                f"{'met' if r['meets'] else 'MISSED'} |"
+            )
     t = result["prefill_topk"]
     lines += [
         "",
