@@ -324,14 +324,18 @@ class DraftHead:
             "plan": mode,
         }
         if mode == "stock":
-            out = HeadOutput(logits, self.stock_ids, col_offset=self.start, **common)
+            ids = self.stock_ids
+            if ids is not None and self.tp_size == 1 and logits.shape[1] < ids.numel():  # cut to the vocabulary
+                ids = ids[: logits.shape[1]]
+            out = HeadOutput(logits, ids, col_offset=self.start, **common)
         elif mode == "per-request":
             ids = self.packed_ids if self.mode == "packed" else self.table.ids
             out = HeadOutput(logits, ids, rows, **common)
         else:
             out = HeadOutput(logits, self.union_ids, **common)
         width = out.col_ids.shape[-1] if mode != "stock" else self.weight.shape[0]
-        if logits.shape[1] != width:
+        # a stock head's logits cover its rows, or only its vocabulary (SGLang's processor cuts the padding rows)
+        if logits.shape[1] != width and not (mode == "stock" and logits.shape[1] == self.end - self.start):
             raise ValueError(
                 f"DraftHead.output: logits have {logits.shape[1]} columns, the {mode} head of a call of shape "
                 f"(bs, n) = {tuple(key)} has {width} (is the key the one of the call that produced them?)"

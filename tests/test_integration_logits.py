@@ -153,6 +153,52 @@ _CHILD = CHILD_PREAMBLE + textwrap.dedent(
             key = (rpi.shape[0], h.shape[0] // rpi.shape[0])
             got["select"] = proc.draft_topk(o.next_token_logits[1::2], 3, rpi, head_key=key)
             out[space, mode] = got
+        # The stock plan is EAGLE3's own code path: the aten ops of the head call and its draft top-k (tree: k 3;
+        # chain: top-1), in order, against the original processor's and EAGLE3's draft step (renorm_draft_probs
+        # without rejection sampling, fast_topk, the d2t map; the argmax for chains).
+        from sglang.srt.speculative.spec_utils import renorm_draft_probs
+        from sglang.srt.utils.common import fast_topk
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Ops(TorchDispatchMode):
+            def __init__(self):
+                super().__init__()
+                self.names = []
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if not func.is_view:
+                    self.names.append(str(func))
+                return func(*args, **(kwargs or {}))
+
+        model = draft(space)
+        original = model.logits_processor
+        kw = dict(kernel="torch", fallback_id=inp["fallback_" + space], batch="stock")
+        if space == "d2t":
+            kw.update(hot_token_id=model.hot_token_id, target_vocab_size=inp["V"])
+        proc = L.install(model, table["ids"], table["cnt"], **kw)
+        h, rpi = inp["hidden"], inp["rpi"]
+        fb = batch(ForwardMode.DECODE, h.shape[0], rpi)
+        ops = {}
+        for who in ("EAGLE3", "DYNVOCAB"):
+            with Ops() as tree:
+                if who == "EAGLE3":
+                    logits = original(None, h, model.lm_head, fb).next_token_logits
+                    p, idx = fast_topk(renorm_draft_probs(logits, None, False), 3, dim=-1)
+                    if space == "d2t":
+                        idx = model.hot_token_id[idx]
+                else:
+                    logits = proc(None, h, model.lm_head, fb).next_token_logits
+                    p, idx = proc.draft_topk(logits, 3, rpi)
+            with Ops() as chain:
+                if who == "EAGLE3":
+                    one = torch.argmax(logits, dim=-1, keepdim=True)
+                    if space == "d2t":
+                        one = model.hot_token_id[one]
+                    torch.ones_like(one, dtype=torch.float32)
+                else:
+                    one = proc.draft_topk1(logits, rpi)[1]
+            ops[who] = (tree.names, chain.names, idx, one)
+        out[space, "stock_ops"] = ops
     torch.save(out, sys.argv[3])
     """
 )
@@ -300,6 +346,17 @@ def test_every_batch_mode_through_the_processor(sglang_run, space, mode):
     want_p, want_t = ref.topk_probs(3)  # the kept rows' top-k are those rows' own
     assert torch.equal(got["select"][1], want_t[1::2])
     torch.testing.assert_close(got["select"][0], want_p[1::2])
+
+
+@pytest.mark.parametrize("space", ["full", "d2t"])
+def test_the_stock_plan_runs_eagle3s_own_ops_in_eagle3s_order(sglang_run, space):
+    """Where the head runs stock it costs what EAGLE3 costs: the same aten ops in the same order, for the head call
+    with its tree top-k and for a chain's top-1, and the same tokens."""
+    _, out = sglang_run
+    eagle, ours = out[space, "stock_ops"]["EAGLE3"], out[space, "stock_ops"]["DYNVOCAB"]
+    assert ours[0] == eagle[0] and ours[1] == eagle[1]
+    assert any("mm" in op for op in eagle[0]) and any("topk" in op for op in eagle[0])  # not an empty comparison
+    assert torch.equal(ours[2], eagle[2]) and torch.equal(ours[3], eagle[3])
 
 
 @pytest.mark.parametrize("space", ["full", "d2t"])

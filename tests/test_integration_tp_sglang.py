@@ -273,10 +273,23 @@ def test_both_ranks_propose_the_same_tokens(runs, space, batch):
 
 @pytest.mark.parametrize("name, space, batch", list(_cases(PROCS[:2])))
 def test_tp2_proposes_the_tp1_tokens(runs, name, space, batch):
-    _, got = runs
+    inp, got = runs
     one = _result(got, "tp1", space, batch)
     res = _result(got, name, space, batch)
+
+    def logits(n, tokens):
+        hidden = inp["hidden"] if n == 2 else inp["hidden"][::2]
+        return torch.einsum("nkd,nd->nk", inp["weight"][tokens.view(hidden.shape[0], -1)], hidden)
+
     for key in one:
+        if batch == "stock":
+            # One rank's stock plan is EAGLE3's own top-k (torch's order among exactly tied logits; this test's
+            # integer weights tie often), two ranks merge shards by the tie rule: the same best logits in order.
+            t, t1 = (x if key[1] == "chain" else x[1] for x in (res[key], one[key]))
+            if key[1] == "chain":
+                t, t1 = t[:, 1], t1[:, 1]
+            assert torch.equal(logits(key[0], t), logits(key[0], t1)), key
+            continue
         if key[1] == "chain":
             assert torch.equal(res[key], one[key]), key
             continue

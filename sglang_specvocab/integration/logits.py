@@ -37,8 +37,10 @@ top-k eagerly after the replay: ``draft_topk``/``draft_topk1`` read the logits w
 call that produced them, named by its shape (``head_key = (bs, n)``, default: what the logits show), never with
 Python state of a later call (``head.DraftHead``, "CUDA graphs"; README, "CUDA graphs").
 
-Tie rule (every path): value descending, then column ascending (columns run in ascending token id);
-an entry of value ``-inf`` is the fallback id (``HeadOutput.topk``).
+Tie rule: value descending, then column ascending (columns run in ascending token id); an entry of value ``-inf``
+is the fallback id (``HeadOutput.topk``). The stock plan on one rank is EAGLE3's own code path instead (the original
+processor's ``_get_logits``; ``sampling_softmax`` + ``fast_topk`` + the d2t map; the argmax for chains), so it costs
+what EAGLE3 costs: torch's top-k order there (exact ties of float logits aside, the same tokens).
 """
 
 from __future__ import annotations
@@ -46,9 +48,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from sglang.kernels.ops.sampling import softmax as sampling_softmax
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.runtime_context import get_parallel
+from sglang.srt.utils.common import fast_topk
 
 from ..head import DraftHead
 from ..table import CandidateTable
@@ -142,6 +146,11 @@ class DynVocabLogitsProcessor(LogitsProcessor):
             group=tp_group,
             tp_size=tp_size,
         )
+        # The stock plan on one rank is EAGLE3's own code path: the original's _get_logits (not a submodule: its
+        # state is copied above; a reference, so nothing is registered twice). A stand-in original (tests, the host
+        # benchmark's toy) keeps the head's own stock GEMM.
+        stock = tp_size == 1 and isinstance(original, LogitsProcessor)
+        object.__setattr__(self, "_dv_stock", original if stock else None)
         self.vocab_size = ids.shape[1]  # the per-request width (the union and stock heads are wider)
         self.do_tensor_parallel_all_gather = False  # columns stay rank-local; draft_topk merges
         self._dv_rows = None
@@ -163,6 +172,12 @@ class DynVocabLogitsProcessor(LogitsProcessor):
         rows = self._dv_rows
         if rows is None:
             raise RuntimeError("DynVocabLogitsProcessor: _get_logits called outside forward (no request slots)")
+        bs, N = rows.shape[0], hidden_states.shape[0]
+        if self._dv_stock is not None and N and bs and N % bs == 0 and self.dv_head.plan(bs, N // bs) == "stock":
+            # EAGLE3's logits, by its own code (LM head GEMM, logits buffer, scale and softcapping, vocab cut)
+            return self._dv_stock._get_logits(
+                hidden_states, lm_head, logits_metadata, embedding_bias, use_logits_buffer
+            )
         return self.dv_head(hidden_states, rows, weight=lm_head.weight).logits
 
     # --- for the worker ---------------------------------------------------------------------------
@@ -201,7 +216,13 @@ class DynVocabLogitsProcessor(LogitsProcessor):
             z = next_token_logits.new_zeros((0, k))
             return z.float(), z.long()
         key = head_key or self.head_key(next_token_logits, req_pool_indices)
-        return self.dv_head.output(next_token_logits, req_pool_indices, key).topk_probs(k)
+        out = self.dv_head.output(next_token_logits, req_pool_indices, key)
+        if out.plan == "stock" and out.tp_size == 1:
+            # EAGLE3's draft top-k, the same ops in the same order: renorm_draft_probs (its softmax, without
+            # rejection sampling), fast_topk, the d2t map
+            probs, cols = fast_topk(sampling_softmax(next_token_logits), k, dim=-1)
+            return probs, cols if out.col_ids is None else out.col_ids[cols]
+        return out.topk_probs(k)
 
     def draft_topk1(
         self,
@@ -225,8 +246,11 @@ class DynVocabLogitsProcessor(LogitsProcessor):
         else:
             key = head_key or self.head_key(next_token_logits, req_pool_indices)
             out = head.output(next_token_logits, req_pool_indices, key)  # host only: the call's column map
-            fused = out._fused(1, 0)  # compact_topk: the top-1's id through the column map in one launch
-            if fused is not None:
+            fused = None if out.plan == "stock" else out._fused(1, 0)  # compact_topk: one launch
+            if out.plan == "stock":  # EAGLE3's topk-1 step: the argmax, then the d2t map
+                cols = torch.argmax(next_token_logits, dim=-1, keepdim=True)
+                index = cols if out.col_ids is None else out.col_ids[cols]
+            elif fused is not None:
                 index = fused[1]
             else:
                 # the call's column map (union or stock, or several rows a request), without the logsumexp;
