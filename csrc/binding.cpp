@@ -46,17 +46,17 @@ void check_rows(const char* op, const at::Tensor& rows_, int64_t R) {
 }
 
 void check_table_entries(const char* op, const at::Tensor* ids_, const at::Tensor& cnt_, const at::Tensor& slot_,
-                         int64_t W, int64_t V) {
+                         int64_t W, int64_t V, int64_t M) {
   // Host copies (a sync on a GPU: debug setting only). The order is ops/checks.py's: the first hidden row with a
   // bad entry, and in it the slot, then the count, then the first bad column.
-  const at::Tensor cnt = cnt_.to(at::kCPU).contiguous(), slot = slot_.to(at::kCPU).contiguous();
+  const at::Tensor cnt = cnt_.to(at::kCPU).contiguous(), slot = slot_.to(at::kCPU, at::kLong).contiguous();
   const at::Tensor ids = ids_ != nullptr ? ids_->to(at::kCPU).contiguous() : at::Tensor();
-  const int64_t R = cnt.size(0);
+  const int64_t R = cnt.size(0), B = slot.size(0), per = B ? std::max<int64_t>(M / B, 1) : 1;
   const int32_t* c = cnt.data_ptr<int32_t>();
-  const int32_t* sl = slot.data_ptr<int32_t>();
-  for (int64_t m = 0; m < slot.size(0); ++m) {
-    const int64_t s = sl[m];
-    TORCH_CHECK_VALUE(s >= 0 && s < R, op, ": row_to_slot must be in [0, R=", R, "), got row_to_slot[", m, "] = ", s);
+  const int64_t* sl = slot.data_ptr<int64_t>();
+  for (int64_t m = 0; m < M && B; ++m) {
+    const int64_t b = m / per, s = sl[b];
+    TORCH_CHECK_VALUE(s >= 0 && s < R, op, ": row_to_slot must be in [0, R=", R, "), got row_to_slot[", b, "] = ", s);
     TORCH_CHECK_VALUE(c[s] >= 1 && c[s] <= W, op, ": cnt must be in [1, W=", W, "], got cnt[", s, "] = ", c[s],
                       " (the slot of hidden row ", m, ")");
     if (!ids.defined()) continue;
@@ -86,9 +86,11 @@ TORCH_LIBRARY(specvocab, m) {
   // A negative id is a dead column (a set mapped to local head rows, d2t or a TP shard, keeps its slot).
   // An entry that breaks the table's contract (a slot outside [0, R), a count outside [1, W], an id >= V) is read as
   // -inf (table.head_reads) and added to the optional int64 counter `bad`; under the debug setting it is refused.
+  // row_to_slot [B], B dividing M: a slot per hidden row or per request of M / B request-major rows. row_map [L]:
+  // ids to head rows (-1: none), so a d2t draft's or a TP shard's table is read without a mapped copy.
   m.def(
-      "indexed_logits(Tensor hidden, Tensor weight, Tensor ids, Tensor cnt, Tensor row_to_slot, Tensor(a!)? bad=None) "
-      "-> Tensor");
+      "indexed_logits(Tensor hidden, Tensor weight, Tensor ids, Tensor cnt, Tensor row_to_slot, Tensor(a!)? bad=None, "
+      "Tensor? row_map=None) -> Tensor");
   m.def("packed_logits(Tensor hidden, Tensor packed, Tensor cnt, Tensor row_to_slot, Tensor(a!)? bad=None) -> Tensor");
   m.def(
       "window_update(Tensor(a!) ring, Tensor(b!) length, Tensor(c!) ids, Tensor(d!) cnt, Tensor rows, Tensor block, "

@@ -27,9 +27,13 @@ void check_common(const char* op, const at::Tensor& hidden, const at::Tensor& ro
               " must equal hidden dtype ", dt);
   TORCH_CHECK(cnt.dim() == 1 && cnt.scalar_type() == at::kInt && cnt.size(0) == R, op, ": cnt must be int32 [R=", R,
               "], got ", cnt.scalar_type(), " ", cnt.sizes());
-  TORCH_CHECK(row_to_slot.dim() == 1 && row_to_slot.scalar_type() == at::kInt && row_to_slot.size(0) == hidden.size(0),
-              op, ": row_to_slot must be int32 [M=", hidden.size(0), "], got ", row_to_slot.scalar_type(), " ",
-              row_to_slot.sizes());
+  const int64_t M = hidden.size(0), B = row_to_slot.dim() == 1 ? row_to_slot.size(0) : -1;
+  const bool b_ok = B == M || (B > 0 && M % B == 0) || (M == 0 && B >= 0);
+  TORCH_CHECK(row_to_slot.dim() == 1 &&
+                  (row_to_slot.scalar_type() == at::kInt || row_to_slot.scalar_type() == at::kLong) && b_ok,
+              op, ": row_to_slot must be int32 or int64 [B] with B dividing M=", M,
+              " (a slot per hidden row, or per request of M // B request-major rows), got ", row_to_slot.scalar_type(),
+              " ", row_to_slot.sizes());
   for (const at::Tensor* t : {&rows_like, &cnt, &row_to_slot})
     TORCH_CHECK(t->device() == hidden.device(), op, ": all tensors must be on one device, got ", hidden.device(),
                 " and ", t->device());
@@ -61,14 +65,33 @@ inline float dot(const float* a, const float* b, int64_t n) {
 // their candidate rows: each live row is converted to fp32 once per piece and dotted with every hidden row of the
 // piece. Work items are (piece, 16 columns); dead columns are never read. Bad table entries are read as the CUDA
 // kernel reads them (table.head_reads) and counted the same way; returns their number.
+// Row m's slot: row_to_slot[m / per] (int32 or int64), per = M / B hidden rows per slot entry.
+struct Slots {
+  const void* p;
+  bool wide;
+  int64_t per;
+  int64_t operator()(int64_t m) const {
+    const int64_t b = m / per;
+    return wide ? static_cast<const int64_t*>(p)[b] : static_cast<const int32_t*>(p)[b];
+  }
+};
+
+// Column j's head row from its table id: the id, or row_map[id] (a negative id and a negative map entry: no row,
+// a dead column; an id >= L: V, a bad row).
+inline int64_t head_row(int64_t id, const int32_t* row_map, int64_t L, int64_t V) {
+  if (row_map == nullptr || id < 0) return id;
+  return id >= L ? V : static_cast<int64_t>(row_map[id]);
+}
+
 template <typename T>
-int64_t logits_cpu(const T* hidden, const T* weight, const int32_t* ids, const int32_t* cnt, const int32_t* slot,
-                   float* out, int64_t M, int64_t d, int64_t W, int64_t V, int64_t R, bool packed) {
+int64_t logits_cpu(const T* hidden, const T* weight, const int32_t* ids, const int32_t* cnt, const Slots& slot,
+                   const int32_t* row_map, int64_t L, float* out, int64_t M, int64_t d, int64_t W, int64_t V, int64_t R,
+                   bool packed) {
   constexpr bool kFloat = std::is_same<T, float>::value;
   constexpr int kPiece = 16;
   std::vector<int64_t> starts, lens;
   for (int64_t m = 0; m < M; ++m) {
-    const int len = piece_length([&](int64_t i) { return slot[i]; }, m, M, kPiece);
+    const int len = piece_length([&](int64_t i) { return slot(i); }, m, M, kPiece);
     if (len > 0) {
       starts.push_back(m);
       lens.push_back(len);
@@ -91,12 +114,12 @@ int64_t logits_cpu(const T* hidden, const T* weight, const int32_t* ids, const i
     int64_t my_bad = 0;
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t q = t / tiles, m0 = starts[q], len = lens[q], m1 = m0 + len;
-      const int64_t s = slot[m0];
+      const int64_t s = slot(m0);
       const int64_t raw = s >= 0 && s < R ? cnt[s] : 0;  // a bad slot reads as count 0
       const int64_t c = std::min(std::max<int64_t>(raw, 0), W);
       if ((raw < 1 || raw > W) && t % tiles == 0) my_bad += len;  // one per hidden row, by its first column tile
       for (int64_t j = (t % tiles) * kCols; j < std::min(W, (t % tiles + 1) * kCols); ++j) {
-        const int64_t row = packed ? s * W + j : (j < c ? static_cast<int64_t>(ids[s * W + j]) : -1);
+        const int64_t row = packed ? s * W + j : (j < c ? head_row(ids[s * W + j], row_map, L, V) : -1);
         const bool id_bad = !packed && row >= V;
         if (j < c && id_bad) my_bad += len;
         if (j >= c || row < 0 || id_bad) {  // a dead column: never read
@@ -119,18 +142,26 @@ int64_t logits_cpu(const T* hidden, const T* weight, const int32_t* ids, const i
   return bad.load();
 }
 
+at::Tensor map_or_empty(const c10::optional<at::Tensor>& row_map) {
+  return row_map.has_value() && row_map->defined() ? row_map->contiguous() : at::Tensor();
+}
+
 at::Tensor run_cpu(const at::Tensor& hidden_, const at::Tensor& weight_, const at::Tensor* ids_, const at::Tensor& cnt_,
-                   const at::Tensor& slot_, int64_t W, int64_t V, bool packed, const c10::optional<at::Tensor>& bad) {
+                   const at::Tensor& slot_, int64_t W, int64_t V, bool packed, const c10::optional<at::Tensor>& bad,
+                   const c10::optional<at::Tensor>& row_map_ = c10::nullopt) {
   at::Tensor hidden = hidden_.contiguous(), weight = weight_.contiguous(), cnt = cnt_.contiguous(),
-             slot = slot_.contiguous();
+             slot = slot_.contiguous(), row_map = map_or_empty(row_map_);
   at::Tensor ids = ids_ ? ids_->contiguous() : at::Tensor();
-  const int64_t M = hidden.size(0), d = hidden.size(1), R = cnt.size(0);
+  const int64_t M = hidden.size(0), d = hidden.size(1), R = cnt.size(0), B = slot.size(0);
   at::Tensor out = at::empty({M, W}, hidden.options().dtype(at::kFloat));
+  const Slots slots{slot.data_ptr(), slot.scalar_type() == at::kLong, B ? std::max<int64_t>(M / B, 1) : 1};
+  const int32_t* map = row_map.defined() ? row_map.data_ptr<int32_t>() : nullptr;
+  const int64_t L = row_map.defined() ? row_map.size(0) : 0;
   int64_t n_bad = 0;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, hidden.scalar_type(), "specvocab_logits_cpu", [&] {
     n_bad = logits_cpu<scalar_t>(hidden.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
-                                 packed ? nullptr : ids.data_ptr<int32_t>(), cnt.data_ptr<int32_t>(),
-                                 slot.data_ptr<int32_t>(), out.data_ptr<float>(), M, d, W, V, R, packed);
+                                 packed ? nullptr : ids.data_ptr<int32_t>(), cnt.data_ptr<int32_t>(), slots, map, L,
+                                 out.data_ptr<float>(), M, d, W, V, R, packed);
   });
   if (int64_t* counter = counter_ptr(bad)) *counter += n_bad;
   return out;
@@ -143,10 +174,11 @@ std::atomic<int> g_force_mt{0}, g_force_ntmax{0};
 
 at::Tensor run_cuda(const at::Tensor& hidden_, const at::Tensor& weight_, const at::Tensor* ids_,
                     const at::Tensor& cnt_, const at::Tensor& slot_, int64_t W, int64_t R, bool packed,
-                    const c10::optional<at::Tensor>& bad, const char* op) {
+                    const c10::optional<at::Tensor>& bad, const char* op,
+                    const c10::optional<at::Tensor>& row_map_ = c10::nullopt) {
   c10::DeviceGuard guard(hidden_.device());
   at::Tensor hidden = hidden_.contiguous(), weight = weight_.contiguous(), cnt = cnt_.contiguous(),
-             slot = slot_.contiguous();
+             slot = slot_.contiguous(), row_map = map_or_empty(row_map_);
   at::Tensor ids = ids_ ? ids_->contiguous() : at::Tensor();
   const int64_t M = hidden.size(0), d = hidden.size(1);
   at::Tensor out = at::empty({M, W}, hidden.options().dtype(at::kFloat));
@@ -155,14 +187,17 @@ at::Tensor run_cuda(const at::Tensor& hidden_, const at::Tensor& weight_, const 
   const SpecvocabLogitsPlan plan = plan_logits(M, W, d, hidden.scalar_type(), aligned, specvocab_sm_count());
   const int code = specvocab_indexed_logits_launch(
       hidden.data_ptr(), weight.data_ptr(), packed ? nullptr : ids.data_ptr<int32_t>(), cnt.data_ptr<int32_t>(),
-      slot.data_ptr<int32_t>(), out.data_ptr<float>(), counter_ptr(bad), M, d, W, weight.size(0), R,
-      dtype_code(hidden.scalar_type()), packed ? 1 : 0, &plan, current_cuda_stream(hidden.device()));
+      slot.data_ptr(), slot.scalar_type() == at::kLong ? 1 : 0, slot.size(0),
+      row_map.defined() ? row_map.data_ptr<int32_t>() : nullptr, row_map.defined() ? row_map.size(0) : 0,
+      out.data_ptr<float>(), counter_ptr(bad), M, d, W, weight.size(0), R, dtype_code(hidden.scalar_type()),
+      packed ? 1 : 0, &plan, current_cuda_stream(hidden.device()));
   check_launch(code, op);
   return out;
 }
 
 void check_indexed(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& ids, const at::Tensor& cnt,
-                   const at::Tensor& row_to_slot, const c10::optional<at::Tensor>& bad) {
+                   const at::Tensor& row_to_slot, const c10::optional<at::Tensor>& bad,
+                   const c10::optional<at::Tensor>& row_map) {
   const char* op = "indexed_logits";
   TORCH_CHECK(weight.dim() == 2, op, ": weight must be [V, d], got shape ", weight.sizes());
   TORCH_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kInt, op, ": ids must be int32 [R, W], got ",
@@ -173,7 +208,18 @@ void check_indexed(const at::Tensor& hidden, const at::Tensor& weight, const at:
   TORCH_CHECK(hidden.dim() == 2 && hidden.size(1) == weight.size(1), op, ": hidden has d=", hidden.size(1),
               " but weight has d=", weight.size(1));
   check_counter(op, bad, hidden.device());
-  if (debug_checks()) check_table_entries(op, &ids, cnt, row_to_slot, ids.size(1), weight.size(0));
+  const bool mapped = row_map.has_value() && row_map->defined();
+  if (mapped) {
+    TORCH_CHECK(row_map->dim() == 1 && row_map->scalar_type() == at::kInt, op,
+                ": row_map must be int32 [L] (ids to head rows, -1: no row), got ", row_map->scalar_type(), " ",
+                row_map->sizes());
+    TORCH_CHECK(row_map->device() == hidden.device(), op, ": all tensors must be on one device, got ", hidden.device(),
+                " and ", row_map->device());
+  }
+  // a mapped table's ids index the map
+  if (debug_checks())
+    check_table_entries(op, &ids, cnt, row_to_slot, ids.size(1), mapped ? row_map->size(0) : weight.size(0),
+                        hidden.size(0));
 }
 
 void check_packed(const at::Tensor& hidden, const at::Tensor& packed, const at::Tensor& cnt,
@@ -184,23 +230,24 @@ void check_packed(const at::Tensor& hidden, const at::Tensor& packed, const at::
   TORCH_CHECK(hidden.size(1) == packed.size(2), op, ": hidden has d=", hidden.size(1),
               " but packed has d=", packed.size(2));
   check_counter(op, bad, hidden.device());
-  if (debug_checks()) check_table_entries(op, nullptr, cnt, row_to_slot, packed.size(1), 0);
+  if (debug_checks()) check_table_entries(op, nullptr, cnt, row_to_slot, packed.size(1), 0, hidden.size(0));
 }
 
 }  // namespace
 
 at::Tensor indexed_logits_cpu(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& ids,
                               const at::Tensor& cnt, const at::Tensor& row_to_slot,
-                              const c10::optional<at::Tensor>& bad) {
-  check_indexed(hidden, weight, ids, cnt, row_to_slot, bad);
-  return run_cpu(hidden, weight, &ids, cnt, row_to_slot, ids.size(1), weight.size(0), false, bad);
+                              const c10::optional<at::Tensor>& bad, const c10::optional<at::Tensor>& row_map) {
+  check_indexed(hidden, weight, ids, cnt, row_to_slot, bad, row_map);
+  return run_cpu(hidden, weight, &ids, cnt, row_to_slot, ids.size(1), weight.size(0), false, bad, row_map);
 }
 
 at::Tensor indexed_logits_cuda(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& ids,
                                const at::Tensor& cnt, const at::Tensor& row_to_slot,
-                               const c10::optional<at::Tensor>& bad) {
-  check_indexed(hidden, weight, ids, cnt, row_to_slot, bad);
-  return run_cuda(hidden, weight, &ids, cnt, row_to_slot, ids.size(1), ids.size(0), false, bad, "indexed_logits");
+                               const c10::optional<at::Tensor>& bad, const c10::optional<at::Tensor>& row_map) {
+  check_indexed(hidden, weight, ids, cnt, row_to_slot, bad, row_map);
+  return run_cuda(hidden, weight, &ids, cnt, row_to_slot, ids.size(1), ids.size(0), false, bad, "indexed_logits",
+                  row_map);
 }
 
 at::Tensor packed_logits_cpu(const at::Tensor& hidden, const at::Tensor& packed, const at::Tensor& cnt,

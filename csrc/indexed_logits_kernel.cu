@@ -1,7 +1,10 @@
 // Fused indexed head: logits of each hidden row over its request's candidate rows of the LM head.
 //
-//   out[m, j] = dot(weight[ids[s, j]], hidden[m])  if j < cnt[s] and ids[s, j] >= 0,  else -inf,
-//   s = row_to_slot[m]
+//   out[m, j] = dot(weight[r], hidden[m])  if j < cnt[s] and 0 <= r < V,  else -inf,
+//   s = row_to_slot[m / (M / B)],  r = ids[s, j]  (or row_map[ids[s, j]])
+//
+// so the step from a draft's hidden rows and request slots to logits is this one launch: the slot of each
+// request-major row and a d2t draft's (or a TP shard's) id-to-row map are read here, not made by separate ops.
 //
 // (packed mode: the candidate rows are packed[s, j] = weight[s * W + j] and only j < cnt[s] decides; the same kernel.)
 //
@@ -76,7 +79,10 @@ struct Args {
   const void* weight;
   const int32_t* ids;
   const int32_t* cnt;
-  const int32_t* row_to_slot;
+  const void* slots;       // row_to_slot [B]: int64 if slot64, else int32; row m's entry is m / per
+  const int32_t* row_map;  // [L] ids to head rows (-1: none), or null
+  int64_t per, L;
+  int slot64;
   float* out;
   unsigned long long* bad;  // the bad-entry counter, or null
   int64_t M, d, W, V, R;
@@ -84,6 +90,16 @@ struct Args {
   int wd, wc;      // warps per CTA = wd * wc = 8
   int64_t nsteps;  // k-steps of d
 };
+
+// Row m's slot (the slot expansion of request-major rows happens here, not in a separate op); an int64 slot outside
+// int range reads as -1, a bad slot.
+__device__ __forceinline__ int slot_at(const Args& a, int64_t m) {
+  // rows and requests fit 32 bits (M < 2^31): a 32-bit division, none for one slot per row
+  const int64_t b = a.per == 1 ? m : static_cast<int64_t>(static_cast<uint32_t>(m) / static_cast<uint32_t>(a.per));
+  if (!a.slot64) return static_cast<const int32_t*>(a.slots)[b];
+  const int64_t v = static_cast<const int64_t*>(a.slots)[b];
+  return v < 0 || v > 0x7fffffff ? -1 : static_cast<int>(v);
+}
 
 // 16 bytes of a candidate row: read once, so skip L1 (L2 keeps it for the other row tiles and draft steps).
 __device__ __forceinline__ uint4 load_stream(const void* p) {
@@ -329,16 +345,19 @@ __global__ void __launch_bounds__(kThreads, 2) indexed_logits_kernel(const Args 
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int64_t j = col_base + (wc * MT + mt) * 16 + g + 8 * h;
-        cur_id[mt][h] = ok && !a.packed && j < W ? a.ids[static_cast<int64_t>(s) * W + j] : 0;
+        int32_t id = ok && !a.packed && j < W ? a.ids[static_cast<int64_t>(s) * W + j] : 0;
+        // through the row map: a negative id stays dead, one past the map is a bad row (>= V)
+        if (a.row_map != nullptr && id >= 0) id = id >= a.L ? 0x7fffffff : a.row_map[id];
+        cur_id[mt][h] = id;
       }
     cur_cnt = c < 0 ? 0 : (c > W ? W : c);
   };
-  fetch(a.row_to_slot[m0]);
+  fetch(slot_at(a, m0));
 
   // 1. The pieces that start in rows [m0, m0 + P).
   for (int t = threadIdx.x; t < NW; t += kThreads) {
     const int64_t i = w0 + t;
-    s_win[t] = i >= 0 && i < M ? a.row_to_slot[i] : 0;
+    s_win[t] = i >= 0 && i < M ? slot_at(a, i) : 0;
   }
   __syncthreads();
   if (warp == 0) {
@@ -479,14 +498,33 @@ int specvocab_sm_count(void) {
 
 // See ops.h for the contract.
 int specvocab_indexed_logits_launch(const void* hidden, const void* weight, const int32_t* ids, const int32_t* cnt,
-                                    const int32_t* row_to_slot, float* out, int64_t* bad, int64_t M, int64_t d,
-                                    int64_t W, int64_t V, int64_t R, int dtype, int packed,
-                                    const SpecvocabLogitsPlan* plan, void* stream) {
+                                    const void* row_to_slot, int slot64, int64_t B, const int32_t* row_map, int64_t L,
+                                    float* out, int64_t* bad, int64_t M, int64_t d, int64_t W, int64_t V, int64_t R,
+                                    int dtype, int packed, const SpecvocabLogitsPlan* plan, void* stream) {
   if (M == 0 || W == 0) return 0;
   if (plan == nullptr || plan->wd * plan->wc != kWarps || plan->wd < 1) return static_cast<int>(cudaErrorInvalidValue);
-  // int64 counts add as unsigned 64-bit (two's complement: the same bits)
-  Args a{hidden, weight, ids,      cnt,      row_to_slot, out, reinterpret_cast<unsigned long long*>(bad), M, d, W, V,
-         R,      packed, plan->wd, plan->wc, plan->nsteps};
+  if (B < 1 || M % B != 0) return static_cast<int>(cudaErrorInvalidValue);
+  Args a{};
+  a.hidden = hidden;
+  a.weight = weight;
+  a.ids = ids;
+  a.cnt = cnt;
+  a.slots = row_to_slot;
+  a.row_map = row_map;
+  a.per = M / B;
+  a.L = L;
+  a.slot64 = slot64;
+  a.out = out;
+  a.bad = reinterpret_cast<unsigned long long*>(bad);  // int64 counts add as unsigned 64-bit (the same bits)
+  a.M = M;
+  a.d = d;
+  a.W = W;
+  a.V = V;
+  a.R = R;
+  a.packed = packed;
+  a.wd = plan->wd;
+  a.wc = plan->wc;
+  a.nsteps = plan->nsteps;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   switch (dtype) {
     case SV_F32:

@@ -27,13 +27,14 @@ const char* specvocab_cuda_error_string(int code);
 // The current device's SM count, cached per device (-1 without a device).
 int specvocab_sm_count(void);
 // Launchers: see each .cu file for the exact contract.
-// hidden [M, d] and weight [V, d] (packed: [R * W, d], ids unused) of `dtype`, contiguous; ids [R, W], cnt [R],
-// row_to_slot [M] int32; out [M, W] fp32, every element written; bad: an int64 counter the bad table entries are
-// added to, or null. Returns a cudaError_t (0 = launched).
+// hidden [M, d] and weight [V, d] (packed: [R * W, d], ids unused) of `dtype`, contiguous; ids [R, W], cnt [R];
+// row_to_slot [B] (int64 if slot64, else int32), B dividing M: row m's slot is row_to_slot[m / (M / B)];
+// row_map [L] int32 or null (ids to head rows); out [M, W] fp32, every element written; bad: an int64 counter the
+// bad table entries are added to, or null. Returns a cudaError_t (0 = launched).
 int specvocab_indexed_logits_launch(const void* hidden, const void* weight, const int32_t* ids, const int32_t* cnt,
-                                    const int32_t* row_to_slot, float* out, int64_t* bad, int64_t M, int64_t d,
-                                    int64_t W, int64_t V, int64_t R, int dtype, int packed,
-                                    const SpecvocabLogitsPlan* plan, void* stream);
+                                    const void* row_to_slot, int slot64, int64_t B, const int32_t* row_map, int64_t L,
+                                    float* out, int64_t* bad, int64_t M, int64_t d, int64_t W, int64_t V, int64_t R,
+                                    int dtype, int packed, const SpecvocabLogitsPlan* plan, void* stream);
 int specvocab_window_update_launch(int32_t* ring, int64_t* length, int32_t* ids, int32_t* cnt, const int64_t* rows,
                                    const int32_t* block, int64_t B, int64_t n, int64_t ring_stride, int64_t capacity,
                                    int32_t fallback_id, int64_t vocab_size, void* stream);

@@ -7,9 +7,9 @@ const char* specvocab_cuda_error_string(int) {
   return "built without CUDA kernels (nvcc was not found at install time)";
 }
 int specvocab_sm_count(void) { return -1; }
-int specvocab_indexed_logits_launch(const void*, const void*, const int32_t*, const int32_t*, const int32_t*, float*,
-                                    int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int, int,
-                                    const SpecvocabLogitsPlan*, void*) {
+int specvocab_indexed_logits_launch(const void*, const void*, const int32_t*, const int32_t*, const void*, int, int64_t,
+                                    const int32_t*, int64_t, float*, int64_t*, int64_t, int64_t, int64_t, int64_t,
+                                    int64_t, int, int, const SpecvocabLogitsPlan*, void*) {
   return -1;
 }
 int specvocab_window_update_launch(int32_t*, int64_t*, int32_t*, int32_t*, const int64_t*, const int32_t*, int64_t,

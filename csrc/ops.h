@@ -22,22 +22,24 @@ bool debug_checks();
 void set_debug_checks_op(bool on);
 // rows (any device; copied to the host) in [0, R) and distinct, else a RuntimeError naming the first bad one.
 void check_rows(const char* op, const at::Tensor& rows, int64_t R);
-// The table entries a logits call reads (any device; copied to the host), else a ValueError naming the first bad one
-// (ops/checks.py::check_table_entries); ids null for packed_logits.
+// The table entries a logits call of M hidden rows reads (any device; copied to the host), else a ValueError naming
+// the first bad one (ops/checks.py::check_table_entries); ids null for packed_logits.
 void check_table_entries(const char* op, const at::Tensor* ids, const at::Tensor& cnt, const at::Tensor& row_to_slot,
-                         int64_t W, int64_t V);
+                         int64_t W, int64_t V, int64_t M);
 
-// indexed_logits: out[m, j] = dot(weight[ids[s, j]], hidden[m]) for j < cnt[s] and 0 <= ids[s, j] < V, else -inf
-// (a negative id is a dead column: a set mapped to local head rows keeps its slot). Entries that break the table's
-// contract (row_to_slot outside [0, R), cnt outside [1, W], ids >= V) are read as table.head_reads says, on the CPU
+// indexed_logits: out[m, j] = dot(weight[r], hidden[m]) for j < cnt[s] and 0 <= r < V, else -inf, where
+// s = row_to_slot[m / (M / B)] (B = row_to_slot's length: a slot per hidden row, or per request of request-major
+// rows; int32 or int64) and r = ids[s, j], or row_map[ids[s, j]] with a row map (int32 [L]: ids to head rows, -1
+// where the head has none; an id >= L is a bad one). A negative row is a dead column. Entries that break the table's
+// contract (a slot outside [0, R), cnt outside [1, W], a row >= V) are read as table.head_reads says, on the CPU
 // and the GPU alike: -inf where they would give columns, never out of bounds, and added to `bad` when given (the CUDA
 // kernel with an atomic on that path only). Under the debug setting both refuse them instead.
 at::Tensor indexed_logits_cpu(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& ids,
                               const at::Tensor& cnt, const at::Tensor& row_to_slot,
-                              const c10::optional<at::Tensor>& bad);
+                              const c10::optional<at::Tensor>& bad, const c10::optional<at::Tensor>& row_map);
 at::Tensor indexed_logits_cuda(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& ids,
                                const at::Tensor& cnt, const at::Tensor& row_to_slot,
-                               const c10::optional<at::Tensor>& bad);
+                               const c10::optional<at::Tensor>& bad, const c10::optional<at::Tensor>& row_map);
 
 // packed_logits: out[m, j] = dot(packed[s, j], hidden[m]) for j < cnt[s], else -inf; bad slots and counts as above.
 at::Tensor packed_logits_cpu(const at::Tensor& hidden, const at::Tensor& packed, const at::Tensor& cnt,

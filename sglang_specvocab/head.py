@@ -49,7 +49,7 @@ import torch
 
 from . import headcost, ops
 from .ops.checks import TOPK_MAX_K
-from .ops.topk import NEG_INF, column_tokens, head_row_map, local_topk, merge_topk, row_slots
+from .ops.topk import NEG_INF, column_tokens, head_row_map, local_topk, merge_topk
 from .table import CandidateTable
 
 BATCH_MODES = ("auto", "per-request", "union", "stock")  # the config's head.batch
@@ -175,11 +175,8 @@ class DraftHead:
         # One rank: rows past the head's own (SGLang pads ParallelLMHead's weight to a multiple of 64) are no tokens.
         self.start, self.end = shard if shard is not None else (0, min(int(weight.shape[0]), self.head_rows))
         self.row_map = head_row_map(self.vocab_size, hot_token_id=hot_token_id, shard=shard, device=dev)
-        if self.row_map is not None:
-            # Indexed by ids clamped into [-1, V]: a bad id (>= V) maps to a row past the weight's, which the
-            # kernel reads as -inf and counts, as it would the id itself; a negative id stays a dead column.
-            tail = torch.tensor([weight.shape[0], -1], dtype=self.row_map.dtype, device=dev)
-            self._row_map_ext = torch.cat([self.row_map, tail])
+        # The logits op reads ids through it (an id past it is a bad entry, counted; -1: no row here, a dead column)
+        self._row_map32 = None if self.row_map is None else self.row_map.to(torch.int32)
         self._bad = ops.bad_entries(dev)  # the counter the logits ops add bad table entries to
         # Stock columns are global head rows; their tokens: the d2t map, or the row itself.
         self.stock_ids = None if hot_token_id is None else hot_token_id.to(device=dev, dtype=torch.long).flatten()
@@ -356,15 +353,11 @@ class DraftHead:
         if self.mode == "packed":
             if not (hidden.is_cuda and torch.cuda.is_current_stream_capturing()):
                 self.wait()
-            return self._logits(hidden, self.packed, t.cnt, row_slots(rows, N))
-        if self.row_map is None:
-            return self._logits(hidden, weight, t.ids, t.cnt, row_slots(rows, N))
-        # Map the batch's sets to local head rows once ([bs, W], -1 = no row here: a dead column); each request keeps
-        # its own slot in that mapped table, so its rows are read once for all its hidden rows.
-        r = rows.long()
-        loc = self._row_map_ext[t.ids.index_select(0, r).clamp(-1, self.vocab_size).long()]
-        local = torch.arange(r.shape[0], device=hidden.device, dtype=torch.int32)
-        return self._logits(hidden, weight, loc, t.cnt.index_select(0, r), row_slots(local, N))
+            return self._logits(hidden, self.packed, t.cnt, rows)
+        # One launch from the requests' slots to logits: the op expands each request's slot over its N // bs rows
+        # and reads the ids through the draft's row map (d2t, a TP shard), so a request's candidate rows are read
+        # once for all its hidden rows and no mapped copy of the sets is made.
+        return self._logits(hidden, weight, t.ids, t.cnt, rows, row_map=self._row_map32)
 
     def _union(self, hidden: torch.Tensor, weight: torch.Tensor, rows: torch.Tensor, gemm: bool) -> torch.Tensor:
         t, N, dev = self.table, hidden.shape[0], hidden.device

@@ -174,7 +174,7 @@ class Shape:
     C: int  # union columns (static capacity)
     elem: int = 2  # bytes per weight element
     k: int = 1  # top-k per row
-    mapped: bool = False  # the table's ids go through a row map (d2t draft or TP shard)
+    mapped: bool = False  # the table's ids go through a row map (d2t draft or TP shard; read inside the kernel)
 
     @property
     def N(self) -> int:
@@ -208,8 +208,8 @@ def predict(shape: Shape, costs: HeadCosts, sizes: UnionSizes = DISJOINT) -> dic
     out = {"stock": gemm(s.H) + topk(s.H)}
     if s.W <= 0:
         return out
-    remap = costs.copy.time(s.bs * s.W * 8) if s.mapped else 0.0  # the batch's set rows through the row map
-    out["per-request"] = costs.indexed.time(*indexed_work(s.bs * s.W, N, s.W, d, e)) + remap + topk(s.W)
+    # one indexed launch (the slot expansion and a d2t / TP row map are read inside it), then the top-k
+    out["per-request"] = costs.indexed.time(*indexed_work(s.bs * s.W, N, s.W, d, e)) + topk(s.W)
     U = min(sizes.expected(s.bs, s.W), s.C, s.H)
     build = UNION_KERNELS * costs.launch_us + (25 * s.V + 12 * s.bs * s.W + s.bs * s.C + 9 * N * s.C) / (
         costs.copy.bytes_per_us

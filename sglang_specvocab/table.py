@@ -111,19 +111,36 @@ class HeadReads(NamedTuple):
 
 
 def head_reads(
-    ids: torch.Tensor | None, cnt: torch.Tensor, row_to_slot: torch.Tensor, W: int, V: int, *, counted: bool = True
+    ids: torch.Tensor | None,
+    cnt: torch.Tensor,
+    row_to_slot: torch.Tensor,
+    W: int,
+    V: int,
+    *,
+    counted: bool = True,
+    rows: int | None = None,
+    row_map: torch.Tensor | None = None,
 ) -> HeadReads:
     """What the logits ops read of a table for each hidden row m (the CUDA kernel's rules, which cannot check
     values without a host sync; every backend follows them).
 
-    ``s = row_to_slot[m]``; a slot outside ``[0, R)`` reads nothing (its count is 0); the count ``cnt[s]`` is
-    clamped into ``[0, W]`` (so one ``<= 0`` reads nothing and one ``> W`` reads all ``W`` columns); column j is
-    live if ``j < count`` and, with ``ids`` (indexed, not packed), ``0 <= ids[s, j] < V`` (a negative id is a
-    dead column by design, an id ``>= V`` a bad one). Bad entries: one per hidden row whose slot or count is out of
-    range, one per column within the count whose id is ``>= V`` (``counted=False``: not computed, None).
+    ``rows``: the hidden rows M (default ``len(row_to_slot)``); ``row_to_slot`` holds one slot per ``M // B``
+    consecutive rows (``B = len(row_to_slot)``: per hidden row, or per request of request-major rows), so
+    ``s = row_to_slot[m // (M // B)]``. A slot outside ``[0, R)`` reads nothing (its count is 0); the count
+    ``cnt[s]`` is clamped into ``[0, W]`` (so one ``<= 0`` reads nothing and one ``> W`` reads all ``W`` columns);
+    column j is live if ``j < count`` and, with ``ids`` (indexed, not packed), its head row ``0 <= r < V``: the id
+    itself, or with ``row_map [L]`` (ids to head rows: a d2t draft, a tensor-parallel shard) ``row_map[id]`` for
+    ``0 <= id < L`` (a negative entry: the head has no row, a dead column), ``-1`` for a negative id, and a bad
+    row for an id ``>= L``. A negative row is a dead column by design, one ``>= V`` a bad one. Bad entries: one
+    per hidden row whose slot or count is out of range, one per column within the count whose row is bad
+    (``counted=False``: not computed, None).
     """
-    R, M = cnt.shape[0], row_to_slot.shape[0]
+    R = cnt.shape[0]
+    M = row_to_slot.shape[0] if rows is None else rows
+    B = row_to_slot.shape[0]
     slot = row_to_slot.long()
+    if B != M:  # one slot per request of M // B request-major rows
+        slot = slot.repeat_interleave(M // B, output_size=M) if B else slot.new_zeros(M)
     slot_ok = (slot >= 0) & (slot < R)
     slot = torch.where(slot_ok, slot, 0)
     raw = torch.where(slot_ok, cnt.index_select(0, slot), 0) if R else torch.zeros_like(slot)
@@ -132,6 +149,10 @@ def head_reads(
     if ids is None:
         return HeadReads(slot, None, live, row_bad, None)
     sel = ids.index_select(0, slot) if R else torch.zeros((M, W), dtype=ids.dtype, device=ids.device)
+    if row_map is not None:
+        L = row_map.shape[0]
+        mapped = row_map.long()[sel.long().clamp(0, max(L - 1, 0))] if L else torch.full_like(sel, -1, dtype=torch.long)
+        sel = torch.where(sel < 0, -1, torch.where(sel >= L, V, mapped))  # an id past the map: a bad row
     id_bad = live & (sel >= V) if counted else None
     return HeadReads(slot, sel, live & (sel >= 0) & (sel < V), row_bad, id_bad)
 

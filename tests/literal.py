@@ -176,20 +176,41 @@ def literal_pack_update(packed, packed_ids, weight, ids, cnt, rows):
             packed_ids[s, j] = -1
 
 
-def literal_logits(hidden, weight, ids, cnt, row_to_slot):
-    """The head's compact logits as stated, one element at a time in fp64: row m over its slot s's set;
-    column j is -inf past cnt[s] or where its id is negative (a dead column), else the dot product."""
+def literal_logits(hidden, weight, ids, cnt, row_to_slot, row_map=None):
+    """The head's compact logits as stated, one element at a time in fp64: row m over its slot s's set (one slot per
+    ``M // len(row_to_slot)`` consecutive rows); column j is -inf past cnt[s] or where its head row (the id, or
+    ``row_map[id]``) is negative (a dead column), else the dot product."""
     import torch
 
     M, W = hidden.shape[0], ids.shape[1]
+    per = M // len(row_to_slot)
     out = torch.full((M, W), float("-inf"), dtype=torch.float64)
     for m in range(M):
-        s = int(row_to_slot[m])
+        s = int(row_to_slot[m // per])
         for j in range(int(cnt[s])):
             t = int(ids[s, j])
+            if t >= 0 and row_map is not None:
+                t = int(row_map[t])
             if t >= 0:
                 out[m, j] = float(weight[t].double() @ hidden[m].double())
     return out
+
+
+def mapped_case(seed, dtype, bs, n, R=5, W=9, d=16, V=40, H=24):
+    """A d2t-like head: table ids are target ids in [0, V), the head has H rows, row_map [V] sends an id to its row
+    (-1 for the ids the head lacks); request-major rows, n per request, one slot per request (int64, SGLang's)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(bs * n, d, generator=g).to(dtype)
+    weight = torch.randn(H, d, generator=g).to(dtype)
+    row_map = torch.full((V,), -1, dtype=torch.int32)
+    row_map[torch.randperm(V, generator=g)[:H]] = torch.arange(H, dtype=torch.int32)
+    ids = torch.randint(0, V, (R, W), generator=g, dtype=torch.int32)
+    ids[torch.rand(R, W, generator=g) < 0.1] = -1
+    cnt = torch.randint(1, W + 1, (R,), generator=g, dtype=torch.int32)
+    rows = torch.randint(0, R, (bs,), generator=g, dtype=torch.int64)
+    return hidden, weight, ids, cnt, rows, row_map
 
 
 def runs_to_slots(lengths, num_slots, seed=0):

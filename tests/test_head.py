@@ -42,7 +42,7 @@ def test_indexed_logits_matches_naive_loop(dtype):
     (dict(hidden=torch.zeros(2, 4, dtype=torch.int32), weight=torch.zeros(10, 4, dtype=torch.int32)), "hidden dtype torch.int32"),
     (dict(ids=torch.zeros(3, 6, dtype=torch.int64)), "ids must be int32"),
     (dict(cnt=torch.ones(2, dtype=torch.int32)), "cnt must be int32 \\[R=3\\]"),
-    (dict(row_to_slot=torch.zeros(3, dtype=torch.int32)), "row_to_slot must be int32 \\[M=2\\]"),
+    (dict(row_to_slot=torch.zeros(3, dtype=torch.int32)), "row_to_slot must be int32 or int64 \\[B\\] with B dividing M=2"),
 ])  # fmt: skip
 def test_indexed_logits_refuses_bad_input(args, msg):
     # Bad table values (slots, counts, ids) are not refused but read as -inf and counted, the same on every
@@ -217,6 +217,39 @@ def test_mapped_rows_keep_the_request_slot_and_give_the_previous_logits(kernel, 
     t2 = table.ids.index_select(0, slots.long()).long().gather(1, c2[:, :k])
     assert torch.equal(values, v2[:, :k])
     assert torch.equal(tokens, torch.where(torch.isneginf(v2[:, :k]), FALLBACK, t2))
+
+
+@pytest.mark.parametrize("space", ["full", "d2t"])
+@pytest.mark.parametrize("n", [1, 4], ids=["chain", "tree"])
+def test_the_per_request_step_is_two_launches(space, n):
+    """From the draft's hidden rows and the requests' slots (SGLang's int64 req_pool_indices) to top-k token ids:
+    the logits op (slot expansion and the d2t row map inside it) and compact_topk, nothing else dispatched; the
+    tokens are the literal top-k's."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not func.is_view:
+                self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    weight, table, _, rows, _ = _case(seed=5)
+    hot = torch.randperm(V, generator=torch.Generator().manual_seed(2))[:150] if space == "d2t" else None
+    head_w = weight if hot is None else weight[hot]
+    head = DraftHead(head_w, table, kernel="cuda", batch="per-request", hot_token_id=hot, target_vocab_size=V)
+    hidden = torch.randn(rows.shape[0] * n, D, generator=torch.Generator().manual_seed(6))
+    head(hidden, rows).topk_probs(3)  # first call: plan cached
+    with Ops() as seen:
+        probs, tokens = head(hidden, rows).topk_probs(3)
+    assert seen.names == ["indexed_logits", "compact_topk"]
+    sets = [table.row(s) for s in range(R)]
+    want = literal_head_topk(hidden, head_w, sets, rows, 3, FALLBACK, tokens_of=None if hot is None else hot.tolist())
+    assert tokens.tolist() == [[t for _, t in row] for row in want]
+    torch.testing.assert_close(probs.sum(1) <= 1.0 + 1e-6, torch.ones(len(want), dtype=torch.bool))
 
 
 # --- the cost model's choice ------------------------------------------------------------------------------

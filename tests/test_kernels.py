@@ -17,7 +17,7 @@ import torch
 from helpers import tiny_llama
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from literal import LiteralWindow, literal_logits, runs_to_slots
+from literal import LiteralWindow, literal_logits, mapped_case, runs_to_slots
 from logits_cases import RUN_CASES, runs_case
 from sglang_specvocab.csrc import recipe
 
@@ -30,7 +30,7 @@ from sglang_specvocab.policies import build_policy, parse_config
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = {
     "indexed_logits": "specvocab::indexed_logits(Tensor hidden, Tensor weight, Tensor ids, Tensor cnt, "
-    "Tensor row_to_slot, Tensor(a!)? bad=None) -> Tensor",
+    "Tensor row_to_slot, Tensor(a!)? bad=None, Tensor? row_map=None) -> Tensor",
     "packed_logits": "specvocab::packed_logits(Tensor hidden, Tensor packed, Tensor cnt, Tensor row_to_slot, "
     "Tensor(a!)? bad=None) -> Tensor",
     "window_update": "specvocab::window_update(Tensor(a!) ring, Tensor(b!) length, Tensor(c!) ids, Tensor(d!) cnt, "
@@ -154,6 +154,51 @@ def test_cpu_logits_ops_take_strided_and_expanded_slots():
         reference.indexed_logits(hidden, weight, ids, cnt, strided.contiguous()),
         8,
     )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("bs", "n"), [(1, 1), (1, 10), (3, 4), (5, 1), (2, 16), (2, 17)])
+def test_the_slot_expansion_and_the_row_map_happen_inside_the_op(dtype, bs, n):
+    """One call from request slots and table ids to logits (no row_slots, no mapped table): each request's n rows
+    over its set through the draft's id-to-row map, as the literal definition says, on every CPU backend."""
+    hidden, weight, ids, cnt, rows, row_map = mapped_case(bs * 7 + n, dtype, bs, n)
+    want = literal_logits(hidden, weight, ids, cnt, rows, row_map).float()
+    assert torch.isneginf(want).any() and torch.isfinite(want).any()
+    for slots in (rows, rows.to(torch.int32)):
+        _close(reference.indexed_logits(hidden, weight, ids, cnt, slots, row_map=row_map), want, 16)
+        _close(torch.ops.specvocab.indexed_logits(hidden, weight, ids, cnt, slots, row_map=row_map), want, 16)
+    # the same as the old step: slots expanded per row and the table mapped to head rows by separate ops
+    per_row = rows.repeat_interleave(n).to(torch.int32)
+    mapped = torch.where(ids >= 0, row_map[ids.long().clamp(min=0)], -1).to(torch.int32)
+    _close(torch.ops.specvocab.indexed_logits(hidden, weight, mapped, cnt, per_row), want, 16)
+
+
+def test_ids_past_the_row_map_are_bad_entries_counted_like_the_reference():
+    hidden, weight, ids, cnt, rows, row_map = mapped_case(3, torch.float32, 3, 2)
+    ids = ids.clone()
+    ids[rows[0], 0] = row_map.shape[0] + 5  # past the map: a bad entry in a live column (cnt >= 1)
+    want_bad, got_bad = torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)
+    want = reference.indexed_logits(hidden, weight, ids, cnt, rows, want_bad, row_map)
+    got = torch.ops.specvocab.indexed_logits(hidden, weight, ids, cnt, rows, got_bad, row_map)
+    _close(got, want, 16)
+    assert int(got_bad) == int(want_bad) >= 2  # once per hidden row of that request
+    assert torch.isneginf(got[:2, 0]).all()
+    ops.set_debug_checks(True)
+    try:
+        for fn in (reference.indexed_logits, torch.ops.specvocab.indexed_logits):
+            with pytest.raises((ValueError, RuntimeError), match=re.escape("ids must be below V=40")):
+                fn(hidden, weight, ids, cnt, rows, None, row_map)
+    finally:
+        ops.set_debug_checks(False)
+
+
+def test_request_slots_must_divide_the_rows_and_the_row_map_be_int32():
+    hidden, weight, ids, cnt, rows, row_map = mapped_case(4, torch.float32, 3, 2)
+    for fn, err in ((reference.indexed_logits, ValueError), (torch.ops.specvocab.indexed_logits, RuntimeError)):
+        with pytest.raises(err, match=re.escape("row_to_slot must be int32 or int64 [B] with B dividing M=6")):
+            fn(hidden, weight, ids, cnt, rows[:2].repeat(2))  # 4 slots for 6 rows
+        with pytest.raises(err, match=re.escape("row_map must be int32 [L]")):
+            fn(hidden, weight, ids, cnt, rows, None, row_map.long())
 
 
 def test_cpu_logits_ops_refuse_bad_input():

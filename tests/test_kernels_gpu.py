@@ -383,3 +383,53 @@ def test_window_update_in_a_cuda_graph():
         assert torch.equal(state[0][:, :cap], ref[0][:, :cap])  # the ring (its last column is scratch)
         for a, b in zip(state[1:], ref[1:], strict=True):
             assert torch.equal(a, b)
+
+
+# --- the fused step: request slots and the row map inside the kernel ----------------------------------------------
+
+
+def _mapped(bs, n, W, d, V, H, dtype, seed=0):
+    """A d2t draft's step: table ids are target ids in [0, V), the head has H rows (row_map [V], -1 where the draft
+    has no row), request-major hidden rows, n per request, the requests' int64 slots (SGLang's req_pool_indices)."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    hidden = torch.randn(bs * n, d, device=DEV, generator=g).to(dtype)
+    weight = torch.randn(H, d, device=DEV, generator=g).to(dtype)
+    row_map = torch.full((V,), -1, dtype=torch.int32, device=DEV)
+    row_map[torch.randperm(V, device=DEV, generator=g)[:H]] = torch.arange(H, dtype=torch.int32, device=DEV)
+    R = bs + 3
+    ids = torch.randint(0, V, (R, W), device=DEV, generator=g, dtype=torch.int32)
+    ids[torch.rand(R, W, device=DEV, generator=g) < 0.05] = -1
+    cnt = torch.randint(W // 2, W + 1, (R,), device=DEV, generator=g, dtype=torch.int32)
+    rows = torch.randperm(R, device=DEV, generator=g)[:bs].to(torch.int64)
+    return hidden, weight, ids, cnt, rows, row_map
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("bs", "n"), [(1, 1), (1, 10), (8, 4), (64, 1), (3, 17)])
+def test_the_fused_step_reads_request_slots_and_the_row_map_inside_the_kernel(backend, dtype, bs, n):
+    hidden, weight, ids, cnt, rows, row_map = _mapped(bs, n, 3072, 640, 262144, 32000, dtype, seed=bs * n)
+    want = reference.indexed_logits(hidden, weight, ids, cnt, rows, row_map=row_map)
+    assert torch.isfinite(want).any() and torch.isneginf(want).any()
+    _close(ops.indexed_logits(hidden, weight, ids, cnt, rows, backend=backend, row_map=row_map), want, 640)
+    _close(ops.indexed_logits(hidden, weight, ids, cnt, rows.to(torch.int32), backend=backend, row_map=row_map),
+           want, 640)  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_the_fused_step_in_a_cuda_graph_follows_the_slots_and_the_table(backend):
+    """Captured once with the requests' slots and the row map; new slots, sets and hidden rows in place: the replay
+    reads them (the slot of each request-major row is found on the device, at replay)."""
+    hidden, weight, ids, cnt, rows, row_map = _mapped(8, 4, 2048, 1024, 50000, 12000, torch.bfloat16)
+    ops.indexed_logits(hidden, weight, ids, cnt, rows, backend=backend, row_map=row_map)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ops.indexed_logits(hidden, weight, ids, cnt, rows, backend=backend, row_map=row_map)
+    for seed in range(3):
+        g = torch.Generator(device=DEV).manual_seed(200 + seed)
+        rows.copy_(torch.randperm(ids.shape[0], device=DEV, generator=g)[: rows.shape[0]])
+        ids.copy_(torch.randint(0, row_map.shape[0], ids.shape, device=DEV, generator=g, dtype=torch.int32))
+        hidden.normal_(generator=g)
+        graph.replay()
+        _close(out, reference.indexed_logits(hidden, weight, ids, cnt, rows, row_map=row_map), hidden.shape[1])

@@ -334,7 +334,10 @@ def test_bad_rows_not_listed_are_not_checked():
         (dict(packed=torch.zeros(3, 6, 5)), "hidden has d=4 but packed has d=5"),
         (dict(packed=torch.zeros(3, 6, 4, dtype=torch.float16)), "packed dtype torch.float16 must equal hidden dtype"),
         (dict(cnt=torch.ones(2, dtype=torch.int32)), "cnt must be int32 \\[R=3\\]"),
-        (dict(row_to_slot=torch.zeros(3, dtype=torch.int32)), "row_to_slot must be int32 \\[M=2\\]"),
+        (
+            dict(row_to_slot=torch.zeros(3, dtype=torch.int32)),
+            "row_to_slot must be int32 or int64 \\[B\\] with B dividing M=2",
+        ),
     ],
 )
 def test_packed_logits_refuses_bad_input(args, msg):

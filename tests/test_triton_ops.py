@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import run_interpreted
-from literal import literal_logits, runs_to_slots
+from literal import literal_logits, mapped_case, runs_to_slots
 
 pytest.importorskip("triton")  # the Triton backend is optional; its tests need triton, not a GPU
 
@@ -113,6 +113,7 @@ def _expected(case, hidden, table, ids, cnt, row_to_slot):
 
 
 HEAD_PLANS = ("per-request", "union-indexed", "union-gemm")
+MAPPED = [("bf16", 3, 5), ("fp32", 2, 17), ("fp16", 1, 10)]  # (dtype, requests, rows each): across 16-row groups
 
 
 def _head_runs(kernel: str) -> dict:
@@ -152,6 +153,11 @@ def _run_cases(out_path: str) -> None:
             results[case["name"]] = triton_ops.indexed_logits(hidden, table, ids, cnt, row_to_slot, **kw)
         else:
             results[case["name"]] = triton_ops.packed_logits(hidden, table, cnt, row_to_slot, **kw)
+    for dt, bs, n in MAPPED:
+        hidden, weight, ids, cnt, rows, row_map = mapped_case(bs * 7 + n, _DT[dt], bs, n)
+        results["mapped", dt, bs, n] = triton_ops.indexed_logits(
+            hidden, weight, ids, cnt, rows, None, row_map, block_w=16, block_d=16
+        )
     results["head"] = _head_runs("triton")
     torch.save(results, out_path)
 
@@ -173,6 +179,16 @@ def test_interpreted_matches_reference(interpreted, case):
     assert torch.isfinite(got[~torch.isneginf(want)]).all()
     # products are exact in fp32 for bf16/fp16 and sums run in fp32, only the order differs
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5 * case["d"] ** 0.5)
+
+
+@pytest.mark.parametrize(("dt", "bs", "n"), MAPPED)
+def test_interpreted_slot_expansion_and_row_map_equal_the_literal_definition(interpreted, dt, bs, n):
+    """Request slots (int64, one per request of n rows) and a d2t row map, read inside the kernel."""
+    hidden, weight, ids, cnt, rows, row_map = mapped_case(bs * 7 + n, _DT[dt], bs, n)
+    want = literal_logits(hidden, weight, ids, cnt, rows, row_map).float()
+    got = interpreted["mapped", dt, bs, n]
+    assert torch.equal(torch.isneginf(got), torch.isneginf(want)) and torch.isfinite(want).any()
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5 * hidden.shape[1] ** 0.5)
 
 
 @pytest.mark.parametrize("view", ["own", "all"])

@@ -163,11 +163,14 @@ def implementation(backend: str, device: torch.device | str, op: str) -> Callabl
     return functools.partial(fn, bad=bad_entries(device)) if op in _COUNTED else fn
 
 
-def indexed_logits(hidden, weight, ids, cnt, row_to_slot, *, backend: str = "auto", bad=None) -> torch.Tensor:
-    """Compact logits ``[M, W]`` over each row's candidate set (see ``reference.indexed_logits``); bad table
-    entries are counted into ``bad``, by default ``bad_entries(hidden.device)``."""
+def indexed_logits(
+    hidden, weight, ids, cnt, row_to_slot, *, backend: str = "auto", bad=None, row_map=None
+) -> torch.Tensor:
+    """Compact logits ``[M, W]`` over each row's candidate set (see ``reference.indexed_logits``: ``row_to_slot``
+    per hidden row or per request, ids through ``row_map``); bad table entries are counted into ``bad``, by default
+    ``bad_entries(hidden.device)``."""
     fn = implementation(backend, hidden.device, "indexed_logits")
-    return fn(hidden, weight, ids, cnt, row_to_slot, **({} if bad is None else {"bad": bad}))
+    return fn(hidden, weight, ids, cnt, row_to_slot, row_map=row_map, **({} if bad is None else {"bad": bad}))
 
 
 def packed_logits(hidden, packed, cnt, row_to_slot, *, backend: str = "auto", bad=None) -> torch.Tensor:

@@ -154,7 +154,7 @@ def _register_fakes() -> None:
     lib = "specvocab::"
 
     @torch.library.register_fake(lib + "indexed_logits")
-    def _(hidden, weight, ids, cnt, row_to_slot, bad=None):
+    def _(hidden, weight, ids, cnt, row_to_slot, bad=None, row_map=None):
         return hidden.new_empty((hidden.shape[0], ids.shape[1]), dtype=torch.float32)
 
     @torch.library.register_fake(lib + "packed_logits")

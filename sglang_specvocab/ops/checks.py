@@ -96,18 +96,20 @@ def check_rows(op: str, rows: torch.Tensor, R: int) -> None:
         seen[r] = b
 
 
-def check_table_entries(op: str, ids, cnt, row_to_slot, W: int, V: int) -> None:
-    """The debug setting's check of the entries a logits call reads (``table.head_reads``): the first hidden row
-    with a bad one, and in that row its slot, then its count, then its first bad column, named with the value."""
+def check_table_entries(op: str, ids, cnt, row_to_slot, W: int, V: int, *, rows: int | None = None) -> None:
+    """The debug setting's check of the entries a logits call reads (``table.head_reads``; ``rows``: the hidden
+    rows, each slot covering ``rows // len(row_to_slot)``): the first hidden row with a bad one, and in that row its
+    slot, then its count, then its first bad column, named with the value."""
     R = cnt.shape[0]
-    reads = head_reads(ids, cnt, row_to_slot, W, V)
+    reads = head_reads(ids, cnt, row_to_slot, W, V, rows=rows)
     row_bad, id_bad = reads.row_bad, reads.id_bad
     bad = (row_bad if id_bad is None else row_bad | id_bad.any(1)).nonzero()
     if bad.numel() == 0:
         return
     m = int(bad[0, 0])
-    s = int(row_to_slot[m])
-    _need(0 <= s < R, op, f"row_to_slot must be in [0, R={R}), got row_to_slot[{m}] = {s}")
+    b = m // ((rows or row_to_slot.shape[0]) // row_to_slot.shape[0])
+    s = int(row_to_slot[b])
+    _need(0 <= s < R, op, f"row_to_slot must be in [0, R={R}), got row_to_slot[{b}] = {s}")
     c = int(cnt[s])
     _need(1 <= c <= W, op, f"cnt must be in [1, W={W}], got cnt[{s}] = {c} (the slot of hidden row {m})")
     j = int(id_bad[m].nonzero()[0, 0])
@@ -130,15 +132,21 @@ def _check_logits(op, hidden, rows, name, cnt, row_to_slot, R, W, floats) -> Non
         op,
         f"cnt must be int32 [R={R}], got {cnt.dtype} {tuple(cnt.shape)}",
     )
+    M, B = hidden.shape[0], row_to_slot.shape[0] if row_to_slot.dim() == 1 else -1
     _need(
-        row_to_slot.dim() == 1 and row_to_slot.dtype == torch.int32 and row_to_slot.shape[0] == hidden.shape[0],
+        row_to_slot.dim() == 1
+        and row_to_slot.dtype in (torch.int32, torch.int64)
+        and (B == M or (B > 0 and M % B == 0) or (M == 0 and B >= 0)),
         op,
-        f"row_to_slot must be int32 [M={hidden.shape[0]}], got {row_to_slot.dtype} {tuple(row_to_slot.shape)}",
+        f"row_to_slot must be int32 or int64 [B] with B dividing M={M} (a slot per hidden row, or per request of "
+        f"M // B request-major rows), got {row_to_slot.dtype} {tuple(row_to_slot.shape)}",
     )
     _one_device(op, hidden, rows, cnt, row_to_slot)
 
 
-def check_indexed_logits(hidden, weight, ids, cnt, row_to_slot, bad=None, *, floats=KERNEL_FLOATS) -> None:
+def check_indexed_logits(
+    hidden, weight, ids, cnt, row_to_slot, bad=None, row_map=None, *, floats=KERNEL_FLOATS
+) -> None:
     op = "indexed_logits"
     _need(weight.dim() == 2, op, f"weight must be [V, d], got shape {tuple(weight.shape)}")
     _need(
@@ -147,8 +155,16 @@ def check_indexed_logits(hidden, weight, ids, cnt, row_to_slot, bad=None, *, flo
     _one_device(op, ids, weight)
     _check_logits(op, hidden, weight, "weight", cnt, row_to_slot, ids.shape[0], ids.shape[1], floats)
     _check_counter(op, bad, hidden.device)
+    if row_map is not None:
+        _need(
+            row_map.dim() == 1 and row_map.dtype == torch.int32,
+            op,
+            f"row_map must be int32 [L] (ids to head rows, -1: no row), got {row_map.dtype} {tuple(row_map.shape)}",
+        )
+        _one_device(op, row_map, hidden)
     if _debug and _readable(hidden):
-        check_table_entries(op, ids, cnt, row_to_slot, ids.shape[1], weight.shape[0])
+        V = weight.shape[0] if row_map is None else row_map.shape[0]  # a mapped table's ids index the map
+        check_table_entries(op, ids, cnt, row_to_slot, ids.shape[1], V, rows=hidden.shape[0])
 
 
 def check_packed_logits(hidden, packed, cnt, row_to_slot, bad=None, *, floats=KERNEL_FLOATS) -> None:
@@ -157,7 +173,7 @@ def check_packed_logits(hidden, packed, cnt, row_to_slot, bad=None, *, floats=KE
     _check_logits(op, hidden, packed, "packed", cnt, row_to_slot, packed.shape[0], packed.shape[1], floats)
     _check_counter(op, bad, hidden.device)
     if _debug and _readable(hidden):
-        check_table_entries(op, None, cnt, row_to_slot, packed.shape[1], 0)
+        check_table_entries(op, None, cnt, row_to_slot, packed.shape[1], 0, rows=hidden.shape[0])
 
 
 def check_window_update(ring, length, ids, cnt, rows, block, fallback_id: int, vocab_size: int) -> None:

@@ -34,13 +34,17 @@ def indexed_logits(
     cnt: torch.Tensor,
     row_to_slot: torch.Tensor,
     bad: torch.Tensor | None = None,
+    row_map: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Compact logits: ``out[m, j] = dot(weight[ids[s, j]], hidden[m])`` for live columns, else -inf.
+    """Compact logits: ``out[m, j] = dot(weight[r], hidden[m])`` for live columns, else -inf.
 
-    ``s = row_to_slot[m]``; column j of slot s is live if ``j < cnt[s]`` and ``0 <= ids[s, j] < V``.
-    Shapes: hidden ``[M, d]``, weight ``[V, d]`` (same float dtype), ids ``[R, W]`` int32, cnt ``[R]``
-    int32, row_to_slot ``[M]`` int32. Returns fp32 ``[M, W]`` with products and sums in fp32 (in fp64
-    for fp64 inputs, then rounded to fp32).
+    ``s = row_to_slot[m // (M // B)]``: a slot per hidden row (``B = M``) or per request of ``M // B``
+    request-major rows (``B`` requests: the slot expansion happens inside the op). The head row of column j is
+    ``r = ids[s, j]``, or ``row_map[ids[s, j]]`` with ``row_map`` (int32 ``[L]``, target ids to this head's rows,
+    -1 where it has none: a d2t draft, a tensor-parallel shard; the id-to-row map inside the op). Column j is
+    live if ``j < cnt[s]`` and ``0 <= r < V``. Shapes: hidden ``[M, d]``, weight ``[V, d]`` (same float dtype),
+    ids ``[R, W]`` int32, cnt ``[R]`` int32, row_to_slot ``[B]`` int32 or int64. Returns fp32 ``[M, W]`` with
+    products and sums in fp32 (in fp64 for fp64 inputs, then rounded to fp32).
 
     A dead column's row is never read. A negative id lets a slot's set mapped to local head rows (d2t
     drafts, tensor-parallel shards) mark the ids the local head lacks and keep the request's slot, so
@@ -49,9 +53,12 @@ def indexed_logits(
     ``table.head_reads`` says (``-inf`` where they would give columns; a count above ``W`` reads ``W``)
     and added to ``bad`` (an int64 counter of one element) when given.
     """
-    check_indexed_logits(hidden, weight, ids, cnt, row_to_slot, bad, floats=REFERENCE_FLOATS)
+    check_indexed_logits(hidden, weight, ids, cnt, row_to_slot, bad, row_map, floats=REFERENCE_FLOATS)
     acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
-    reads = head_reads(ids, cnt, row_to_slot, ids.shape[1], weight.shape[0], counted=bad is not None)
+    reads = head_reads(
+        ids, cnt, row_to_slot, ids.shape[1], weight.shape[0], counted=bad is not None, rows=hidden.shape[0],
+        row_map=row_map,
+    )  # fmt: skip
     rows = weight[torch.where(reads.live, reads.ids, 0)].to(acc)  # [M, W, d]
     out = torch.einsum("mwd,md->mw", rows, hidden.to(acc)).float()
     _count_bad(bad, reads)
@@ -308,14 +315,14 @@ def packed_logits(
 ) -> torch.Tensor:
     """Compact logits over packed rows: ``out[m, j] = dot(packed[s, j], hidden[m])`` for ``j < cnt[s]``, else -inf.
 
-    ``s = row_to_slot[m]``; column j is token ``packed_ids[s, j]`` (see ``pack_update``). Shapes:
-    hidden ``[M, d]``, packed ``[R, W, d]`` (same float dtype), cnt ``[R]`` int32, row_to_slot
-    ``[M]`` int32. Returns fp32 ``[M, W]``, accumulated like ``indexed_logits``; a bad slot or count is
+    ``s = row_to_slot[m // (M // B)]`` (as in ``indexed_logits``); column j is token ``packed_ids[s, j]`` (see
+    ``pack_update``). Shapes: hidden ``[M, d]``, packed ``[R, W, d]`` (same float dtype), cnt ``[R]`` int32,
+    row_to_slot ``[B]`` int32 or int64. Returns fp32 ``[M, W]``, accumulated like ``indexed_logits``; a bad slot or count is
     read and counted as there (``table.head_reads``).
     """
     check_packed_logits(hidden, packed, cnt, row_to_slot, bad, floats=REFERENCE_FLOATS)
     acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
-    reads = head_reads(None, cnt, row_to_slot, packed.shape[1], 0, counted=bad is not None)
+    reads = head_reads(None, cnt, row_to_slot, packed.shape[1], 0, counted=bad is not None, rows=hidden.shape[0])
     slot = reads.slot
     rows = packed.index_select(0, slot) if packed.shape[0] else packed.new_zeros((slot.shape[0], *packed.shape[1:]))
     out = torch.einsum("mwd,md->mw", rows.to(acc), hidden.to(acc)).float()

@@ -8,7 +8,9 @@ through ``ids`` into ``weight``, or the contiguous ``packed[s, j]``), and its pr
 
 * grid ``(cdiv(M, ROWS), cdiv(W, BLOCK_W))``;
 * the program loops over the distinct slots of its rows (one pass when the group holds one
-  request, which is the common case; any ``row_to_slot`` stays correct, just with more passes);
+  request, which is the common case; any ``row_to_slot`` stays correct, just with more passes); a slot per
+  request of request-major rows (``row_to_slot [B]``) is expanded here, and ids go through ``row_map``
+  (constexpr ``MAPPED``: a d2t draft's or a TP shard's id-to-row map) here too, not in separate ops;
 * per pass it streams the slot's ``[BLOCK_W, d]`` candidate tile in ``BLOCK_D`` chunks, loading
   each chunk once and feeding it to ``tl.dot`` against all rows of the group that map to that slot
   (fp32 accumulation; fp32 inputs use ``input_precision="ieee"``, no tf32);
@@ -53,6 +55,7 @@ def _head_logits_kernel(
     ids_ptr,
     cnt_ptr,
     slot_ptr,
+    map_ptr,
     out_ptr,
     bad_ptr,
     M,
@@ -60,12 +63,15 @@ def _head_logits_kernel(
     D,
     R,
     V,
+    L,
+    PER,
     stride_h,
     stride_ws,
     stride_wr,
     stride_ids,
     stride_out,
     PACKED: tl.constexpr,
+    MAPPED: tl.constexpr,
     COUNT: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_W: tl.constexpr,
@@ -77,8 +83,8 @@ def _head_logits_kernel(
     rows = pid_m * ROWS + tl.arange(0, ROWS)
     row_ok = rows < M
     rows64 = rows.to(tl.int64)
-    slots = tl.load(slot_ptr + rows, mask=row_ok, other=0)
-    slots = tl.where((slots >= 0) & (slots < R), slots, -1)  # every bad slot: one pass that reads nothing
+    slots = tl.load(slot_ptr + rows // PER, mask=row_ok, other=0)  # a slot per PER request-major rows
+    slots = tl.where((slots >= 0) & (slots < R), slots, -1).to(tl.int32)  # every bad slot: one pass reading nothing
     cols = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
     col_in = cols < W
     offs_d = tl.arange(0, BLOCK_D)
@@ -94,6 +100,9 @@ def _head_logits_kernel(
             roff = s64 * stride_ws + cols.to(tl.int64) * stride_wr
         else:
             idx = tl.load(ids_ptr + s64 * stride_ids + cols, mask=live, other=0)
+            if MAPPED:  # ids to head rows: a negative id stays dead, one past the map is a bad row (V)
+                row = tl.load(map_ptr + tl.minimum(tl.maximum(idx, 0), L - 1), mask=live & (idx >= 0) & (idx < L))
+                idx = tl.where(idx < 0, -1, tl.where(idx >= L, V, row))
             if COUNT:
                 n_bad = tl.sum((live & (idx >= V)).to(tl.int32), axis=0)
             live = live & (idx >= 0) & (idx < V)  # a negative id is a dead column, one >= V a bad one
@@ -154,7 +163,9 @@ def _inner_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _launch(hidden, table, ids, cnt, row_to_slot, bad, W, packed, block_w, block_d, num_warps) -> torch.Tensor:
+def _launch(
+    hidden, table, ids, cnt, row_to_slot, bad, W, packed, block_w, block_d, num_warps, row_map=None
+) -> torch.Tensor:
     for name, b in (("block_w", block_w), ("block_d", block_d)):
         # The interpreter runs any tile; a GPU compile needs tl.arange sizes that are powers of two and tl.dot
         # dimensions of at least 16.
@@ -183,6 +194,7 @@ def _launch(hidden, table, ids, cnt, row_to_slot, bad, W, packed, block_w, block
         ids,
         cnt,
         row_to_slot,
+        cnt if row_map is None else row_map.contiguous(),  # never read without MAPPED
         out,
         cnt if bad is None else bad,  # never touched without COUNT
         M,
@@ -190,12 +202,15 @@ def _launch(hidden, table, ids, cnt, row_to_slot, bad, W, packed, block_w, block
         D,
         cnt.shape[0],
         V,
+        0 if row_map is None else row_map.shape[0],
+        M // row_to_slot.shape[0],
         hidden.stride(0),
         stride_ws,
         stride_wr,
         stride_ids,
         out.stride(0),
         PACKED=packed,
+        MAPPED=row_map is not None,
         COUNT=bad is not None,
         ROWS=ROWS,
         BLOCK_W=block_w,
@@ -213,23 +228,27 @@ def indexed_logits(
     cnt: torch.Tensor,
     row_to_slot: torch.Tensor,
     bad: torch.Tensor | None = None,
+    row_map: torch.Tensor | None = None,
     *,
     block_w: int | None = None,
     block_d: int | None = None,
     num_warps: int = 4,
 ) -> torch.Tensor:
-    """``out[m, j] = dot(weight[ids[s, j]], hidden[m])`` for ``j < cnt[s]`` and ``ids[s, j] >= 0``, else -inf.
+    """``out[m, j] = dot(weight[r], hidden[m])`` for ``j < cnt[s]`` and ``0 <= r < V``, else -inf.
 
-    ``s = row_to_slot[m]``; a negative id is a dead column (see ``reference.indexed_logits``).
+    ``s = row_to_slot[m // (M // B)]`` (a slot per hidden row or per request), ``r = ids[s, j]`` or
+    ``row_map[ids[s, j]]``; a negative row is a dead column (see ``reference.indexed_logits``).
 
     hidden ``[M, d]``, weight ``[V, d]`` (bf16/fp16/fp32, same dtype), ids ``[R, W]`` int32, cnt ``[R]``
-    int32 in ``[1, W]``, row_to_slot ``[M]`` int32. Returns fp32 ``[M, W]``. Bad table entries give -inf
-    and are added to the int64 counter ``bad`` when given (``table.head_reads``). Arguments are checked by
-    ``checks`` (shapes always; the table's values only under the debug setting). ``block_w``/``block_d``
-    (powers of two >= 16) override the tiles.
+    int32 in ``[1, W]``, row_to_slot ``[B]`` int32 or int64, row_map ``[L]`` int32. Returns fp32 ``[M, W]``.
+    Bad table entries give -inf and are added to the int64 counter ``bad`` when given (``table.head_reads``).
+    Arguments are checked by ``checks`` (shapes always; the table's values only under the debug setting).
+    ``block_w``/``block_d`` (powers of two >= 16) override the tiles.
     """
-    check_indexed_logits(hidden, weight, ids, cnt, row_to_slot, bad)
-    return _launch(hidden, weight, ids, cnt, row_to_slot, bad, ids.shape[1], False, block_w, block_d, num_warps)
+    check_indexed_logits(hidden, weight, ids, cnt, row_to_slot, bad, row_map)
+    return _launch(
+        hidden, weight, ids, cnt, row_to_slot, bad, ids.shape[1], False, block_w, block_d, num_warps, row_map
+    )
 
 
 def packed_logits(
@@ -281,17 +300,31 @@ def compile_for(
                 "w_ptr": f"*{ty}",
                 "ids_ptr": "*i32",
                 "cnt_ptr": "*i32",
-                "slot_ptr": "*i32",
+                "slot_ptr": "*i64",
+                "map_ptr": "*i32",
                 "out_ptr": "*fp32",
                 "bad_ptr": "*i64",
                 **{
                     name: "i32"
-                    for name in ("M", "W", "D", "R", "V", "stride_h", "stride_ws", "stride_wr", "stride_ids")
+                    for name in (
+                        "M",
+                        "W",
+                        "D",
+                        "R",
+                        "V",
+                        "L",
+                        "PER",
+                        "stride_h",
+                        "stride_ws",
+                        "stride_wr",
+                        "stride_ids",
+                    )
                 },
                 "stride_out": "i32",
             }
             constexprs = {
                 "PACKED": is_packed,
+                "MAPPED": not is_packed,  # the server's per-request head: ids through the draft's row map
                 "COUNT": count,
                 "ROWS": ROWS,
                 "BLOCK_W": 64,
