@@ -200,8 +200,12 @@ class DraftHead:
         self.union_capacity = min(C, self.vocab_size)
         # Written in place by every union call (captured or eager), so a graph replay refreshes what the eager top-k
         # reads; column C is the sink of ids past the capacity.
-        self._union_buf = torch.full((self.union_capacity + 1,), -1, dtype=torch.long, device=dev)
+        self._union_buf = torch.full((self.union_capacity + 1,), -1, dtype=torch.int32, device=dev)
         self.union_ids = self._union_buf[: self.union_capacity]
+        # Constants of the union build, made once (each would be a launch per call)
+        self._cols = torch.arange(self.capacity, device=dev)[None, :]
+        self._vocab_ids = torch.arange(self.vocab_size, dtype=torch.int32, device=dev)
+        self._one_slot = torch.zeros(1, dtype=torch.int32, device=dev)  # the whole batch on one slot of the union
         self._indexed = ops.implementation(kernel, dev, "indexed_logits")
         if mode == "fused":
             self._logits = self._indexed
@@ -362,40 +366,40 @@ class DraftHead:
     def _union(self, hidden: torch.Tensor, weight: torch.Tensor, rows: torch.Tensor, gemm: bool) -> torch.Tensor:
         t, N, dev = self.table, hidden.shape[0], hidden.device
         V, C = self.vocab_size, self.union_capacity
-        r = rows.long()
-        bs, W = r.shape[0], t.capacity
-        ids = t.ids.index_select(0, r).long().clamp_(-1, V)  # V: a bad id (>= V); -1: a dead one
-        live = torch.arange(W, device=dev)[None, :] < t.cnt.index_select(0, r)[:, None]
-        bad = live & (ids == V)
-        self._bad.add_(bad.sum(), alpha=N // bs if bs else 0)  # once per hidden row, as the per-request kernel
-        live &= (ids >= 0) & ~bad
-        at = torch.where(live, ids, V)  # dead and bad entries mark the sink V
-        mark = torch.zeros(V + 1, dtype=torch.int32, device=dev).index_fill_(0, at.reshape(-1), 1)[:V]
+        bs, W = rows.shape[0], t.capacity
+        ids = t.ids.index_select(0, rows).long()
+        live = self._cols < t.cnt.index_select(0, rows)[:, None]
+        bad = live & (ids >= V)  # a bad id (>= V): counted once per hidden row, as the per-request kernel does
+        self._bad.add_(bad.sum(), alpha=N // bs if bs else 0)
+        dead = ~(live & (ids >= 0) & ~bad)
+        at = ids.masked_fill_(dead, V)  # dead and bad entries mark the sink V
+        mark = torch.zeros(V + 1, dtype=torch.int32, device=dev).index_fill_(0, at.view(-1), 1)[:V]
         pos = mark.cumsum(0) - 1  # union column of each marked id, in ascending id
         total = pos[-1] + 1
-        keep = (mark > 0) & (pos < C)
+        pos.masked_fill_(mark == 0, C).clamp_(max=C)  # unmarked ids and those past the capacity: the sink C
         buf = self._union_buf.fill_(-1)
-        buf.scatter_(0, torch.where(keep, pos, C), torch.arange(V, device=dev))  # the rest land on the sink C
+        buf.scatter_(0, pos, self._vocab_ids)
         union_ids = buf[:C]
-        self.union_overflow += (total > C).long()
-        if self.row_map is None:
-            loc = union_ids
-        else:
-            loc = torch.where(union_ids >= 0, self.row_map[union_ids.clamp(min=0)].long(), -1)
+        self.union_overflow.add_(total > C)
         if N == 0:
             return torch.empty((0, C), dtype=torch.float32, device=dev)
         if gemm:
+            loc = (
+                union_ids
+                if self.row_map is None
+                else self._row_map32[union_ids.clamp(min=0)].masked_fill_(union_ids < 0, -1)
+            )
             head = weight.index_select(0, loc.clamp(min=0))
             logits = (hidden @ head.T).float().masked_fill_(loc[None, :] < 0, NEG_INF)
         else:
-            count = total.clamp(1, C).to(torch.int32).reshape(1)
-            one_slot = torch.zeros(N, dtype=torch.int32, device=dev)  # the whole batch on one slot: rows read once
-            logits = self._indexed(hidden, weight, loc.to(torch.int32)[None, :], count, one_slot)
+            # the whole batch on one slot (the union's rows read once); ids through the row map inside the op
+            count = total.clamp(1, C).to(torch.int32).view(1)
+            logits = self._indexed(hidden, weight, union_ids[None, :], count, self._one_slot, row_map=self._row_map32)
         if self.union_view == "own":  # each row keeps the union columns of its own request's set
-            col = pos.index_select(0, at.reshape(-1).clamp(max=V - 1)).view(bs, W)
-            col = torch.where(live & (col < C), col, C)
-            member = torch.zeros((bs, C + 1), dtype=torch.bool, device=dev).scatter_(1, col, True)[:, :C]
-            logits.view(bs, N // bs, C).masked_fill_(~member[:, None, :], NEG_INF)
+            col = pos.index_select(0, at.view(-1).clamp_(max=V - 1)).view(bs, W)
+            col = col.masked_fill_(dead, C)  # dead or bad entries: the sink column C (as past the capacity)
+            outside = torch.ones((bs, C + 1), dtype=torch.bool, device=dev).scatter_(1, col, False)[:, :C]
+            logits.view(bs, N // bs, C).masked_fill_(outside[:, None, :], NEG_INF)
         return logits
 
 

@@ -45,8 +45,15 @@ TOPK_BYTES = 4 + 8 + 8 + 4
 #: The widest logits the head gives to ``compact_topk`` (one CUDA block per row); wider ones (the stock heads) keep
 #: torch's top-k, whose multi-block selection spreads a row over more SMs (to measure: ``bench kernels`` topk).
 FUSED_TOPK_MAX_WIDTH = 16384
-#: Extra kernels the union pays per call (bitmap, scatter, prefix sum, compaction, map, membership, mask).
-UNION_KERNELS = 8
+#: Bytes per element of the stock plan's top-k, EAGLE3's own: softmax (an fp32 read and write), then torch's top-k
+#: (a read).
+STOCK_TOPK_BYTES = 4 + 4 + 4
+#: Launches a union call pays besides its scoring kernel (indexed_logits, or the gather's GEMM) and the top-k: the
+#: build (bitmap, prefix sum, compaction, the bad-entry count), the own view's membership mask, and for union-gemm
+#: the gather (and a d2t draft's row map). Counted, not estimated: tests/test_head.py dispatches each plan on the
+#: CPU and pins these numbers to what it sees.
+UNION_LAUNCHES = {("union-indexed", False): 34, ("union-indexed", True): 34, ("union-gemm", False): 36,
+                  ("union-gemm", True): 40}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -205,17 +212,21 @@ def predict(shape: Shape, costs: HeadCosts, sizes: UnionSizes = DISJOINT) -> dic
     def gemm(H: int) -> float:  # the GEMM, then its logits cast to fp32 (one more pass)
         return costs.dense.time(*dense_work(H, N, d, e)) + costs.copy.time(N * H * (e + 4))
 
-    out = {"stock": gemm(s.H) + topk(s.H)}
+    out = {"stock": gemm(s.H) + costs.copy.time(N * s.H * STOCK_TOPK_BYTES)}
     if s.W <= 0:
         return out
     # one indexed launch (the slot expansion and a d2t / TP row map are read inside it), then the top-k
     out["per-request"] = costs.indexed.time(*indexed_work(s.bs * s.W, N, s.W, d, e)) + topk(s.W)
     U = min(sizes.expected(s.bs, s.W), s.C, s.H)
-    build = UNION_KERNELS * costs.launch_us + (25 * s.V + 12 * s.bs * s.W + s.bs * s.C + 9 * N * s.C) / (
-        costs.copy.bytes_per_us
+    build = (25 * s.V + 12 * s.bs * s.W + s.bs * s.C + 9 * N * s.C) / costs.copy.bytes_per_us
+
+    def launches(mode: str) -> float:
+        return UNION_LAUNCHES[mode, s.mapped] * costs.launch_us
+
+    out["union-indexed"] = (
+        costs.indexed.time(*indexed_work(U, N, s.C, d, e, cols=U)) + build + launches("union-indexed") + topk(s.C)
     )
-    out["union-indexed"] = costs.indexed.time(*indexed_work(U, N, s.C, d, e, cols=U)) + build + topk(s.C)
-    out["union-gemm"] = costs.copy.time(2 * s.C * d * e) + gemm(s.C) + build + topk(s.C)
+    out["union-gemm"] = costs.copy.time(2 * s.C * d * e) + gemm(s.C) + build + launches("union-gemm") + topk(s.C)
     return out
 
 
