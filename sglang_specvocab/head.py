@@ -21,9 +21,11 @@ shapes, so once per CUDA-graph batch bucket):
 
 Vocabulary spaces. Table ids are target ids. A d2t draft's head row of id i is ``t2d[i]`` (``hot_token_id`` is the
 d2t map), a tensor-parallel rank holds the rows ``shard = (start, end)``: ``head_row_map`` maps ids to local rows, -1
-where this rank (or the draft) has none. The set rows of the batch are mapped once per call (``[bs, W]``) and keep
-their request's slot, so the kernel reads a request's rows once for all its hidden rows; an id with no local row is
-a dead column (a negative id). With ``group`` (tp_size > 1) the top-k is a local top-k merged across ranks.
+where this rank (or the draft) has none. The logits op reads the ids through that map and each request's slot over
+its ``n`` rows itself (``indexed_logits(..., rows, row_map=...)``), so a per-request step is two launches (the logits
+and ``compact_topk``) and the kernel reads a request's rows once for all its hidden rows; an id with no local row is
+a dead column. With ``group`` (tp_size > 1) the top-k is a local top-k merged across ranks. The stock plan on one rank
+is EAGLE3's own code path in the server (``integration/logits.py``); here it is the head's dense GEMM.
 
 CUDA graphs. The server runs the head inside SGLang's captured graphs and, in the draft extend, its top-k eagerly
 after the replay, where no Python of the head ran. So the head keeps no state of its last call: what a call's logits
