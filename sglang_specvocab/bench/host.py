@@ -292,6 +292,7 @@ def event_cost(cases, ext: int, reps: int, n: int = 20) -> list[dict]:
     """The host work of the prefill event (``events.prefill_event`` without the top-K, whose arithmetic is a device
     kernel on a GPU, timed apart): index building and the radix-cache hits' ids, per (requests, hit ids each) with
     ``ext`` extended tokens each; min over reps of the median, us."""
+    # integration/ is the SGLang side of the package: loaded only when a benchmark runs
     from ..integration.events import prefill_event
 
     out = []
