@@ -6,6 +6,7 @@ import torch
 from literal import literal_head_topk, literal_logits
 
 from sglang_specvocab import headcost
+from sglang_specvocab.bench.host import LaunchCounter
 from sglang_specvocab.head import DraftHead
 from sglang_specvocab.ops import indexed_logits
 from sglang_specvocab.ops.topk import head_row_map, local_topk, row_slots, vocab_shard
@@ -225,27 +226,15 @@ def test_the_per_request_step_is_two_launches(space, n):
     """From the draft's hidden rows and the requests' slots (SGLang's int64 req_pool_indices) to top-k token ids:
     the logits op (slot expansion and the d2t row map inside it) and compact_topk, nothing else dispatched; the
     tokens are the literal top-k's."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if not func.is_view:
-                self.names.append(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
-
     weight, table, _, rows, _ = _case(seed=5)
     hot = torch.randperm(V, generator=torch.Generator().manual_seed(2))[:150] if space == "d2t" else None
     head_w = weight if hot is None else weight[hot]
     head = DraftHead(head_w, table, kernel="cuda", batch="per-request", hot_token_id=hot, target_vocab_size=V)
     hidden = torch.randn(rows.shape[0] * n, D, generator=torch.Generator().manual_seed(6))
     head(hidden, rows).topk_probs(3)  # first call: plan cached
-    with Ops() as seen:
+    with LaunchCounter() as seen:
         probs, tokens = head(hidden, rows).topk_probs(3)
-    assert seen.names == ["indexed_logits", "compact_topk"]
+    assert seen.order == ["indexed_logits", "compact_topk"]
     sets = [table.row(s) for s in range(R)]
     want = literal_head_topk(hidden, head_w, sets, rows, 3, FALLBACK, tokens_of=None if hot is None else hot.tolist())
     assert tokens.tolist() == [[t for _, t in row] for row in want]
@@ -257,28 +246,16 @@ def test_the_per_request_step_is_two_launches(space, n):
 def test_the_cost_model_prices_every_launch_of_a_union_call(plan, mapped):
     """headcost.UNION_LAUNCHES is what a union call dispatches besides its scoring op (indexed_logits or mm): counted
     on the CPU, where each aten op would be one launch on a GPU (the own view, the default)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if not func.is_view:
-                self.names.append(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
-
     weight, table, _, rows, hidden = _case(seed=7)
     hot = torch.randperm(V, generator=torch.Generator().manual_seed(3))[:200] if mapped else None
     head = DraftHead(weight if hot is None else weight[hot], table, kernel="cuda", batch=plan, hot_token_id=hot,
                      target_vocab_size=V)  # fmt: skip
     head(hidden, rows)
-    with Ops() as seen:
+    with LaunchCounter() as seen:
         head(hidden, rows)
     scoring = {"union-indexed": "indexed_logits", "union-gemm": "mm"}[plan]
-    assert seen.names.count(scoring) == 1
-    assert len(seen.names) - 1 == headcost.UNION_LAUNCHES[plan, mapped], seen.names
+    assert seen.order.count(scoring) == 1
+    assert len(seen.order) - 1 == headcost.UNION_LAUNCHES[plan, mapped], seen.order
 
 
 # --- the cost model's choice ------------------------------------------------------------------------------

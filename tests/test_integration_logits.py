@@ -158,17 +158,8 @@ _CHILD = CHILD_PREAMBLE + textwrap.dedent(
         # without rejection sampling, fast_topk, the d2t map; the argmax for chains).
         from sglang.srt.speculative.spec_utils import renorm_draft_probs
         from sglang.srt.utils.common import fast_topk
-        from torch.utils._python_dispatch import TorchDispatchMode
 
-        class Ops(TorchDispatchMode):
-            def __init__(self):
-                super().__init__()
-                self.names = []
-
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                if not func.is_view:
-                    self.names.append(str(func))
-                return func(*args, **(kwargs or {}))
+        from sglang_specvocab.bench.host import LaunchCounter as Ops
 
         model = draft(space)
         original = model.logits_processor
@@ -197,7 +188,7 @@ _CHILD = CHILD_PREAMBLE + textwrap.dedent(
                     torch.ones_like(one, dtype=torch.float32)
                 else:
                     one = proc.draft_topk1(logits, rpi)[1]
-            ops[who] = (tree.names, chain.names, idx, one)
+            ops[who] = (tree.order, chain.order, idx, one)
         out[space, "stock_ops"] = ops
     torch.save(out, sys.argv[3])
     """

@@ -143,6 +143,7 @@ class LaunchCounter(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.launches, self.syncs, self.in_graph, self._depth = Counter(), Counter(), 0, 0
+        self.order: list[str] = []  # the launches' op names, in dispatch order
 
     @contextlib.contextmanager
     def captured(self):
@@ -159,6 +160,7 @@ class LaunchCounter(TorchDispatchMode):
                 self.in_graph += 1
             else:
                 self.launches[func.overloadpacket.__name__] += 1
+                self.order.append(func.overloadpacket.__name__)
                 if syncs_host(func, args, kwargs):
                     self.syncs[func.overloadpacket.__name__] += 1
         return func(*args, **kwargs)
