@@ -76,13 +76,6 @@ struct Slots {
   }
 };
 
-// Column j's head row from its table id: the id, or row_map[id] (a negative id and a negative map entry: no row,
-// a dead column; an id >= L: V, a bad row).
-inline int64_t head_row(int64_t id, const int32_t* row_map, int64_t L, int64_t V) {
-  if (row_map == nullptr || id < 0) return id;
-  return id >= L ? V : static_cast<int64_t>(row_map[id]);
-}
-
 template <typename T>
 int64_t logits_cpu(const T* hidden, const T* weight, const int32_t* ids, const int32_t* cnt, const Slots& slot,
                    const int32_t* row_map, int64_t L, float* out, int64_t M, int64_t d, int64_t W, int64_t V, int64_t R,

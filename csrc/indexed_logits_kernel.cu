@@ -345,10 +345,9 @@ __global__ void __launch_bounds__(kThreads, 2) indexed_logits_kernel(const Args 
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int64_t j = col_base + (wc * MT + mt) * 16 + g + 8 * h;
-        int32_t id = ok && !a.packed && j < W ? a.ids[static_cast<int64_t>(s) * W + j] : 0;
-        // through the row map: a negative id stays dead, one past the map is a bad row (>= V)
-        if (a.row_map != nullptr && id >= 0) id = id >= a.L ? 0x7fffffff : a.row_map[id];
-        cur_id[mt][h] = id;
+        const int32_t id = ok && !a.packed && j < W ? a.ids[static_cast<int64_t>(s) * W + j] : 0;
+        // through the row map (pieces.h): one past the map reads as a bad row (>= V)
+        cur_id[mt][h] = static_cast<int32_t>(specvocab::head_row(id, a.row_map, a.L, 0x7fffffff));
       }
     cur_cnt = c < 0 ? 0 : (c > W ? W : c);
   };
@@ -504,27 +503,27 @@ int specvocab_indexed_logits_launch(const void* hidden, const void* weight, cons
   if (M == 0 || W == 0) return 0;
   if (plan == nullptr || plan->wd * plan->wc != kWarps || plan->wd < 1) return static_cast<int>(cudaErrorInvalidValue);
   if (B < 1 || M % B != 0) return static_cast<int>(cudaErrorInvalidValue);
-  Args a{};
-  a.hidden = hidden;
-  a.weight = weight;
-  a.ids = ids;
-  a.cnt = cnt;
-  a.slots = row_to_slot;
-  a.row_map = row_map;
-  a.per = M / B;
-  a.L = L;
-  a.slot64 = slot64;
-  a.out = out;
-  a.bad = reinterpret_cast<unsigned long long*>(bad);  // int64 counts add as unsigned 64-bit (the same bits)
-  a.M = M;
-  a.d = d;
-  a.W = W;
-  a.V = V;
-  a.R = R;
-  a.packed = packed;
-  a.wd = plan->wd;
-  a.wc = plan->wc;
-  a.nsteps = plan->nsteps;
+  // int64 counts add as unsigned 64-bit (two's complement: the same bits)
+  Args a{hidden,
+         weight,
+         ids,
+         cnt,
+         row_to_slot,
+         row_map,
+         M / B,
+         L,
+         slot64,
+         out,
+         reinterpret_cast<unsigned long long*>(bad),
+         M,
+         d,
+         W,
+         V,
+         R,
+         packed,
+         plan->wd,
+         plan->wc,
+         plan->nsteps};
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   switch (dtype) {
     case SV_F32:

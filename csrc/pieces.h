@@ -1,5 +1,5 @@
-// How the logits kernels cut the hidden rows into pieces; shared by the CUDA kernel and the C++ CPU kernel, so the
-// CPU tests run the same code the GPU does.
+// How the logits kernels cut the hidden rows into pieces and read a table id's head row; shared by the CUDA kernel
+// and the C++ CPU kernel, so the CPU tests run the same code the GPU does.
 //
 // A run is a maximal range of consecutive rows with one slot (a request's tree branches; a whole batch for a union
 // table). A piece is one pass over the slot's candidate rows for at most P of the run's rows. A run [s, e) is cut at
@@ -37,6 +37,13 @@ SPECVOCAB_HD int piece_length(const SlotFn& slot, int64_t m, int64_t M, int P) {
   while (e < cap && !run_start(e)) ++e;
   const int64_t limit = dist == 0 ? m + P : (m / P + 1) * P;  // the next cut of this run
   return static_cast<int>((e < limit ? e : limit) - m);
+}
+
+// A table id's head row: the id, or row_map[id] with a row map (a d2t draft's or a TP shard's ids to its rows). A
+// negative id or map entry is a dead column; an id past the map (>= L) reads as `bad_row` (>= V: a bad entry).
+SPECVOCAB_HD int64_t head_row(int64_t id, const int32_t* row_map, int64_t L, int64_t bad_row) {
+  if (row_map == nullptr || id < 0) return id;
+  return id >= L ? bad_row : static_cast<int64_t>(row_map[id]);
 }
 
 }  // namespace specvocab
