@@ -71,21 +71,6 @@ FULL = {
 }
 
 
-class OpCounter(TorchDispatchMode):
-    """Counts the aten ops dispatched (views apart: they launch nothing on a GPU)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops, self.views = Counter(), 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.is_view:
-            self.views += 1
-        else:
-            self.ops[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
-
-
 def time_in_ops(rounds_by_stack: dict, reps: int, n: int) -> dict:
     """Per stack and phase: min over reps of the median per-call time inside aten ops (us), from torch's
     profiler: the ops called directly by each phase (their arithmetic and C++ dispatch), after the Python
@@ -107,12 +92,6 @@ def time_in_ops(rounds_by_stack: dict, reps: int, n: int) -> dict:
                 meds[s][p].append(statistics.median(inside[p]))
             meds[s]["round"].append(statistics.median([sum(inside[p][i] for p in PHASES) for i in range(n)]))
     return {s: {p: min(v) for p, v in meds[s].items()} for s in meds}
-
-
-def count_ops(fn) -> dict:
-    with OpCounter() as c:
-        fn()
-    return {"ops": sum(c.ops.values()), "views": c.views, "by_op": dict(c.ops.most_common())}
 
 
 # Ops whose result (a value or an output size) the host must read on a GPU: each is a device-to-host sync.
@@ -142,7 +121,7 @@ class LaunchCounter(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.launches, self.syncs, self.in_graph, self._depth = Counter(), Counter(), 0, 0
+        self.launches, self.syncs, self.in_graph, self.views, self._depth = Counter(), Counter(), 0, 0, 0
         self.order: list[str] = []  # the launches' op names, in dispatch order
 
     @contextlib.contextmanager
@@ -155,7 +134,9 @@ class LaunchCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not func.is_view:
+        if func.is_view:
+            self.views += 1
+        else:
             if self._depth:
                 self.in_graph += 1
             else:
@@ -192,6 +173,13 @@ class LaunchCounter(TorchDispatchMode):
             "by_op": dict(self.launches.most_common()),
             "sync_ops": dict(self.syncs.most_common()),
         }
+
+
+def count_ops(fn) -> dict:
+    """The aten ops ``fn`` dispatches, views apart (they launch nothing on a GPU)."""
+    with LaunchCounter() as c:
+        fn()
+    return {"ops": sum(c.launches.values()), "views": c.views, "by_op": dict(c.launches.most_common())}
 
 
 def eager_cost(r, phase: str) -> dict:
