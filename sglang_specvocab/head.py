@@ -286,17 +286,21 @@ class DraftHead:
 
     # --- scoring --------------------------------------------------------------------------------------
 
+    @staticmethod
+    def key_of(bs: int, N: int) -> tuple[int, int]:
+        """The shape key ``(bs, n)`` of a call scoring ``N`` request-major hidden rows of ``bs`` requests."""
+        if N and (bs == 0 or N % bs):
+            raise ValueError(
+                f"DraftHead: {N} hidden rows do not split evenly over {bs} requests (rows must be request-major)"
+            )
+        return max(bs, 1), N // bs if N else 1
+
     def __call__(self, hidden: torch.Tensor, rows: torch.Tensor, weight: torch.Tensor | None = None) -> HeadOutput:
         """Score ``hidden [bs * n, d]`` (request-major) for the requests in table slots ``rows [bs]``.
 
         ``weight``: the head's weight if it is not the one given at construction (the server passes its module's)."""
         weight = self.weight if weight is None else weight
-        bs, N = rows.shape[0], hidden.shape[0]
-        if N and (bs == 0 or N % bs):
-            raise ValueError(
-                f"DraftHead: {N} hidden rows do not split evenly over {bs} requests (rows must be request-major)"
-            )
-        key = (max(bs, 1), N // bs if N else 1)
+        key = self.key_of(rows.shape[0], hidden.shape[0])
         mode = self.plan(*key)
         hidden = hidden.to(weight.dtype)
         if mode == "stock":

@@ -172,13 +172,13 @@ class DynVocabLogitsProcessor(LogitsProcessor):
         rows = self._dv_rows
         if rows is None:
             raise RuntimeError("DynVocabLogitsProcessor: _get_logits called outside forward (no request slots)")
-        bs, N = rows.shape[0], hidden_states.shape[0]
-        if self._dv_stock is not None and N and bs and N % bs == 0 and self.dv_head.plan(bs, N // bs) == "stock":
+        head, N = self.dv_head, hidden_states.shape[0]
+        if self._dv_stock is not None and N and head.plan(*head.key_of(rows.shape[0], N)) == "stock":
             # EAGLE3's logits, by its own code (LM head GEMM, logits buffer, scale and softcapping, vocab cut)
             return self._dv_stock._get_logits(
                 hidden_states, lm_head, logits_metadata, embedding_bias, use_logits_buffer
             )
-        return self.dv_head(hidden_states, rows, weight=lm_head.weight).logits
+        return head(hidden_states, rows, weight=lm_head.weight).logits
 
     # --- for the worker ---------------------------------------------------------------------------
 
@@ -246,14 +246,13 @@ class DynVocabLogitsProcessor(LogitsProcessor):
         else:
             key = head_key or self.head_key(next_token_logits, req_pool_indices)
             out = head.output(next_token_logits, req_pool_indices, key)  # host only: the call's column map
-            fused = None if out.plan == "stock" else out._fused(1, 0)  # compact_topk: one launch
             if out.plan == "stock":  # EAGLE3's topk-1 step: the argmax, then the d2t map
                 cols = torch.argmax(next_token_logits, dim=-1, keepdim=True)
                 index = cols if out.col_ids is None else out.col_ids[cols]
-            elif fused is not None:
+            elif (fused := out._fused(1, 0)) is not None:  # compact_topk: the top-1's token in one launch
                 index = fused[1]
             else:
-                # the call's column map (union or stock, or several rows a request), without the logsumexp;
+                # a map compact_topk does not take (wider than it), without the logsumexp;
                 # max returns the first maximum: the lowest column, as local_topk
                 values, cols = next_token_logits.max(dim=1, keepdim=True)
                 tokens = out.tokens(cols)
