@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job.
 #   CPU-only machine: the policy lab on Gemma-3 270M (MicroSpec vs the full-vocabulary
-#     baseline, per Spec-Bench-like category). Extra arguments go to the lab, e.g.
+#     baseline, per Spec-Bench-like category), with the lab's default draft and again with the
+#     oracle draft (the target itself: the set's cost alone). Extra arguments go to the lab, e.g.
 #     --questions ../shared/data/spec_bench/question.jsonl --per-category 3.
 #   NVIDIA GPU: Gemma-3 270M converted for SGLang, an EAGLE-3 draft with a full-vocabulary head
 #     trained for it (both cached in $SPECVOCAB_MAIN_DIR, default main-results/), then a short

@@ -77,3 +77,8 @@ def test_main_job_prints_the_lab_table(gemma, tmp_path):
     assert overall["microspec"]["max_set_size"] <= 3072
     # a sanity bound: on real text most target tokens are in MicroSpec's window (0.95 measured)
     assert overall["microspec"]["coverage"] >= 0.6
+    # both columns: the lab's draft and the oracle (the target drafting for itself), and why they differ
+    assert "| oracle: accept length | of full | coverage |" in run.stdout
+    assert "a restricted head can beat the full one" in run.stdout
+    oracle = {r["config"]: r for r in result["oracle"]["rows"] if r["category"] == "overall"}
+    assert result["oracle"]["lossless"] and oracle["microspec"]["accept_length"] <= oracle["full"]["accept_length"]

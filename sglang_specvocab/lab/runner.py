@@ -5,6 +5,15 @@ config, the reference decoder generates greedily; the lab collects per round the
 the accepted length and whether the target's tokens were in the set, and checks that every
 config produced the same tokens (lossless). With ``batch`` > 1 the first turns are decoded
 ``batch`` at a time in lockstep over one table (one head call per draft step for the group).
+
+With ``oracle`` (the default) every config runs a second time with the target as its own draft: there the
+full head's accept length is the ceiling, so a config's fraction of it is the cost of its set alone. A weak
+draft can gain from a set (its full-vocabulary choice, where the set leaves it out, was mostly wrong anyway,
+and the set's best token now and then matches the target instead), which the oracle cannot.
+
+With ``temperature`` > 0 the target samples (speculative sampling: the output is distributed as the
+target's own sampling, ``tests/test_sampling.py``), so configs draw different tokens and the token check
+does not apply; every config draws from the same seed per turn.
 """
 
 from __future__ import annotations
@@ -40,10 +49,13 @@ class LabSettings:
     eagle3: str | None = None  # an EAGLE-3 draft directory (SGLang's format); replaces the self-draft
     shape: DraftShape = field(default_factory=DraftShape)
     max_new_tokens: int = 48
-    questions: str | None = None
+    questions: list[str] | None = None  # question sources, one after the other (None: the lab's own prompts)
     per_category: int | None = None
     command: str = ""
     batch: int = 1  # questions decoded in lockstep (first turns only when > 1)
+    oracle: bool = True  # also run every config with the target as its own draft
+    temperature: float = 0.0
+    seed: int = 0  # of the sampled runs' generators (one per turn, the same for every config)
 
 
 def trained_draft(model: str) -> Path | None:
@@ -105,13 +117,23 @@ def versions() -> dict[str, str]:
     }
 
 
-def run_lab(settings: LabSettings, progress: bool = True) -> dict:
-    from tqdm import tqdm  # the lab extra (progress bars)
+@dataclass
+class _Run:
+    """One draft's pass over the questions with every config."""
 
+    decoders: dict
+    gens: dict  # (config, category) -> turns
+    mismatches: list[str]
+    complete: bool
+
+
+def run_lab(settings: LabSettings, progress: bool = True) -> dict:
     named = _named_configs(settings.configs)  # bad configs fail before the model loads
     for _, cfg in named:
         check_batch(cfg, settings.batch)
-    questions = load_questions(settings.questions, settings.per_category)
+    if not settings.temperature >= 0:
+        raise SpecVocabError(f"--temperature = {settings.temperature!r} is invalid: must be >= 0")
+    questions = [q for src in settings.questions or [None] for q in load_questions(src, settings.per_category)]
     if settings.eagle3 is not None:
         read_checkpoint(settings.eagle3)  # a missing or foreign draft fails before the model loads
     lm = load_model(settings.model)
@@ -124,22 +146,41 @@ def run_lab(settings: LabSettings, progress: bool = True) -> dict:
         draft = target if settings.draft_layers is None else CausalLM(lm.model, num_layers=settings.draft_layers)
     if progress:
         print(f"[lab] draft: {draft_label(settings)}", file=sys.stderr)
+    run = _run_draft(settings, named, lm, target, draft, questions, progress, "lab")
+    result = _result(settings, named, lm, run, trained_on(settings, run.decoders))
+    result["oracle"] = None
+    if settings.oracle and draft is not target and run.complete:
+        if progress:
+            print("[lab] oracle draft: the target drafting for itself (the set's cost alone)", file=sys.stderr)
+        orc = _run_draft(settings, named, lm, target, target, questions, progress, "oracle")
+        result["oracle"] = {
+            "draft": "target",
+            "rows": _rows(named, orc.gens),
+            "lossless": _lossless(settings, orc),
+            "mismatches": orc.mismatches,
+            "complete": orc.complete,
+        }
+        result["complete"] = orc.complete
+    return result
+
+
+def _run_draft(settings: LabSettings, named, lm, target, draft, questions, progress: bool, desc: str) -> _Run:
     decoders = {
         name: SpeculativeDecoder(
             target, draft, cfg, settings.shape, eos_token_ids=lm.eos_token_ids, batch=settings.batch
         )
         for name, cfg in named
     }
-    trained = trained_on(settings, decoders)
     if settings.batch > 1:
-        gens, mismatches, complete = _lockstep(settings, decoders, questions, lm, progress)
-        return _result(settings, named, lm, decoders, gens, mismatches, complete, trained)
+        return _lockstep(settings, decoders, questions, lm, progress, desc)
+    from tqdm import tqdm  # the lab extra (progress bars)
 
     gens: dict[tuple[str, str], list[Generation]] = defaultdict(list)  # (config, category) -> turns
     mismatches: list[str] = []
     total = sum(len(q.turns) for q in questions) * len(named)
-    bar = tqdm(total=total, desc="lab", unit="gen", disable=not progress, file=sys.stderr)
+    bar = tqdm(total=total, desc=desc, unit="gen", disable=not progress, file=sys.stderr)
     complete = True
+    done = 0  # turns so far: each turn's generator seed
     try:
         for q in questions:
             answers: list[str] = []
@@ -148,23 +189,36 @@ def run_lab(settings: LabSettings, progress: bool = True) -> dict:
                 turn: dict[str, Generation] = {}
                 for name, dec in decoders.items():
                     bar.set_postfix_str(f"{q.category} q{q.qid} {name}")
-                    turn[name] = dec.generate(ids, settings.max_new_tokens)
+                    turn[name] = dec.generate(ids, settings.max_new_tokens, **_sampling(settings, done))
                     bar.update()
+                done += 1
                 for name, gen in turn.items():  # a turn counts once every config has run it
                     gens[(name, q.category)].append(gen)
                 first = next(iter(turn.values())).tokens
                 mismatches += [f"question {q.qid} turn {t + 1}: {n}" for n, g in turn.items() if g.tokens != first]
-                answers.append(lm.decode(first))
+                answers.append(lm.decode(first))  # sampled: every config continues from the first config's answer
     except KeyboardInterrupt:
         complete = False
         print("\n[lab] interrupted: reporting the turns that finished", file=sys.stderr)
     finally:
         bar.close()
+    return _Run(decoders, gens, mismatches, complete)
 
-    return _result(settings, named, lm, decoders, gens, mismatches, complete, trained)
+
+def _sampling(settings: LabSettings, n: int) -> dict:
+    """generate's sampling arguments for the ``n``-th turn or group: a fresh generator with the same seed for
+    every config, so configs start from the same draws."""
+    if settings.temperature == 0:
+        return {}
+    return {"temperature": settings.temperature, "generator": torch.Generator().manual_seed(settings.seed * 100003 + n)}
 
 
-def _lockstep(settings: LabSettings, decoders: dict, questions, lm, progress: bool):
+def _lossless(settings: LabSettings, run: _Run) -> bool | None:
+    """Greedy: every config produced the same tokens. Sampled: None (the configs' samples differ by design)."""
+    return None if settings.temperature > 0 else not run.mismatches
+
+
+def _lockstep(settings: LabSettings, decoders: dict, questions, lm, progress: bool, desc: str) -> _Run:
     """``--batch B``: first turns, B questions at a time in lockstep; groups take questions in a stride over the
     file so a group mixes categories as a serving batch does."""
     from tqdm import tqdm  # the lab extra (progress bars)
@@ -175,14 +229,15 @@ def _lockstep(settings: LabSettings, decoders: dict, questions, lm, progress: bo
     groups = [order[i : i + B] for i in range(0, len(order), B)]
     gens: dict[tuple[str, str], list[Generation]] = defaultdict(list)
     mismatches: list[str] = []
-    bar = tqdm(total=len(groups) * len(decoders), desc="lab", unit="batch", disable=not progress, file=sys.stderr)
+    bar = tqdm(total=len(groups) * len(decoders), desc=desc, unit="batch", disable=not progress, file=sys.stderr)
     complete = True
     try:
-        for group in groups:
+        for g, group in enumerate(groups):
             outs = {}
             for name, dec in decoders.items():
                 bar.set_postfix_str(f"{len(group)} questions, {name}")
-                outs[name] = dec.generate_batch([prompts[i] for i in group], settings.max_new_tokens)
+                batch = [prompts[i] for i in group]
+                outs[name] = dec.generate_batch(batch, settings.max_new_tokens, **_sampling(settings, g))
                 bar.update()
             for j, i in enumerate(group):  # a group counts once every config has run it
                 for name in decoders:
@@ -194,7 +249,7 @@ def _lockstep(settings: LabSettings, decoders: dict, questions, lm, progress: bo
         print("\n[lab] interrupted: reporting the groups that finished", file=sys.stderr)
     finally:
         bar.close()
-    return gens, mismatches, complete
+    return _Run(decoders, gens, mismatches, complete)
 
 
 def head_label(dec: SpeculativeDecoder) -> str:
@@ -205,9 +260,7 @@ def head_label(dec: SpeculativeDecoder) -> str:
     return f"union, union_view {h.union_view}" if h.batch.startswith("union") else h.batch
 
 
-def _result(
-    settings: LabSettings, named, lm, decoders, gens, mismatches: list[str], complete: bool, trained: dict
-) -> dict:
+def _rows(named, gens) -> list[dict]:
     policy_of = {name: cfg.policy for name, cfg in named}
     categories = sorted({cat for _, cat in gens})
     rows = []
@@ -215,8 +268,12 @@ def _result(
         for cat in [*categories, "overall"]:
             turns = [g for c in categories if cat in (c, "overall") for g in gens[(name, c)]]
             rows.append(_row(name, policy_of[name], cat, turns))
+    return rows
+
+
+def _result(settings: LabSettings, named, lm, run: _Run, trained: dict) -> dict:
     return {
-        "rows": rows,
+        "rows": _rows(named, run.gens),
         "model": settings.model,
         "vocab_size": lm.vocab_size,
         "draft": draft_label(settings),
@@ -226,14 +283,16 @@ def _result(
             "num_draft_tokens": settings.shape.num_draft_tokens,
         },
         "batch": settings.batch,
-        "heads": {name: head_label(dec) for name, dec in decoders.items()},
-        "union_overflow": {name: int(dec.head.union_overflow) for name, dec in decoders.items()},
+        "temperature": settings.temperature,
+        "seed": settings.seed,
+        "heads": {name: head_label(dec) for name, dec in run.decoders.items()},
+        "union_overflow": {name: int(dec.head.union_overflow) for name, dec in run.decoders.items()},
         "max_new_tokens": settings.max_new_tokens,
-        "prompts": settings.questions or DEFAULT_PROMPTS,
+        "prompts": " + ".join(settings.questions) if settings.questions else DEFAULT_PROMPTS,
         "per_category": settings.per_category,
-        "complete": complete,
-        "lossless": not mismatches,
-        "mismatches": mismatches,
+        "complete": run.complete,
+        "lossless": _lossless(settings, run),
+        "mismatches": run.mismatches if settings.temperature == 0 else [],
         "trained_on": trained,
         "versions": versions(),
         "command": settings.command,
