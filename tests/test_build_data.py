@@ -62,6 +62,12 @@ def conversations(n=30, seed=0):
     ]
 
 
+def code(n=40, seed=1):
+    """Stand-ins for the standard library's code documents (and coding requests): words of their own range."""
+    rng = random.Random(seed)
+    return [[" ".join(rng.choice(WORDS[100:160]) for _ in range(rng.randrange(1, 12)))] for _ in range(n)]
+
+
 def ids_of(text):
     return [len(SPECIAL) + int(w[1:]) for w in text.split()]
 
@@ -92,16 +98,22 @@ def shipped():
     return dict(shipped_configs())
 
 
-def test_build_data_files_configs_and_lab(target, sharegpt, cache, tmp_path, capsys, one_thread):
+def test_build_data_files_configs_and_lab(target, sharegpt, cache, tmp_path, capsys, one_thread, monkeypatch):
+    from sglang_specvocab.lab import frequency
     from sglang_specvocab.lab.models import load_model
 
+    monkeypatch.setattr(frequency, "code_documents", lambda: iter(code()))
+    monkeypatch.setattr(frequency, "code_prompts", lambda: iter(code(seed=2)))
     out = tmp_path / "data"
     args = ["--target", str(target), "--out-dir", str(out), "--conversations", "20", "--successors", "4"]
+    args += ["--ranker-texts", "6"]
     assert main(["build-data", *args, "--generate", "2", "--prompt-tokens", "4", "--max-new-tokens", "3"]) == 0
     printed = capsys.readouterr().out
 
-    # FR-Spec's table and the successor graph: every turn of the first 20 conversations, each turn a stream.
-    streams = [ids_of(t) for turns in conversations()[:20] for t in turns]
+    # FR-Spec's table and the successor graph: the first 20 documents, every fourth a code document (the
+    # default --code-share 0.25, code first): code 0, conversations 0-2, code 1, ...; each turn a stream.
+    docs = [code()[i // 4] if i % 4 == 0 else conversations()[i - i // 4 - 1] for i in range(20)]
+    streams = [ids_of(t) for turns in docs for t in turns]
     counts, succ = literal_counts(streams, VOCAB, 4)
     with np.load(out / "tiny-sharegpt.freq.npz", allow_pickle=False) as npz:
         order = sorted(np.flatnonzero(counts), key=lambda t: (-counts[t], t))
@@ -109,11 +121,12 @@ def test_build_data_files_configs_and_lab(target, sharegpt, cache, tmp_path, cap
         assert int(npz["vocab_size"]) == VOCAB
     assert load_successors(out / "tiny-sharegpt.succ.npz", VOCAB, 4).tolist() == succ.tolist()
 
-    # VocabTrim's table: greedy answers to the first turns of the first 2 conversations, cut to 4 tokens and
-    # wrapped in the chat template (an instruct model's answers), one token at a time here.
+    # VocabTrim's table: greedy answers to the first turns of the first 2 documents (a coding request, then the
+    # first conversation), cut to 4 tokens and wrapped in the chat template (an instruct model's answers), one
+    # token at a time here.
     loaded = load_model(str(target))
     want = Counter()
-    for turns in conversations()[:2]:
+    for turns in [code(seed=2)[0], conversations()[0]]:
         cut = " ".join(turns[0].split()[:4])
         ids = [2, 4, *ids_of(cut), 5, 6]  # BOS, then '<u> {cut} </u> <a>': the template around the cut turn
         for _ in range(3):
@@ -124,6 +137,21 @@ def test_build_data_files_configs_and_lab(target, sharegpt, cache, tmp_path, cap
                 break
     with np.load(out / "tiny-generated.freq.npz", allow_pickle=False) as npz:
         assert dict(zip(npz["ids"].tolist(), npz["counts"].tolist(), strict=True)) == dict(want)
+
+    # The hybrid's ranker: the whitened fit on the target's own final states at every position of the first 6
+    # documents (the same mix: code first), each cut to 512 tokens; against the closed form done here.
+    from sglang_specvocab.policies.lowrank import whitened_ranker
+
+    head = loaded.model.get_output_embeddings().weight.detach()
+    states = [
+        loaded.model.model(torch.tensor([[2, *ids_of(" ".join(doc))][:512]])).last_hidden_state[0] for doc in docs[:6]
+    ]
+    w_down, w_proj, _ = whitened_ranker(head, torch.cat(states), 64)
+    saved = torch.load(out / "tiny-target.ranker.pt", weights_only=True)
+    assert json.loads(saved["recording"]) == {"model": str(target), "draft": "target", "source": "text", "prompts": 6,
+                                              "seq_len": 512, "code_share": 0.25, "fit": "whitened"}  # fmt: skip
+    # the map P W_down, which the singular vectors' signs do not change
+    torch.testing.assert_close(saved["w_proj"] @ saved["w_down"], (w_proj @ w_down).float(), rtol=1e-3, atol=1e-3)
 
     # One config per shipped one: the same keys and values but the data files (and sizes cut to the counts).
     distinct = {"sharegpt": int((counts > 0).sum()), "generated": len(want)}
@@ -142,6 +170,9 @@ def test_build_data_files_configs_and_lab(target, sharegpt, cache, tmp_path, cap
                 "graph": "tiny-sharegpt.succ.npz",
                 "static_size": distinct["sharegpt"],
             }
+        elif name == "hybrid":
+            ship["members"][1]["lowrank"]["ranker"] = "tiny-target.ranker.pt"
+            assert got == ship
         else:
             assert got == ship
         assert main(["check-config", str(path), "--vocab-size", str(VOCAB)]) == 0
@@ -240,7 +271,7 @@ def test_trained_modes_from_text_states_end_to_end(target, sharegpt, cache, tmp_
         f"policy: cluster\ncapacity: 256\ncluster: {{clusters: 32, budget: [4, 2], router: {router}}}\n"
     )
     argv = ["lab", "--model", str(target), "--draft", "layers:1", "--config", *map(str, configs)]
-    assert main([*argv, "--max-new-tokens", "8", "--out", str(lab), "--no-progress"]) == 0
+    assert main([*argv, "--max-new-tokens", "8", "--no-oracle", "--out", str(lab), "--no-progress"]) == 0
     result = json.loads((lab / "lab.json").read_text())
     assert result["lossless"] is True and capsys.readouterr().err.count("warning:") == 0
     assert {c: t["matches"] for c, t in result["trained_on"].items()} == {"sv": True, "ds": True}
@@ -250,8 +281,36 @@ def test_trained_modes_from_text_states_end_to_end(target, sharegpt, cache, tmp_
     )
     # the same files with another draft: the lab runs and says, on stderr and in the report, what differs
     argv[argv.index("layers:1")] = "layers:2"
-    assert main([*argv, "--max-new-tokens", "8", "--out", str(lab), "--no-progress"]) == 0
+    assert main([*argv, "--max-new-tokens", "8", "--no-oracle", "--out", str(lab), "--no-progress"]) == 0
     err = capsys.readouterr().err
     assert "warning: sv: ranker r.ranker.pt was fit on layers:1 states, this run drafts with layers:2" in err
     assert json.loads((lab / "lab.json").read_text())["trained_on"]["ds"]["matches"] is False
     assert "fit on layers:1 states, this run drafts with layers:2" in (lab / "lab.md").read_text()
+
+
+def test_whitened_ranker_on_the_targets_own_states(target, sharegpt, cache, tmp_path, capsys, one_thread):
+    """train-ranker --fit whitened --draft target: the closed-form fit on the target's recorded states, a file of
+    W_down and P only (no [V, d'] matrix), which the lab's oracle draft reads as fit on its own states."""
+    from sglang_specvocab.policies.lowrank import whitened_ranker
+
+    states, ranker = tmp_path / "states.pt", tmp_path / "w.ranker.pt"
+    rec = ["--model", str(target), "--draft", "target", "--source", "text", "--prompts", "12", "--skip", "0"]
+    rec += ["--seq-len", "24", "--positions", "5", "--states", str(states)]
+    assert main(["train-ranker", *rec, "--rank", "8", "--fit", "whitened", "--out", str(ranker)]) == 0
+    assert "whitened SVD: keeps" in capsys.readouterr().out
+    saved, file = torch.load(states, weights_only=True), torch.load(ranker, weights_only=True)
+    assert set(file) == {"w_down", "w_proj", "recording"} and file["w_proj"].shape == (64, 8)
+    assert json.loads(file["recording"]) == json.loads(saved["meta"]) | {"fit": "whitened"}
+    assert json.loads(saved["meta"])["draft"] == "target"
+    from sglang_specvocab.lab.models import load_model
+
+    head = load_model(str(target)).model.get_output_embeddings().weight.detach()
+    w_down, w_proj, _ = whitened_ranker(head, saved["hidden"], 8)
+    torch.testing.assert_close(file["w_proj"] @ file["w_down"], (w_proj @ w_down).float(), rtol=1e-4, atol=1e-4)
+    cfg = tmp_path / "sv.yaml"
+    cfg.write_text(f"policy: lowrank\nlowrank: {{rank: 8, topk: 64, ranker: {ranker}}}\n")
+    lab = tmp_path / "lab"
+    argv = ["lab", "--model", str(target), "--draft", "target", "--config", str(cfg), "--max-new-tokens", "6"]
+    assert main([*argv, "--per-category", "1", "--out", str(lab), "--no-progress"]) == 0
+    result = json.loads((lab / "lab.json").read_text())
+    assert result["lossless"] is True and result["trained_on"]["sv"]["matches"] is True

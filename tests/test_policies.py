@@ -1,6 +1,8 @@
 """The seed policies other than the window: each selection rule against its literal reference,
 lossless decoding, no host sync, and clear errors."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +14,7 @@ from sglang_specvocab.errors import ConfigError
 from sglang_specvocab.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
 from sglang_specvocab.policies import ModelContext, build_policy, parse_config
 from sglang_specvocab.policies.cluster import step_budget
-from sglang_specvocab.policies.lowrank import svd_ranker
+from sglang_specvocab.policies.lowrank import svd_ranker, whitened_ranker
 from sglang_specvocab.vocab_data import save_frequency_table, save_successors
 
 V = 512
@@ -101,6 +103,54 @@ def test_svd_ranker_is_the_truncated_svd():
         down, vocab = svd_ranker(w, r)
         assert torch.allclose(vocab @ down, (u[:, :r] * s[:r]) @ vh[:r], atol=1e-9)
         assert down.shape == (r, 24) and vocab.shape == (300, r)
+
+
+def test_whitened_ranker_is_the_best_rank_r_fit_over_the_states():
+    """W P W_down is U_r S_r V_r^T L^-1 from the SVD of W L (C = L L^T the states' second moment), which
+    reproduces the logits of states in an r-dimensional subspace exactly, where the plain SVD does not."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(300, 24, generator=g, dtype=torch.float64)
+    basis = torch.randn(24, 5, generator=g, dtype=torch.float64)
+    states = torch.randn(4000, 5, generator=g, dtype=torch.float64) @ basis.T
+    states += 1e-3 * torch.randn(4000, 24, generator=g, dtype=torch.float64)
+    c = states.T @ states / len(states)
+    lo = torch.linalg.cholesky(c + torch.eye(24, dtype=torch.float64) * 1e-6 * float(c.diagonal().mean()))
+    u, s, vh = torch.linalg.svd(w @ lo, full_matrices=False)
+    for r in (1, 5, 12):
+        down, proj, share = whitened_ranker(w, states, r)
+        assert down.shape == (r, 24) and proj.shape == (24, r)
+        literal = (u[:, :r] * s[:r]) @ vh[:r] @ torch.linalg.inv(lo)
+        torch.testing.assert_close(w @ proj @ down, literal, rtol=1e-5, atol=1e-6)
+        assert abs(share - float((s[:r] ** 2).sum() / (s**2).sum())) < 1e-9
+    down, proj, share = whitened_ranker(w, states, 5)
+    rel = lambda approx: float((approx - states @ w.T).norm() / (states @ w.T).norm())
+    sd, sv = svd_ranker(w, 5)
+    assert rel((states @ down.T) @ (w @ proj).T) < 1e-2 and rel((states @ sd.T) @ sv.T) > 0.3 and share > 0.999
+
+
+def test_a_whitened_ranker_file_drives_the_lowrank_policy(cache, tmp_path):
+    """A file with W_down and P: the policy scores with W_vocab = W P from the draft's head; a file with both or
+    neither of w_vocab and w_proj, or a wrong shape, is refused naming the file."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(V, 32, generator=g, dtype=torch.float64)
+    down, proj, _ = whitened_ranker(w, torch.randn(500, 32, generator=g, dtype=torch.float64), 8)
+    torch.save({"w_down": down, "w_proj": proj}, tmp_path / "r.pt")
+    cfg = parse_config({"policy": "lowrank", "lowrank": {"rank": 8, "topk": 9, "ranker": str(tmp_path / "r.pt")}})
+    pol = build_policy(cfg, 3, model=model_ctx(w, cache))
+    hidden = torch.randn(1, 2, 32, generator=g, dtype=torch.float64)
+    pol.select(torch.tensor([2]), 0, hidden, torch.zeros(1, 2, dtype=torch.long))
+    assert pol.table.row(2) == lowrank_set([((w @ proj) @ (down @ h)).tolist() for h in hidden[0]], 9)
+    for name, data, piece in [
+        ("both", {"w_down": down, "w_proj": proj, "w_vocab": w @ proj}, "must hold exactly one of w_vocab and w_proj"),
+        ("neither", {"w_down": down}, "must hold exactly one of w_vocab and w_proj"),
+        ("shape", {"w_down": down, "w_proj": proj[:5]}, "w_proj has shape (5, 8), the model and rank = 8 need (32, 8)"),
+    ]:
+        torch.save(data, tmp_path / f"{name}.pt")
+        bad = parse_config(
+            {"policy": "lowrank", "lowrank": {"rank": 8, "topk": 9, "ranker": str(tmp_path / f"{name}.pt")}}
+        )
+        with pytest.raises(ConfigError, match=re.escape(f"ranker file {tmp_path / name}.pt") + ".*" + re.escape(piece)):
+            build_policy(bad, 3, model=model_ctx(w, cache))
 
 
 @pytest.mark.parametrize("beams", [1, 3])

@@ -146,8 +146,10 @@ def test_the_recording_draft_spec_and_its_refusals(eagle3_drafts):
     assert isinstance(recording_draft(_recording_args(draft=f"eagle3:{paths['full']}"), lm), Eagle3LM)
     with pytest.raises(SpecVocabError, match=r"a d2t draft \(256 ids\) has no full-vocabulary head"):
         recording_draft(_recording_args(draft=f"eagle3:{paths['d2t']}"), lm)
-    for bad in ("layers:x", "eagle3:", "target"):
-        with pytest.raises(SpecVocabError, match=f"--draft = '{bad}' is invalid"):
+    oracle = recording_draft(_recording_args(draft="target"), lm)  # the target's own final states
+    assert isinstance(oracle, CausalLM) and oracle.num_layers == m.config.num_hidden_layers
+    for bad in ("layers:x", "eagle3:", "target:1", "auto"):
+        with pytest.raises(SpecVocabError, match=f"--draft = '{bad}' is invalid: must be 'layers:N', 'eagle3:DIR' or "):
             recording_draft(_recording_args(draft=bad), lm)
 
 

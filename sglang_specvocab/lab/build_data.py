@@ -4,9 +4,12 @@ configs pointed at them.
 Into ``--out-dir`` it writes, named after the target (``NAME``: a named model, or the directory's name):
 
 - ``NAME-sharegpt.freq.npz`` and ``NAME-sharegpt.succ.npz``: FR-Spec's frequency table and the
-  successor graph, counted over ShareGPT text (``build-freq --sharegpt --cooccurrence``);
+  successor graph, counted over ShareGPT text with a share of Python code (``build-freq --sharegpt
+  --cooccurrence``);
 - ``NAME-generated.freq.npz``: VocabTrim's table, the target's own greedy answers to ShareGPT first
-  turns (``build-freq --sharegpt --generate N``);
+  turns and coding requests (``build-freq --sharegpt --generate N``);
+- ``NAME-target.ranker.pt``: the hybrid config's ranker, fit in closed form (``train-ranker --fit whitened``)
+  on the target's own final hidden states over the first ``--ranker-texts`` of the same mixed documents;
 - one YAML per shipped config (``configs/*.yaml``), its data files replaced by these. A static size
   larger than the ids its table counted is cut to that count (said in the file and on the screen).
 
@@ -18,6 +21,7 @@ The counting and the clustering are build-freq's and the policies' own code, cal
 
 from __future__ import annotations
 
+import itertools
 import os
 import tempfile
 import time
@@ -30,13 +34,19 @@ from tqdm import tqdm
 
 from ..errors import SpecVocabError
 from ..policies import ModelContext, build_policy, load_config
+from ..policies.lowrank import whitened_ranker
+from ..prompts import code_documents, sharegpt_conversations
 from ..vocab_data import _read_npz
 from . import frequency
+from .decoder import CausalLM
+from .frequency import mix
 from .models import MODELS, check_available, load_model
+from .training import record_text_states, save_whitened
 
-#: Data files of the shipped configs, by the kind of file build-data makes in their place.
-KINDS = ("sharegpt.freq", "sharegpt.succ", "generated.freq")
+#: Data files of the shipped configs, by the kind of file build-data makes in their place, and their suffix.
+KINDS = {"sharegpt.freq": ".npz", "sharegpt.succ": ".npz", "generated.freq": ".npz", "target.ranker": ".pt"}
 _SHIPPED_PREFIX = "data/gemma3-270m-"
+RANKER_SEQ_LEN = 512  # tokens kept per document for the ranker's states
 
 
 def data_name(target: str) -> str:
@@ -100,7 +110,7 @@ def run(args) -> int:
         ) from None
     check_out_dir(out)
     stem = data_name(args.target)
-    files = {kind: out / f"{stem}-{kind}.npz" for kind in KINDS}
+    files = {kind: out / f"{stem}-{kind}{suffix}" for kind, suffix in KINDS.items()}
     count = dict(
         model=args.target,
         sharegpt=True,
@@ -111,6 +121,7 @@ def run(args) -> int:
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
         device=args.device,
+        code_share=args.code_share,
     )
     print("== ShareGPT text: frequency table and successor graph", flush=True)
     frequency.run(
@@ -126,14 +137,58 @@ def run(args) -> int:
     frequency.run(
         Namespace(**count, limit=None, generate=args.generate, out=files["generated.freq"], cooccurrence=None)
     )
-    print("== configs", flush=True)
     lm = load_model(args.target)
+    print("== the target's own hidden states over the same documents: the hybrid config's ranker", flush=True)
+    fit_ranker(args, lm, files["target.ranker"])
+    print("== configs", flush=True)
     written = write_configs(out, files, lm.vocab_size, args.command_line)
     check_configs(written, lm, progress=not args.no_progress)
     print(f"configs:         {', '.join(p.name for p in written)} in {out}")
     print(f"time:            {time.perf_counter() - start:.1f} s")
     print(f"use:             sglang-specvocab lab --model {args.target} --config {out}/frspec.yaml ...")
     return 0
+
+
+def ranker_rank() -> int:
+    """The rank of the shipped configs' target ranker (one rank: build-data fits one file)."""
+    ranks = set()
+
+    def walk(data: dict) -> None:
+        for member in data.get("members") or []:
+            walk(member)
+        sec = data.get("lowrank")
+        if isinstance(sec, dict) and str(sec.get("ranker", "")).endswith("target.ranker.pt"):
+            ranks.add(int(sec["rank"]))
+
+    for _, text in shipped_configs():
+        walk(yaml.safe_load(text))
+    if len(ranks) != 1:
+        raise SpecVocabError(f"the shipped configs' target rankers must share one rank, found {sorted(ranks)}")
+    return ranks.pop()
+
+
+def fit_ranker(args, lm, path: Path) -> None:
+    """The whitened ranker on the target's final states at every position of the first ``--ranker-texts``
+    documents (ShareGPT conversations and code chunks, mixed as counted), each cut to RANKER_SEQ_LEN tokens."""
+    import torch  # heavy: torch loads with the model
+
+    docs = itertools.islice(mix(sharegpt_conversations(), code_documents(), args.code_share), args.ranker_texts)
+    seqs = [torch.tensor(lm.encode("\n".join(doc))[:RANKER_SEQ_LEN]) for doc in docs]
+    target = CausalLM(lm.model)
+    hidden, _ = record_text_states(target, target, seqs, progress=not args.no_progress)
+    rank = ranker_rank()
+    w_down, w_proj, share = whitened_ranker(target.weight, hidden, rank)
+    recording = {
+        "model": str(args.target),
+        "draft": "target",
+        "source": "text",
+        "prompts": len(seqs),
+        "seq_len": RANKER_SEQ_LEN,
+        "code_share": args.code_share,
+        "fit": "whitened",
+    }
+    save_whitened(path, w_down, w_proj, recording)
+    print(f"ranker:          {len(hidden):,} states, rank {rank}, keeps {share:.2%} of E||W h||^2")
 
 
 def write_configs(out: Path, files: dict[str, Path], vocab_size: int, command: str) -> list[Path]:
@@ -165,15 +220,15 @@ def _retarget(data: dict, files: dict[str, Path], distinct: dict[str, int], note
     """Replace the data files of one config (and its union members) in place; cut static sizes to the table."""
     for member in data.get("members") or []:
         _retarget(member, files, distinct, notes, where)
-    for section, size_key in (("static", "size"), ("retrieval", "static_size")):
+    for section, size_key in (("static", "size"), ("retrieval", "static_size"), ("lowrank", None)):
         sec = data.get(section)
         if not isinstance(sec, dict):
             continue
-        for key in ("table", "graph"):
+        for key in ("table", "graph", "ranker"):
             value = sec.get(key)
-            if value is None:
+            if value is None or (key == "ranker" and value == "svd"):
                 continue
-            kind = value[len(_SHIPPED_PREFIX) : -len(".npz")] if value.startswith(_SHIPPED_PREFIX) else None
+            kind = Path(value[len(_SHIPPED_PREFIX) :]).stem if value.startswith(_SHIPPED_PREFIX) else None
             if kind not in files:
                 raise SpecVocabError(
                     f"shipped config {where}: {section}.{key} = {value!r} is a file build-data does not make"

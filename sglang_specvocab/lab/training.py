@@ -20,7 +20,7 @@ import torch
 from ..errors import SpecVocabError
 from ..policies import ModelContext, build_policy, load_config, parse_config
 from ..policies.cluster import Router
-from ..policies.lowrank import svd_ranker
+from ..policies.lowrank import svd_ranker, whitened_ranker
 from ..prompts import format_prompt, sharegpt_conversations
 from ..train.model import TargetTap
 from .decoder import CausalLM, DraftShape, Eagle3LM, SpeculativeDecoder
@@ -220,7 +220,9 @@ def recording_draft(args, lm) -> CausalLM | Eagle3LM:
     """The draft whose states the commands record: ``--draft layers:N`` or ``eagle3:DIR`` (default
     ``layers:`` ``--draft-layers``). A d2t EAGLE-3 draft is refused: its head is not the full vocabulary's."""
     spec = args.draft or f"layers:{args.draft_layers}"
-    kind, value = parse_draft(spec, ("layers", "eagle3"))
+    kind, value = parse_draft(spec, ("layers", "eagle3", "target"))
+    if kind == "target":  # the oracle draft: the target's own final states
+        return CausalLM(lm.model)
     if kind == "layers":
         return CausalLM(lm.model, num_layers=value)
     draft = Eagle3LM.load(value, lm.model)
@@ -310,10 +312,23 @@ def save_trained(
     print(f"[{name}] wrote {path}")
 
 
+def save_whitened(path, w_down: torch.Tensor, w_proj: torch.Tensor, recording: dict) -> None:
+    """Write a closed-form ranker (``W_down``, ``P``: the policy computes ``W_vocab = W P`` at load), in fp32."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    data = {"w_down": w_down.float(), "w_proj": w_proj.float(), "recording": json.dumps(recording)}
+    torch.save(data, path)
+    print(f"[train-ranker] wrote {path}")
+
+
 def run_train_ranker(args) -> int:
     """``sglang-specvocab train-ranker``: record draft states, fit a SpecVocab ranker, write it."""
     _, draft, hidden, _ = recorded_states(args)
     print(f"[train-ranker] {len(hidden)} recorded draft states", file=sys.stderr)
+    if args.fit == "whitened":
+        w_down, w_proj, share = whitened_ranker(draft.weight, hidden, args.rank)
+        print(f"[train-ranker] whitened SVD: keeps {share:.2%} of the states' E||W h||^2 at rank {args.rank}")
+        save_whitened(args.out, w_down, w_proj, recording_meta(args) | {"fit": "whitened"})
+        return 0
     w_down, w_vocab, losses = train_ranker(
         draft.weight,
         hidden,

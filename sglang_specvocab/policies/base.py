@@ -179,12 +179,15 @@ class DraftVocabPolicy(Policy):
         self.inner.select(rows, step, hidden, self.keep(tokens))
 
 
-def load_trained(path, keys: tuple[str, ...], what: str, command: str, where: str) -> dict:
-    """The tensors/values ``keys`` of a trained file written by ``sglang-specvocab <command>``, or a clear error;
-    also ``recording``: the settings it was fit on (model, draft, data), None in files of earlier versions."""
+def load_trained(
+    path, keys: tuple[str, ...], what: str, command: str, where: str, optional: tuple[str, ...] = ()
+) -> dict:
+    """The tensors/values ``keys`` (and those of ``optional`` it has) of a trained file written by
+    ``sglang-specvocab <command>``, or a clear error; also ``recording``: the settings it was fit on (model,
+    draft, data), None in files of earlier versions."""
     try:
         data = torch.load(path, weights_only=True, map_location="cpu")
-        out = {k: data[k] for k in keys}
+        out = {k: data[k] for k in keys} | {k: data[k] for k in optional if k in data}
         out["recording"] = json.loads(data["recording"]) if "recording" in data else None
         return out
     except FileNotFoundError:

@@ -12,7 +12,14 @@ cap and an order to cut it by.
 Ranker, ``ranker:``
 - ``svd`` (training-free, beyond the paper): the rank-d' truncated SVD of the LM head,
   ``W = U S V^T``: ``W_down = V_r^T``, ``W_vocab = U_r S_r = W V_r``; cached per weights.
-- a path: a ranker trained by ``sglang-specvocab train-ranker`` on recorded draft hidden states.
+- a path: a ranker fit by ``sglang-specvocab train-ranker`` on recorded draft hidden states: by KL
+  distillation (``--fit kl``, the paper's; the file holds ``W_down`` and ``W_vocab``) or in closed form
+  (``--fit whitened``, beyond the paper): the rank-d' map that best reproduces the head's logits over the
+  recorded states' distribution, i.e. the truncated SVD of ``W L`` where ``L L^T`` is the states' second
+  moment; the file holds ``W_down = V_r^T L^-1`` and ``P = L V_r`` (``[d, d']``, so it stays small) and
+  ``W_vocab = W P`` is computed from the head at load. The plain SVD treats every direction of the hidden
+  space alike; real states use few, so on SmolLM2-135M's own states the whitened rank-64 ranker puts the
+  target's next token in its top 1,024 97.8 % of the time against 47.3 % for the plain SVD (issue 25).
 """
 
 from __future__ import annotations
@@ -55,20 +62,43 @@ def svd_ranker(weight: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Ten
     return v.T.contiguous(), (w @ v).contiguous()
 
 
-def load_ranker(
-    path, vocab_size: int, hidden_size: int, rank: int, where: str
-) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """A trained ranker file, checked against the model and the config: (w_down, w_vocab, what it was fit on)."""
-    data = load_trained(path, ("w_down", "w_vocab"), "ranker", "train-ranker", where)
-    w_down, w_vocab = data["w_down"], data["w_vocab"]
-    want = {"w_down": (rank, hidden_size), "w_vocab": (vocab_size, rank)}
-    for name, t in (("w_down", w_down), ("w_vocab", w_vocab)):
-        if tuple(t.shape) != want[name]:
+def whitened_ranker(weight: torch.Tensor, hidden: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(W_down [rank, d], P [d, rank], share): the rank-``rank`` ranker ``W P W_down h`` that minimises
+    E||W h - W P W_down h||^2 over the states ``hidden[N, d]``, and the share of E||W h||^2 it keeps.
+
+    With the states' second moment C = L L^T, the error is ||(W - W P W_down) L||_F^2, least at the truncated SVD
+    of M = W L = U S V^T: W P W_down = U_r S_r V_r^T L^-1, so P = L V_r and W_down = V_r^T L^-1."""
+    w, h = weight.detach().double(), hidden.detach().double()
+    c = h.T @ h / max(len(h), 1)
+    c += torch.eye(c.shape[0], dtype=c.dtype) * (1e-6 * float(c.diagonal().mean()) + 1e-12)  # unused directions
+    lo = torch.linalg.cholesky(c)
+    m = w @ lo
+    evals, evecs = torch.linalg.eigh(m.T @ m)  # right singular vectors of M, without a [V, V] factor
+    order = evals.argsort(descending=True)
+    v = evecs[:, order[:rank]]
+    w_down = torch.linalg.solve_triangular(lo.T, v, upper=True).T  # V_r^T L^-1
+    share = float(evals[order[:rank]].sum() / evals.sum())
+    return w_down.contiguous(), (lo @ v).contiguous(), share
+
+
+def load_ranker(path, weight: torch.Tensor, rank: int, where: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """A trained ranker file, checked against the model and the config: (w_down, w_vocab, what it was fit on).
+    A whitened file's ``w_vocab`` is the head ``weight`` times its ``w_proj``."""
+    vocab_size, hidden_size = weight.shape
+    data = load_trained(path, ("w_down",), "ranker", "train-ranker", where, optional=("w_vocab", "w_proj"))
+    if ("w_vocab" in data) == ("w_proj" in data):
+        raise ConfigError(f"{where}: ranker file {path} must hold exactly one of w_vocab and w_proj (train-ranker)")
+    want = {"w_down": (rank, hidden_size), "w_vocab": (vocab_size, rank), "w_proj": (hidden_size, rank)}
+    for name in ("w_down", "w_vocab", "w_proj"):
+        if name in data and tuple(data[name].shape) != want[name]:
             raise ConfigError(
-                f"{where}: ranker file {path}: {name} has shape {tuple(t.shape)}, the model and rank = {rank} "
-                f"need {want[name]}"
+                f"{where}: ranker file {path}: {name} has shape {tuple(data[name].shape)}, the model and rank = "
+                f"{rank} need {want[name]}"
             )
-    return w_down, w_vocab, data["recording"]
+    w_vocab = (
+        data["w_vocab"] if "w_vocab" in data else weight.detach().double() @ data["w_proj"].to(weight.device).double()
+    )
+    return data["w_down"], w_vocab, data["recording"]
 
 
 class LowRankPolicy(Policy):
@@ -78,7 +108,7 @@ class LowRankPolicy(Policy):
     def __init__(self, config: LowRankConfig, table: CandidateTable, model: ModelContext | None = None) -> None:
         super().__init__(config, table, model)
         weight = self.require("weight")
-        vocab, hidden = weight.shape
+        hidden = weight.shape[1]
         c = config.lowrank
         if c.rank > hidden:
             raise ConfigError(
@@ -95,7 +125,7 @@ class LowRankPolicy(Policy):
             w_down, w_vocab = data["w_down"], data["w_vocab"]
         else:
             path = config.resolve(c.ranker)
-            w_down, w_vocab, recording = load_ranker(path, vocab, hidden, c.rank, config.source)
+            w_down, w_vocab, recording = load_ranker(path, weight, c.rank, config.source)
             self.trained = {"what": "ranker", "file": str(path), "recording": recording}
         self.w_down = w_down.to(table.device, weight.dtype)
         self.w_vocab = w_vocab.to(table.device, weight.dtype)
