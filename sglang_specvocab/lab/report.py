@@ -209,7 +209,7 @@ def plot(result: dict, path: Path) -> None:
     ax.set_title(f"Coverage vs set size: {result['model']}")
     bx.axhline(1.0, color="grey", lw=0.8)
     bx.set_ylabel("accept length / full's")
-    what = "filled: " + result["draft"] + ("; hollow: oracle draft (the target)" if o_full else "")
+    what = "filled: draft " + result["draft"] + ("; hollow: oracle draft (the target)" if o_full else "")
     bx.set_title(what, fontsize=8)
     for a in (ax, bx):
         a.set_xscale("log")
