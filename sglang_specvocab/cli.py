@@ -330,6 +330,18 @@ Face directory. With --generate, a tokenizer with a chat template gets each prom
 """
 
 
+def _add_code_share(p) -> None:
+    p.add_argument(
+        "--code-share",
+        type=SHARE,
+        default=CODE_SHARE,
+        metavar="F",
+        help="with ShareGPT, the share of documents that are Python code from the standard library: source chunks "
+        "when counting text, coding requests made from its documented functions with --generate "
+        "(default: %(default)s; 0: ShareGPT only)",
+    )
+
+
 def _add_build_freq(sub) -> None:
     p = sub.add_parser(
         "build-freq",
@@ -351,15 +363,7 @@ def _add_build_freq(sub) -> None:
         "--field", default="text", help="record field holding the text in .jsonl/.json files (default: text)"
     )
     p.add_argument("--limit", type=POSITIVE, metavar="N", help="use at most N documents")
-    p.add_argument(
-        "--code-share",
-        type=SHARE,
-        default=CODE_SHARE,
-        metavar="F",
-        help="with ShareGPT, the share of documents that are Python code from the standard library: source chunks "
-        "when counting text, coding requests made from its documented functions with --generate "
-        "(default: %(default)s; 0: ShareGPT only)",
-    )
+    _add_code_share(p)
     p.add_argument(
         "--generate", type=POSITIVE, metavar="N", help="VocabTrim style: count the model's generations for N prompts"
     )
@@ -414,15 +418,7 @@ def _add_build_data(sub) -> None:
     p.add_argument("--target", required=True, help=f"{', '.join(MODELS)} or a local Hugging Face directory")
     p.add_argument("--out-dir", type=Path, required=True, metavar="DIR", help="where the files and configs go")
     p.add_argument("--conversations", type=POSITIVE, metavar="N", help="ShareGPT conversations counted (default: all)")
-    p.add_argument(
-        "--code-share",
-        type=SHARE,
-        default=CODE_SHARE,
-        metavar="F",
-        help="with ShareGPT, the share of documents that are Python code from the standard library: source chunks "
-        "when counting text, coding requests made from its documented functions with --generate "
-        "(default: %(default)s; 0: ShareGPT only)",
-    )
+    _add_code_share(p)
     p.add_argument(
         "--generate", type=POSITIVE, default=256, metavar="N", help="prompts answered for VocabTrim (default: 256)"
     )
