@@ -26,22 +26,22 @@ import os
 import tempfile
 import time
 from argparse import Namespace
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
+import torch
 import yaml
 from tqdm import tqdm
 
 from ..errors import SpecVocabError
 from ..policies import ModelContext, build_policy, load_config
 from ..policies.lowrank import whitened_ranker
-from ..prompts import code_documents, sharegpt_conversations
 from ..vocab_data import _read_npz
 from . import frequency
 from .decoder import CausalLM
-from .frequency import mix
 from .models import MODELS, check_available, load_model
-from .training import record_text_states, save_whitened
+from .training import record_text_states, save_trained
 
 #: Data files of the shipped configs, by the kind of file build-data makes in their place, and their suffix.
 KINDS = {"sharegpt.freq": ".npz", "sharegpt.succ": ".npz", "generated.freq": ".npz", "target.ranker": ".pt"}
@@ -60,19 +60,22 @@ def shipped_configs() -> list[tuple[str, str]]:
     return sorted((f.name[:-5], f.read_text(encoding="utf-8")) for f in folder.iterdir() if f.name.endswith(".yaml"))
 
 
-def max_successors() -> int:
-    """The most successors per token a shipped config reads (its graph must keep at least that many)."""
-    found = [0]
+def shipped_sections(section: str) -> Iterator[dict]:
+    """Every ``section`` block (``retrieval``, ``lowrank``...) of the shipped configs and their union members."""
 
-    def walk(data: dict) -> None:
+    def walk(data: dict) -> Iterator[dict]:
         for member in data.get("members") or []:
-            walk(member)
-        if isinstance(data.get("retrieval"), dict):
-            found.append(int(data["retrieval"].get("successors", 0)))
+            yield from walk(member)
+        if isinstance(data.get(section), dict):
+            yield data[section]
 
     for _, text in shipped_configs():
-        walk(yaml.safe_load(text))
-    return max(found)
+        yield from walk(yaml.safe_load(text))
+
+
+def max_successors() -> int:
+    """The most successors per token a shipped config reads (its graph must keep at least that many)."""
+    return max([0, *(int(sec.get("successors", 0)) for sec in shipped_sections("retrieval"))])
 
 
 def check_out_dir(path: Path) -> None:
@@ -151,17 +154,9 @@ def run(args) -> int:
 
 def ranker_rank() -> int:
     """The rank of the shipped configs' target ranker (one rank: build-data fits one file)."""
-    ranks = set()
-
-    def walk(data: dict) -> None:
-        for member in data.get("members") or []:
-            walk(member)
-        sec = data.get("lowrank")
-        if isinstance(sec, dict) and str(sec.get("ranker", "")).endswith("target.ranker.pt"):
-            ranks.add(int(sec["rank"]))
-
-    for _, text in shipped_configs():
-        walk(yaml.safe_load(text))
+    ranks = {
+        int(sec["rank"]) for sec in shipped_sections("lowrank") if str(sec.get("ranker")).endswith("target.ranker.pt")
+    }
     if len(ranks) != 1:
         raise SpecVocabError(f"the shipped configs' target rankers must share one rank, found {sorted(ranks)}")
     return ranks.pop()
@@ -170,9 +165,7 @@ def ranker_rank() -> int:
 def fit_ranker(args, lm, path: Path) -> None:
     """The whitened ranker on the target's final states at every position of the first ``--ranker-texts``
     documents (ShareGPT conversations and code chunks, mixed as counted), each cut to RANKER_SEQ_LEN tokens."""
-    import torch  # heavy: torch loads with the model
-
-    docs = itertools.islice(mix(sharegpt_conversations(), code_documents(), args.code_share), args.ranker_texts)
+    docs = itertools.islice(frequency.sharegpt_documents(args.code_share)[0], args.ranker_texts)
     seqs = [torch.tensor(lm.encode("\n".join(doc))[:RANKER_SEQ_LEN]) for doc in docs]
     target = CausalLM(lm.model)
     hidden, _ = record_text_states(target, target, seqs, progress=not args.no_progress)
@@ -187,7 +180,7 @@ def fit_ranker(args, lm, path: Path) -> None:
         "code_share": args.code_share,
         "fit": "whitened",
     }
-    save_whitened(path, w_down, w_proj, recording)
+    save_trained(path, {"w_down": w_down.float(), "w_proj": w_proj.float()}, "build-data", recording)
     print(f"ranker:          {len(hidden):,} states, rank {rank}, keeps {share:.2%} of E||W h||^2")
 
 

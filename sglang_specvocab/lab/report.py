@@ -32,15 +32,28 @@ def sampling_label(result: dict) -> str:
     return "greedy" if not t else f"sampled at temperature {t:g} (seed {result.get('seed', 0)})"
 
 
+def lossless(result: dict) -> bool | None:
+    """Greedy: every config produced the same tokens, with each draft; sampled: None (not compared)."""
+    checked = [result["lossless"]] + ([result["oracle"]["lossless"]] if result.get("oracle") else [])
+    return None if None in checked else all(checked)
+
+
 def lossless_line(result: dict) -> str:
-    if result.get("temperature", 0.0) > 0:
+    ok = lossless(result)
+    if ok is None:
         return (
             "- lossless: sampled, so configs draw different tokens; the decoder's samples are distributed as the "
             "target's own (chi-square, tests/test_sampling.py)"
         )
-    checked = [result] + ([result["oracle"]] if result.get("oracle") else [])
-    ok = all(r["lossless"] for r in checked)
     return f"- lossless (every config produced the same tokens, with each draft): {'yes' if ok else 'NO'}"
+
+
+def oracle_overall(result: dict) -> tuple[dict[str, dict], float | None]:
+    """The oracle pass's overall rows by config and full's accept length there (({}, None) when it did not run)."""
+    oracle = result.get("oracle")
+    if not oracle:
+        return {}, None
+    return {r["config"]: r for r in oracle["rows"] if r["category"] == "overall"}, full_length(oracle["rows"])
 
 
 def markdown(result: dict) -> str:
@@ -105,8 +118,7 @@ def overall_table(result: dict) -> list[str]:
     if not full:
         return []
     oracle = result.get("oracle")
-    o_rows = {r["config"]: r for r in oracle["rows"] if r["category"] == "overall"} if oracle else {}
-    o_full = full_length(oracle["rows"]) if oracle else None
+    o_rows, o_full = oracle_overall(result)
     o_head = ("| oracle: accept length | of full | coverage ", "---:|---:|---:|") if o_full else ("", "")
 
     def o_cells(name: str) -> str:
@@ -171,9 +183,7 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt  # optional: the plot needs matplotlib
 
     overall = [r for r in result["rows"] if r["category"] == "overall"]
-    oracle = result.get("oracle")
-    o_rows = {r["config"]: r for r in oracle["rows"] if r["category"] == "overall"} if oracle else {}
-    o_full = full_length(oracle["rows"]) if oracle else None
+    o_rows, o_full = oracle_overall(result)
     full = full_length(result["rows"])
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(13.0, 4.8))
     markers = "osD^vP*Xhp<>"

@@ -298,26 +298,19 @@ def recorded_states(args, lm=None):
     return lm, draft, hidden, tokens
 
 
-def save_trained(
-    path, data: dict, losses: list[float], name: str, loss_name: str, recording: dict | None = None
-) -> None:
-    """Write a trained file (with the ``recording`` settings it was fit on) and print how the loss moved
-    (mean of the first and last tenth of steps)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    torch.save(data if recording is None else data | {"recording": json.dumps(recording)}, path)
+def print_losses(name: str, loss_name: str, losses: list[float]) -> None:
+    """How the loss moved: the mean of the first and of the last tenth of steps."""
     k = max(1, len(losses) // 10)
     print(
         f"[{name}] {loss_name} first {k} steps {sum(losses[:k]) / k:.4f} -> last {k} steps {sum(losses[-k:]) / k:.4f}"
     )
-    print(f"[{name}] wrote {path}")
 
 
-def save_whitened(path, w_down: torch.Tensor, w_proj: torch.Tensor, recording: dict) -> None:
-    """Write a closed-form ranker (``W_down``, ``P``: the policy computes ``W_vocab = W P`` at load), in fp32."""
+def save_trained(path, data: dict, name: str, recording: dict | None = None) -> None:
+    """Write a trained file, with the ``recording`` settings it was fit on."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    data = {"w_down": w_down.float(), "w_proj": w_proj.float(), "recording": json.dumps(recording)}
-    torch.save(data, path)
-    print(f"[train-ranker] wrote {path}")
+    torch.save(data if recording is None else data | {"recording": json.dumps(recording)}, path)
+    print(f"[{name}] wrote {path}")
 
 
 def run_train_ranker(args) -> int:
@@ -327,7 +320,8 @@ def run_train_ranker(args) -> int:
     if args.fit == "whitened":
         w_down, w_proj, share = whitened_ranker(draft.weight, hidden, args.rank)
         print(f"[train-ranker] whitened SVD: keeps {share:.2%} of the states' E||W h||^2 at rank {args.rank}")
-        save_whitened(args.out, w_down, w_proj, recording_meta(args) | {"fit": "whitened"})
+        data = {"w_down": w_down.float(), "w_proj": w_proj.float()}  # the policy computes W_vocab = W P at load
+        save_trained(args.out, data, "train-ranker", recording_meta(args) | {"fit": "whitened"})
         return 0
     w_down, w_vocab, losses = train_ranker(
         draft.weight,
@@ -340,7 +334,8 @@ def run_train_ranker(args) -> int:
         progress=True,
     )
     data = {"w_down": w_down, "w_vocab": w_vocab}
-    save_trained(args.out, data, losses, "train-ranker", "KL", recording_meta(args))
+    print_losses("train-ranker", "KL", losses)
+    save_trained(args.out, data, "train-ranker", recording_meta(args))
     return 0
 
 
@@ -374,5 +369,6 @@ def run_train_router(args) -> int:
         "width": args.width,
         "clusters": len(policy.offsets) - 1,
     }
-    save_trained(args.out, data, losses, "train-router", "BCE", recording_meta(args))
+    print_losses("train-router", "BCE", losses)
+    save_trained(args.out, data, "train-router", recording_meta(args))
     return 0
