@@ -7,8 +7,10 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # annotations only: cache_dir is read by the model registry, which --help imports
+    import torch
 
 
 def cache_dir() -> Path:
@@ -17,6 +19,8 @@ def cache_dir() -> Path:
 
 def weights_key(*tensors: torch.Tensor, **params) -> str:
     """A short hash of the tensors' shapes, dtypes and bytes plus ``params`` (the build settings)."""
+    import torch  # here, not at the top: cache_dir stays free of torch (see above)
+
     h = hashlib.sha256()
     for t in tensors:
         t = t.detach().cpu().contiguous()
@@ -28,6 +32,8 @@ def weights_key(*tensors: torch.Tensor, **params) -> str:
 
 def cached(kind: str, key: str, build: Callable[[], dict[str, torch.Tensor]], root: Path | None = None) -> dict:
     """``build()``'s tensors, computed once per ``(kind, key)`` and kept under the cache folder."""
+    import torch  # here, not at the top: cache_dir stays free of torch (see above)
+
     path = (root or cache_dir()) / kind / f"{key}.pt"
     if path.is_file():
         try:

@@ -239,7 +239,7 @@ def generated_streams(
     batch_size: int,
     device: str | None = None,
 ) -> Iterator[list[int]]:
-    """VocabTrim's counting stream: the greedy continuations by ``loaded`` (a ``lab.models.LoadedModel``)
+    """VocabTrim's counting stream: the greedy continuations by ``loaded`` (a ``models.LoadedModel``)
     of each document's first segment (cut to ``prompt_tokens``), up to and including the first EOS.
     A tokenizer with a chat template (an instruct model) gets the cut segment as a user turn, so the
     counted tokens are the model's answers, as served."""

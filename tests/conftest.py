@@ -57,7 +57,7 @@ def llama():
 @pytest.fixture(scope="session")
 def gemma():
     """Gemma-3 270M from the PyPI GGUF (dequantized once, then cached)."""
-    from sglang_specvocab.lab.models import load_model
+    from sglang_specvocab.models import load_model
 
     return load_model("gemma3-270m")
 

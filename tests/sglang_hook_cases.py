@@ -19,7 +19,7 @@ import test_integration_prefill as prefill
 import torch
 from helpers import window_config
 
-from sglang_specvocab.patches import has_draft_topk_hook, load_patch_module
+from sglang_specvocab.copies import has_draft_topk_hook, load_copy
 from sglang_specvocab.testing.standins import install
 
 pytestmark = pytest.mark.sglang
@@ -244,9 +244,9 @@ def test_prefill_hook_equals_copy(mods, _stand_ins, hooked_setup, topk):
             return s, batch, s.run(batch, rec)
         dw = s.draft_worker
         dw.set_draft_topk_hook(None)
-        dw._draft_extend_for_prefill = MethodType(load_patch_module("dynvocab_draft").draft_extend_for_prefill, dw)
+        dw._draft_extend_for_prefill = MethodType(load_copy("dynvocab_draft").draft_extend_for_prefill, dw)
         s.target.outputs.append(prefill.as_batch_output(rec, loop.D))
-        return s, batch, load_patch_module("dynvocab_worker").forward_prefill_batch(s.worker, batch)
+        return s, batch, load_copy("dynvocab_worker").forward_prefill_batch(s.worker, batch)
 
     s, batch, out = run(copies=False)
     cs, cbatch, cout = run(copies=True)

@@ -100,7 +100,7 @@ def shipped():
 
 def test_build_data_files_configs_and_lab(target, sharegpt, cache, tmp_path, capsys, one_thread, monkeypatch):
     from sglang_specvocab.lab import frequency
-    from sglang_specvocab.lab.models import load_model
+    from sglang_specvocab.models import load_model
 
     monkeypatch.setattr(frequency, "code_documents", lambda: iter(code()))
     monkeypatch.setattr(frequency, "code_prompts", lambda: iter(code(seed=2)))
@@ -229,8 +229,8 @@ def test_build_data_refuses_bad_input_before_any_work(target, tmp_path, cache, m
 def test_named_models_without_their_package(tmp_path, monkeypatch):
     import importlib.util
 
+    from sglang_specvocab import models
     from sglang_specvocab.errors import SpecVocabError
-    from sglang_specvocab.lab import models
 
     monkeypatch.setenv("SGLANG_SPECVOCAB_CACHE", str(tmp_path))  # nothing cached
     real = importlib.util.find_spec
@@ -302,7 +302,7 @@ def test_whitened_ranker_on_the_targets_own_states(target, sharegpt, cache, tmp_
     assert set(file) == {"w_down", "w_proj", "recording"} and file["w_proj"].shape == (64, 8)
     assert json.loads(file["recording"]) == json.loads(saved["meta"]) | {"fit": "whitened"}
     assert json.loads(saved["meta"])["draft"] == "target"
-    from sglang_specvocab.lab.models import load_model
+    from sglang_specvocab.models import load_model
 
     head = load_model(str(target)).model.get_output_embeddings().weight.detach()
     w_down, w_proj, _ = whitened_ranker(head, saved["hidden"], 8)

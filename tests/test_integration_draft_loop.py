@@ -1,4 +1,4 @@
-"""The copied draft loop (``patches/sglang-0.5.23/dynvocab_draft.py``) executed on CPU with a faked draft runner.
+"""The copied draft loop (``copies/sglang-0.5.23/dynvocab_draft.py``) executed on CPU with a faked draft runner.
 
 A tiny deterministic draft model, ``h' = tanh(h @ A + E[token])``, head ``W[V, d]`` (fp64), runs in two
 ways on the same inputs:
@@ -49,9 +49,9 @@ def ew(torchvision_standin):
 
 @pytest.fixture(scope="module")
 def draft(ew):
-    from sglang_specvocab.patches import load_patch_module
+    from sglang_specvocab.copies import load_copy
 
-    return load_patch_module("dynvocab_draft")
+    return load_copy("dynvocab_draft")
 
 
 @pytest.fixture(autouse=True)

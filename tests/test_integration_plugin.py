@@ -389,7 +389,7 @@ def test_capacity_below_draft_topk_is_refused(sg, tmp_path):
 
 
 def test_version_and_signature_checks(sg, monkeypatch):
-    import sglang_specvocab.patches as P
+    import sglang_specvocab.copies as P
 
     assert P.supported_versions() == ["0.5.23"]
     assert P.check_sglang(worker=True) == "0.5.23"  # every recorded signature matches the installed SGLang
@@ -417,14 +417,14 @@ def test_version_and_signature_checks(sg, monkeypatch):
 
     # the version folder is not importable by name; its modules load by path, once
     assert not (P.PATCH_ROOT / "sglang-0.5.23").name.isidentifier()
-    mod = P.load_patch_module("eagle_worker_v2")
-    assert callable(mod.worker_init) and P.load_patch_module("eagle_worker_v2") is mod
+    mod = P.load_copy("eagle_worker_v2")
+    assert callable(mod.worker_init) and P.load_copy("eagle_worker_v2") is mod
 
 
-def test_patches_checker_tells_an_import_failure_from_a_change(sg, monkeypatch, tmp_path, capsys):
-    """``python -m sglang_specvocab.patches``: every recorded target matches here; a module that fails to
+def test_copies_checker_tells_an_import_failure_from_a_change(sg, monkeypatch, tmp_path, capsys):
+    """``python -m sglang_specvocab.copies``: every recorded target matches here; a module that fails to
     import is reported as such (exit bit 2), apart from a changed or missing target (exit bit 1)."""
-    import sglang_specvocab.patches.__main__ as checker
+    import sglang_specvocab.copies.__main__ as checker
 
     assert checker.main() == 0
     out = capsys.readouterr().out

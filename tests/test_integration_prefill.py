@@ -1,5 +1,5 @@
-"""The prefill path on CPU: the copied ``_forward_prefill_batch`` (``patches/.../dynvocab_worker.py``)
-and the copied ``draft_extend_for_prefill`` (``patches/.../dynvocab_draft.py``), end to end through
+"""The prefill path on CPU: the copied ``_forward_prefill_batch`` (``copies/.../dynvocab_worker.py``)
+and the copied ``draft_extend_for_prefill`` (``copies/.../dynvocab_draft.py``), end to end through
 the real ``DynVocabWorkerV2`` / ``DynVocabDraftWorker`` methods, the real window policy and the real
 compact processor.
 

@@ -462,14 +462,14 @@ def test_copied_methods_load_by_path_and_signatures_are_recorded(W):
     import inspect
     import pkgutil
 
-    import sglang_specvocab.patches as P
+    import sglang_specvocab.copies as P
 
     folder = P.PATCH_ROOT / "sglang-0.5.23"
     recorded = P.recorded_signatures()["WORKER"]
     for module, funcs in COPIES.items():
         assert (folder / f"{module}.py").is_file()
-        mod = P.load_patch_module(module)
-        assert P.load_patch_module(module) is mod and "Copied-and-trimmed from SGLang 0.5.23" in (mod.__doc__ or "")
+        mod = P.load_copy(module)
+        assert P.load_copy(module) is mod and "Copied-and-trimmed from SGLang 0.5.23" in (mod.__doc__ or "")
         for name, target in funcs.items():
             assert callable(getattr(mod, name)) and target in recorded, target
             # the copy takes the upstream parameters after the ones it adds

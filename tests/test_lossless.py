@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from fake_http import FakeServer, JsonHandler
 
-from sglang_specvocab.bench.load import LoadSettings, load_plan
+from sglang_specvocab.bench.loadtest import LoadSettings, load_plan
 from sglang_specvocab.bench.lossless import TINY_SET, controls, tiny_configs
 from sglang_specvocab.bench.sampling import homogeneity
 from sglang_specvocab.bench.server import ServerConfig, SpecBenchError

@@ -155,8 +155,8 @@ def test_plugin_takes_the_hook_with_the_same_results_as_the_copies(patched):
 
 
 def test_plugin_keeps_the_copies_without_the_hook(torchvision_standin):
+    from sglang_specvocab.copies import has_draft_topk_hook
     from sglang_specvocab.integration import worker as W
-    from sglang_specvocab.patches import has_draft_topk_hook
 
     assert has_draft_topk_hook() is False and W.SGLANG_HOOK is False
     for name in ("draft_forward", "_draft_extend_for_prefill", "_draft_extend_for_decode"):

@@ -245,7 +245,7 @@ def test_script_counts_text(hf_dir, tmp_path):
 
 
 def test_script_generate(script, hf_dir, tmp_path, capsys):
-    from sglang_specvocab.lab.models import load_model
+    from sglang_specvocab.models import load_model
 
     docs = random_docs(3, seed=1)
     data = tmp_path / "prompts.txt"

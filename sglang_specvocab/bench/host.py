@@ -1,6 +1,6 @@
 """``sglang-specvocab bench host``: the host cost DYNVOCAB adds to SGLang's decode round and prefill.
 
-Drives the real worker methods of both algorithms over a toy draft (``integration/harness.py``:
+Drives the real worker methods of both algorithms over a toy draft (``bench/harness.py``:
 what is real and what is a stand-in), on a CPU, one torch thread:
 
 - a decode round = ``draft_forward`` (the draft loop) + ``verify`` (EAGLE3: SGLang's, over a recorded
@@ -46,7 +46,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..patches import installed_sglang_version
+from ..copies import installed_sglang_version
 from .kernels import environment as kernel_env
 
 SCHEMA = 1
@@ -379,7 +379,7 @@ def run(args) -> int:
     from ..testing.standins import install
 
     install()  # SGLang's worker modules import torchvision (absent on a CPU machine)
-    from ..integration import harness as H  # SGLang's worker modules, after the stand-ins
+    from . import harness as H  # SGLang's worker modules, after the stand-ins
 
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
@@ -446,7 +446,7 @@ def markdown(result: dict) -> str:
         "",
         (
             f"Method: {result['method']['timer']}; ops: {result['method']['ops']}. What runs is "
-            "`sglang_specvocab/integration/harness.py`: the real worker methods of both algorithms over a toy "
+            "`sglang_specvocab/bench/harness.py`: the real worker methods of both algorithms over a toy "
             "draft (tiny shapes: host work, not arithmetic). On a GPU the draft loop runs inside a CUDA graph "
             "(its host cost is a replay for both); the verify hook and the extend's top-k run eagerly."
         ),

@@ -10,7 +10,7 @@ Checks (``--checks``):
   as text (and as token ids where the route returns them);
 - ``sampling`` (``sampling.py``): temperature > 0, many samples per prompt, per-position token
   histograms compared with a chi-square test at a stated false-alarm bound;
-- ``load`` (``load.py``): 1,000 mixed concurrent requests (aborts included) against each DYNVOCAB
+- ``load`` (``loadtest.py``): 1,000 mixed concurrent requests (aborts included) against each DYNVOCAB
   server and its control: no crash, greedy outputs equal, telemetry on every finished request.
 
 Why the control: where the engine itself is not batch-invariant (bf16 kernels choose other paths at
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..prompts import Prompt, round_robin_prompts, spec_bench_file
-from .load import LoadCheck, LoadSettings
+from .loadtest import LoadCheck, LoadSettings
 from .routes import ROUTES, PromptTooLong, ask, same_output, served_model, where_differs
 from .sampling import SamplingCheck, SamplingSettings
 from .server import (

@@ -3,7 +3,7 @@
 SGLang's ``load_plugins()`` calls ``register()`` in every server process (launcher, tokenizer,
 detokenizer, each spawned scheduler), possibly more than once; ``register()`` is idempotent. It
 
-1. checks the installed SGLang (``sglang_specvocab.patches.check_sglang``: version 0.5.23 only, and
+1. checks the installed SGLang (``sglang_specvocab.copies.check_sglang``: version 0.5.23 only, and
    the recorded signatures of everything the plug-in subclasses, overrides or calls privately);
 2. registers ``DYNVOCAB`` with ``SpeculativeAlgorithm.register`` (spec class ``DynVocabAlgo``,
    overlap scheduling supported, ``validate_server_args`` = the refusals of ``algorithm.py``); the
@@ -59,8 +59,8 @@ from sglang.srt import server_args as _server_args  # the module: HookRegistry r
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import get_spec
 
+from ..copies import SGLangCompatibilityError, check_sglang, check_worker_signatures
 from ..errors import ConfigError, SpecVocabError
-from ..patches import SGLangCompatibilityError, check_sglang, check_worker_signatures
 from .algorithm import ATTR, ENV, FLAG, NAME, DynVocabAlgo, validate_server_args
 
 logger = logging.getLogger(__name__)

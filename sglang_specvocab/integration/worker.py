@@ -3,10 +3,10 @@
 Imported lazily by the worker factory (``plugin.worker_factory``), in the scheduler process.
 
 - ``DynVocabWorkerV2(EAGLEWorkerV2)``: ``__init__`` is EAGLE's (copied in
-  ``patches/sglang-0.5.23/eagle_worker_v2.py``) with the draft worker class swapped, as
+  ``copies/sglang-0.5.23/eagle_worker_v2.py``) with the draft worker class swapped, as
   ``StandaloneWorkerV2`` does; ``verify`` is EAGLE's followed by the telemetry and
   ``policy.on_verify`` (``integration/events.verify_event``, on the forward stream, no host sync,
-  idle batches skipped); ``_forward_prefill_batch`` is a copy (``patches/.../dynvocab_worker.py``)
+  idle batches skipped); ``_forward_prefill_batch`` is a copy (``copies/.../dynvocab_worker.py``)
   that calls ``dynvocab_prefill`` between the target forward and the draft extend: re-used slots
   are reset (``reset_rows`` on the pool's generation counter; policy and telemetry rows), then
   ``policy.on_prefill`` with the prompt ids (radix-cache hits seeded from ids) and the target's
@@ -19,7 +19,7 @@ Imported lazily by the worker factory (``plugin.worker_factory``), in the schedu
   table replaces ``draft_runner.model.logits_processor`` (the table tensors are shared, never
   rebound), and the target's ``logits_processor.keep_last_hidden_states`` is set when the policy
   wants prefill top-K. ``draft_forward`` / ``_draft_extend_for_prefill`` /
-  ``_draft_extend_for_decode`` are copies (``patches/.../dynvocab_draft.py``) whose top-k is
+  ``_draft_extend_for_decode`` are copies (``copies/.../dynvocab_draft.py``) whose top-k is
   ``proc.draft_topk``; a dense policy (``full``, no table) keeps SGLang's own methods and head.
 
 Stepwise (ranker) policies (``lowrank``, ``cluster``, a union with one) choose the set inside each
@@ -52,8 +52,8 @@ from sglang.srt.runtime_context import get_observability, get_parallel
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
 from .. import ops
+from ..copies import has_draft_topk_hook, load_copy
 from ..errors import SpecVocabError
-from ..patches import has_draft_topk_hook, load_patch_module
 from ..policies import ModelContext, Policy, build_policy
 from .algorithm import NAME, draft_info, load_server_config
 from .events import host_to_device, prefill_event, reset_rows, verify_event
@@ -67,12 +67,12 @@ SGLANG_HOOK = has_draft_topk_hook()
 if SGLANG_HOOK:
     logger.info("DYNVOCAB: the installed SGLang has the draft top-k hook; the copied SGLang methods are not used")
 else:
-    # The copied SGLang methods (patches/sglang-<version>/), bound once when this module is imported (in the
-    # scheduler, by the worker factory after the version and signature checks): load_patch_module reads
+    # The copied SGLang methods (copies/sglang-<version>/), bound once when this module is imported (in the
+    # scheduler, by the worker factory after the version and signature checks): load_copy reads
     # package metadata (ms), which must never run per decode round.
-    _DRAFT = load_patch_module("dynvocab_draft")
-    _PREFILL = load_patch_module("dynvocab_worker")
-    _INIT = load_patch_module("eagle_worker_v2")
+    _DRAFT = load_copy("dynvocab_draft")
+    _PREFILL = load_copy("dynvocab_worker")
+    _INIT = load_copy("eagle_worker_v2")
 
 
 # --- stepwise policies: select inside the LM head ----------------------------------------------------
@@ -342,7 +342,7 @@ class DynVocabDraftWorker(EagleDraftWorker):
             self.set_draft_topk_hook(CompactTopKHook(proc))
 
     if not SGLANG_HOOK:
-        # The compact-head copies (patches/sglang-0.5.23/dynvocab_draft.py); SGLang's own with a dense policy.
+        # The compact-head copies (copies/sglang-0.5.23/dynvocab_draft.py); SGLang's own with a dense policy.
         def draft_forward(self, forward_batch):
             if self.dynvocab_proc is None:
                 return super().draft_forward(forward_batch)
@@ -472,7 +472,7 @@ class DynVocabWorkerV2(EAGLEWorkerV2):
 
     # --- prefill --------------------------------------------------------------------------------
 
-    if not SGLANG_HOOK:  # the copy that calls dynvocab_prefill (patches/sglang-0.5.23/dynvocab_worker.py)
+    if not SGLANG_HOOK:  # the copy that calls dynvocab_prefill (copies/sglang-0.5.23/dynvocab_worker.py)
 
         def _forward_prefill_batch(self, batch, on_publish=None, pp_proxy_tensors=None, coordination_plan=None):
             return _PREFILL.forward_prefill_batch(self, batch, on_publish, pp_proxy_tensors, coordination_plan)

@@ -35,13 +35,13 @@ import yaml
 from tqdm import tqdm
 
 from ..errors import SpecVocabError
+from ..models import MODELS, check_available, load_model
 from ..policies import ModelContext, build_policy, load_config
 from ..policies.lowrank import whitened_ranker
 from ..vocab_data import _read_npz
 from . import frequency
 from .decoder import CausalLM
-from .models import MODELS, check_available, load_model
-from .training import record_text_states, save_trained
+from .rankers import record_text_states, save_trained
 
 #: Data files of the shipped configs, by the kind of file build-data makes in their place, and their suffix.
 KINDS = {"sharegpt.freq": ".npz", "sharegpt.succ": ".npz", "generated.freq": ".npz", "target.ranker": ".pt"}

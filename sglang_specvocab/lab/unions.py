@@ -29,10 +29,10 @@ import numpy as np
 import torch
 
 from ..errors import SpecVocabError
+from ..models import load_model
 from ..policies import build_policy, load_config
 from ..prompts import format_prompt, load_questions
 from .decoder import CausalLM
-from .models import load_model
 
 BATCHES = (1, 8, 32, 64, 128)
 

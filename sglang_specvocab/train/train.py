@@ -26,7 +26,7 @@ import torch
 
 from ..cache import cache_dir
 from ..errors import SpecVocabError
-from ..lab.models import GEMMA3_270M, MODELS, LoadedModel, load_model
+from ..models import GEMMA3_270M, MODELS, LoadedModel, load_model
 from ..prompts import format_prompt, sharegpt_conversations
 from .checkpoint import load_into, save_checkpoint
 from .data import OnlineStates, SelfDistillData, TargetStates, batch_of, build_data, compute_states, hot_vocabulary

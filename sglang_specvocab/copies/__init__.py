@@ -2,7 +2,7 @@
 
 One folder per supported SGLang version, ``sglang-<version>/`` next to this file. The folder name is
 not a Python identifier on purpose: nothing imports it by accident; its modules are loaded by path
-(``load_patch_module``). Each folder holds
+(``load_copy``). Each folder holds
 
 - ``signatures.py``: ``PLUGIN`` and ``WORKER``, the recorded signature of every SGLang callable the
   plug-in subclasses, overrides, wraps or calls by a private name (see ``signature_text``);
@@ -14,7 +14,7 @@ with a message naming the installed and the supported versions, then compares ``
 again before it hands out the worker class). A changed signature is refused with the target, the
 recorded and the installed signature: adapt the copies, then re-record.
 
-``python -m sglang_specvocab.patches`` prints the installed signatures in the recorded format.
+``python -m sglang_specvocab.copies`` prints the installed signatures in the recorded format.
 
 ``has_draft_topk_hook()``: whether the installed SGLang has the hooks of the repository's
 ``patches/sglang-0.5.23-draft-topk-hook.diff`` (a draft top-k supplied by the plug-in, a prefill event,
@@ -37,7 +37,7 @@ from types import ModuleType
 from ..errors import SpecVocabError
 
 PATCH_ROOT = Path(__file__).resolve().parent
-_MODULE_PREFIX = "sglang_specvocab.patches._loaded"
+_MODULE_PREFIX = "sglang_specvocab.copies._loaded"
 
 
 class SGLangCompatibilityError(SpecVocabError):
@@ -72,7 +72,7 @@ def check_sglang_version(version: str | None = None) -> str:
         raise SGLangCompatibilityError(
             f"sglang-specvocab (DYNVOCAB) supports SGLang {', '.join(supported)} only, but SGLang {installed}; "
             f"install a supported version (pip install 'sglang=={supported[-1]}') or add "
-            f"sglang_specvocab/patches/sglang-<version>/ after porting the copied methods"
+            f"sglang_specvocab/copies/sglang-<version>/ after porting the copied methods"
         )
     return version
 
@@ -82,7 +82,7 @@ def patch_dir(version: str | None = None) -> Path:
     return PATCH_ROOT / f"sglang-{check_sglang_version(version)}"
 
 
-def load_patch_module(name: str, version: str | None = None) -> ModuleType:
+def load_copy(name: str, version: str | None = None) -> ModuleType:
     """Module ``name`` of the version folder, loaded by path once per process."""
     version = check_sglang_version(version)
     key = f"{_MODULE_PREFIX}.v{version.replace('.', '_').replace('-', '_')}.{name}"
@@ -116,7 +116,7 @@ def signature_text(obj) -> str:
 
 def recorded_signatures(version: str | None = None) -> dict[str, dict[str, str]]:
     """``{"PLUGIN": {...}, "WORKER": {...}}`` recorded for ``version`` (default: the installed one)."""
-    mod = load_patch_module("signatures", version)
+    mod = load_copy("signatures", version)
     return {"PLUGIN": dict(mod.PLUGIN), "WORKER": dict(mod.WORKER)}
 
 
@@ -134,7 +134,7 @@ def check_signatures(recorded: dict[str, str]) -> None:
     if problems:
         raise SGLangCompatibilityError(
             f"the installed SGLang {installed_sglang_version()} differs from what sglang-specvocab was written "
-            "for; these SGLang callables changed (port the copies in sglang_specvocab/patches/, then re-record "
+            "for; these SGLang callables changed (port the copies in sglang_specvocab/copies/, then re-record "
             "their signatures):\n" + "\n".join(problems)
         )
 
@@ -171,7 +171,7 @@ def has_draft_topk_hook() -> bool:
             "the installed SGLang has EagleDraftWorker.set_draft_topk_hook but not EAGLEWorkerV2.draft_worker_cls; "
             "sglang-specvocab knows the hook of patches/sglang-0.5.23-draft-topk-hook.diff only"
         )
-    check_signatures(load_patch_module("signatures").HOOK)
+    check_signatures(load_copy("signatures").HOOK)
     return True
 
 
@@ -195,7 +195,7 @@ __all__ = [
     "check_worker_signatures",
     "has_draft_topk_hook",
     "installed_sglang_version",
-    "load_patch_module",
+    "load_copy",
     "patch_dir",
     "recorded_signatures",
     "signature_text",

@@ -1,4 +1,4 @@
-"""``python -m sglang_specvocab.patches``: print the installed SGLang's signatures of the recorded targets.
+"""``python -m sglang_specvocab.copies``: print the installed SGLang's signatures of the recorded targets.
 
 Compare them with ``sglang-<version>/signatures.py`` after reading what changed in the SGLang source.
 A target whose module exists but fails to import (a missing optional dependency, say) is reported as

@@ -35,10 +35,10 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.speculative import eagle_worker_v2 as ew
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 
+from ..integration.logits import DynVocabLogitsProcessor
+from ..integration.telemetry import Gauges, Telemetry
+from ..integration.worker import DynVocabDraftWorker, DynVocabWorkerV2, prefill_head
 from ..policies import build_policy, parse_config
-from .logits import DynVocabLogitsProcessor
-from .telemetry import Gauges, Telemetry
-from .worker import DynVocabDraftWorker, DynVocabWorkerV2, prefill_head
 
 ARCH = "LlamaForCausalLMEagle3"
 

@@ -1,11 +1,11 @@
 """SGLang 0.5.23: the signatures of every SGLang callable the plug-in subclasses, overrides, wraps or
 calls by a private name, as ``inspect.signature`` prints them with annotations removed
-(``sglang_specvocab.patches.signature_text``).
+(``sglang_specvocab.copies.signature_text``).
 
 ``PLUGIN`` is checked when the plug-in loads (these modules are imported by registration anyway);
 ``WORKER`` is checked the first time the worker classes are needed (``create_worker``, in the
 scheduler process, before any weights load), or at plug-in load where the worker modules are
-already imported. Regenerate with ``python -m sglang_specvocab.patches`` after reading the new
+already imported. Regenerate with ``python -m sglang_specvocab.copies`` after reading the new
 SGLang source, never blindly.
 """
 

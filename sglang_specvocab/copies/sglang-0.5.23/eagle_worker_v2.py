@@ -1,6 +1,6 @@
 """Copied-and-trimmed from SGLang 0.5.23, ``sglang/srt/speculative/eagle_worker_v2.py``
 (Apache-2.0, Copyright the SGLang Team). Loaded by path through
-``sglang_specvocab.patches.load_patch_module("eagle_worker_v2")``.
+``sglang_specvocab.copies.load_copy("eagle_worker_v2")``.
 
 ``worker_init`` is ``EAGLEWorkerV2.__init__`` with one change: the draft worker class is a parameter
 (``EagleDraftWorker`` is hard-coded upstream), as ``StandaloneWorkerV2.__init__`` does it. Everything

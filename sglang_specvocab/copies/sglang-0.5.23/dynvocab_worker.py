@@ -1,6 +1,6 @@
 """Copied-and-trimmed from SGLang 0.5.23, ``sglang/srt/speculative/eagle_worker_v2.py``
 (Apache-2.0, Copyright the SGLang Team). Loaded by path through
-``sglang_specvocab.patches.load_patch_module("dynvocab_worker")``; bound to ``DynVocabWorkerV2``.
+``sglang_specvocab.copies.load_copy("dynvocab_worker")``; bound to ``DynVocabWorkerV2``.
 
 ``forward_prefill_batch`` is ``EAGLEWorkerV2._forward_prefill_batch`` with
 - one insertion between the target forward and the draft extend: ``self.dynvocab_prefill(batch,

@@ -1,4 +1,4 @@
-"""Training for the policies' trained modes: record draft hidden states, fit a ranker or a router.
+"""Rankers and routers, the learned parts of the lowrank and cluster policies: record draft hidden states, fit one.
 
 Both fit on draft hidden states against the draft's own full-vocabulary head as the teacher. The
 states come from the reference decoder while it drafts (``decode``: the states the policy sees at
@@ -18,13 +18,13 @@ from pathlib import Path
 import torch
 
 from ..errors import SpecVocabError
+from ..models import load_model
 from ..policies import ModelContext, build_policy, load_config, parse_config
 from ..policies.cluster import Router
 from ..policies.lowrank import svd_ranker, whitened_ranker
 from ..prompts import format_prompt, sharegpt_conversations
 from ..train.model import TargetTap
 from .decoder import CausalLM, DraftShape, Eagle3LM, SpeculativeDecoder
-from .models import load_model
 
 
 @torch.no_grad()

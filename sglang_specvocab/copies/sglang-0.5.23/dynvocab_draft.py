@@ -1,6 +1,6 @@
 """Copied-and-trimmed from SGLang 0.5.23, ``sglang/srt/speculative/eagle_worker_v2.py``
 (Apache-2.0, Copyright the SGLang Team). Loaded by path through
-``sglang_specvocab.patches.load_patch_module("dynvocab_draft")``; bound to ``DynVocabDraftWorker``
+``sglang_specvocab.copies.load_copy("dynvocab_draft")``; bound to ``DynVocabDraftWorker``
 (``integration/worker.py``), whose ``dynvocab_proc`` is the compact logits processor of
 ``integration/logits.py`` (the draft logits are ``[N, W]`` over each request's set).
 

@@ -11,7 +11,7 @@ from helpers import tiny_llama
 
 from sglang_specvocab.errors import SpecVocabError
 from sglang_specvocab.lab.decoder import CausalLM, DraftShape, Eagle3LM, SpeculativeDecoder, greedy_generate
-from sglang_specvocab.lab.training import (
+from sglang_specvocab.lab.rankers import (
     parse_draft,
     record_draft_states,
     record_text_states,

