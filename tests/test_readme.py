@@ -47,3 +47,33 @@ def test_readme_commands_parse_and_name_files_a_clone_has():
             path = (ROOT / name).resolve()
             in_clone = path.is_relative_to(ROOT) and path.is_file()  # not a file beside this checkout
             assert in_clone, f"README: `sglang-specvocab {shlex.join(argv)}` names {name}, not in a clone"
+
+
+def map_entries() -> tuple[list[str], list[str]]:
+    """The README's Map: (entries under ``sglang_specvocab/``, the repository's top-level entries)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"## Map\n\n```\n(.*?)```", text, flags=re.DOTALL).group(1)
+    package, top = [], []
+    for line in block.splitlines():
+        name = line.strip().split("  ")[0]
+        if not name or line.startswith(" " * 4):  # a continuation line of a description
+            continue
+        names = [n.strip() for n in name.split(",")]
+        (package if line.startswith("  ") else top).extend(names)
+    return package, top
+
+
+def test_the_map_matches_the_tree():
+    """Every entry of the README's Map exists, and every module and folder of the package is on it."""
+    package, top = map_entries()
+    assert "sglang_specvocab/" in top and "table.py" in package  # the parser reads the map
+    missing = [n for n in package if not (ROOT / "sglang_specvocab" / n).exists()]
+    missing += [n for n in top if not (ROOT / n).exists()]
+    assert not missing, f"the README's Map names what the tree lacks: {missing}"
+    tree = [
+        p.name + "/" if p.is_dir() else p.name
+        for p in (ROOT / "sglang_specvocab").iterdir()
+        if (p.suffix == ".py" and not p.name.startswith("__")) or (p / "__init__.py").is_file()
+    ]
+    unmapped = sorted(set(tree) - set(package))
+    assert not unmapped, f"the README's Map leaves out {unmapped}"
