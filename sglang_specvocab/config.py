@@ -26,6 +26,14 @@ class Section(BaseModel):
 #: The union head's default columns, as a multiple of the set capacity (see ``PolicyConfig.union_columns``).
 UNION_CAPACITY_FACTOR = 16
 
+# The head section's allowed values, declared once: the schema below and ``head.DraftHead``'s own checks read them.
+HeadMode = Literal["fused", "packed"]
+HeadBatch = Literal["auto", "per-request", "union", "stock"]
+UnionView = Literal["own", "all"]
+HEAD_MODES: tuple[str, ...] = get_args(HeadMode)
+BATCH_MODES: tuple[str, ...] = get_args(HeadBatch)
+UNION_VIEWS: tuple[str, ...] = get_args(UnionView)
+
 
 class HeadSection(Section):
     """How the draft head computes logits over the sets (every policy accepts a ``head:`` block)."""
@@ -33,13 +41,13 @@ class HeadSection(Section):
     kernel: Literal["auto", "cuda", "triton", "torch"] = Field(
         "auto", description="auto: CUDA extension on a GPU when built, else Triton on a GPU, else torch"
     )
-    mode: Literal["fused", "packed"] = Field(
+    mode: HeadMode = Field(
         "fused",
         description="fused: gather each request's rows in the head kernel; packed: keep them in a per-request "
         "buffer updated after each set change (context policies only; the lab's MicroSpec ablation, refused by "
         "the server)",
     )
-    batch: Literal["auto", "per-request", "union", "stock"] = Field(
+    batch: HeadBatch = Field(
         "auto",
         description="how a batch is scored: per-request (each request over its own set), union (the batch's "
         "deduplicated union in one pass), stock (the draft's own dense head, as EAGLE3), auto (per batch size, "
@@ -51,7 +59,7 @@ class HeadSection(Section):
         description="columns of the union head, fixed at start-up (default: 16 x capacity, at most the draft "
         "head's rows); ids past it are dropped from that call's union, highest ids first",
     )
-    union_view: Literal["own", "all"] = Field(
+    union_view: UnionView = Field(
         "own",
         description="union head: own (each row scores only its own request's set, as per-request) or all (every "
         "row sees the whole union)",
