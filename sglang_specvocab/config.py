@@ -23,7 +23,7 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-#: The union head's default columns, as a multiple of the set capacity (see ``PolicyConfig.union_columns``).
+#: The union head's default columns, as a multiple of the set capacity (see ``default_union_columns``).
 UNION_CAPACITY_FACTOR = 16
 
 # The head section's allowed values, declared once: the schema below and ``head.DraftHead``'s own checks read them.
@@ -64,6 +64,12 @@ class HeadSection(Section):
         description="union head: own (each row scores only its own request's set, as per-request) or all (every "
         "row sees the whole union)",
     )
+
+
+def default_union_columns(capacity: int, head_rows: int) -> int:
+    """Columns of the union head when ``head.union_capacity`` is unset: ``UNION_CAPACITY_FACTOR`` sets of
+    ``capacity`` ids, at most the draft head's ``head_rows`` rows, at least one set."""
+    return max(capacity, min(UNION_CAPACITY_FACTOR * capacity, head_rows))
 
 
 #: ``parse_config(data, source)``, handed to ``PolicyConfig.finish`` (so this module needs no policy).
@@ -174,7 +180,7 @@ class PolicyConfig(Section):
             return None
         if self.head.union_capacity is not None:
             return self.head.union_capacity
-        return max(cap, min(UNION_CAPACITY_FACTOR * cap, head_rows))
+        return default_union_columns(cap, head_rows)
 
     def check_draft_topk(self, topk: int, flag: str = "--speculative-eagle-topk") -> None:
         """Refuse a set narrower than the draft's top-k per step (a union: each member too).

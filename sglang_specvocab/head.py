@@ -50,7 +50,7 @@ from typing import Any
 import torch
 
 from . import headcost, ops
-from .config import BATCH_MODES, HEAD_MODES, UNION_VIEWS
+from .config import BATCH_MODES, HEAD_MODES, UNION_VIEWS, HeadSection, default_union_columns
 from .ops.checks import TOPK_MAX_K
 from .ops.topk import NEG_INF, column_tokens, head_row_map, local_topk, merge_topk
 from .table import CandidateTable
@@ -201,7 +201,7 @@ class DraftHead:
             self.capacity = 0
             return
         self.capacity = table.capacity
-        C = union_capacity or max(self.capacity, min(16 * self.capacity, self.head_rows))
+        C = union_capacity or default_union_columns(self.capacity, self.head_rows)
         if C < self.capacity:
             raise ValueError(f"DraftHead: union_capacity = {C} must be at least the set capacity {self.capacity}")
         self.union_capacity = min(C, self.vocab_size)
@@ -228,6 +228,25 @@ class DraftHead:
         self._stream = torch.cuda.Stream(dev) if on_gpu else None
         self._ready = torch.cuda.Event() if on_gpu else None
         self.refresh(torch.arange(R, device=dev))
+
+    @classmethod
+    def from_config(
+        cls, weight: torch.Tensor, table: CandidateTable | None, head: HeadSection, **model: Any
+    ) -> DraftHead:
+        """The head a config's ``head:`` section describes, over ``table``. ``model``: what the draft model fixes
+        (``logit_softcap``, ``logit_scale``, ``hot_token_id``, ``target_vocab_size``, ``shard``, ``group``,
+        ``tp_size``: see ``__init__``). A ``batch`` that names a plan (``PLANS``; no config file can, a bench or test
+        sets it with ``head.model_copy(update={"batch": plan})``) forces that plan."""
+        return cls(
+            weight,
+            table,
+            kernel=head.kernel,
+            mode=head.mode,
+            batch=head.batch,
+            union_capacity=head.union_capacity,
+            union_view=head.union_view,
+            **model,
+        )
 
     # --- the choice ---------------------------------------------------------------------------------
 
