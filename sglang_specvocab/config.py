@@ -173,15 +173,6 @@ class PolicyConfig(Section):
                 f"capacity {cap} (one request's set must fit the union)"
             )
 
-    def union_columns(self, head_rows: int) -> int | None:
-        """Columns of the union head for a draft head of ``head_rows`` rows (None without sets)."""
-        cap = self.table_capacity
-        if cap is None:
-            return None
-        if self.head.union_capacity is not None:
-            return self.head.union_capacity
-        return default_union_columns(cap, head_rows)
-
     def check_draft_topk(self, topk: int, flag: str = "--speculative-eagle-topk") -> None:
         """Refuse a set narrower than the draft's top-k per step (a union: each member too).
 
