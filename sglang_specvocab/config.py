@@ -23,8 +23,16 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-#: The union head's default columns, as a multiple of the set capacity (see ``PolicyConfig.union_columns``).
+#: The union head's default columns, as a multiple of the set capacity (see ``default_union_columns``).
 UNION_CAPACITY_FACTOR = 16
+
+# The head section's allowed values, declared once: the schema below and ``head.DraftHead``'s own checks read them.
+HeadMode = Literal["fused", "packed"]
+HeadBatch = Literal["auto", "per-request", "union", "stock"]
+UnionView = Literal["own", "all"]
+HEAD_MODES: tuple[str, ...] = get_args(HeadMode)
+BATCH_MODES: tuple[str, ...] = get_args(HeadBatch)
+UNION_VIEWS: tuple[str, ...] = get_args(UnionView)
 
 
 class HeadSection(Section):
@@ -33,13 +41,13 @@ class HeadSection(Section):
     kernel: Literal["auto", "cuda", "triton", "torch"] = Field(
         "auto", description="auto: CUDA extension on a GPU when built, else Triton on a GPU, else torch"
     )
-    mode: Literal["fused", "packed"] = Field(
+    mode: HeadMode = Field(
         "fused",
         description="fused: gather each request's rows in the head kernel; packed: keep them in a per-request "
         "buffer updated after each set change (context policies only; the lab's MicroSpec ablation, refused by "
         "the server)",
     )
-    batch: Literal["auto", "per-request", "union", "stock"] = Field(
+    batch: HeadBatch = Field(
         "auto",
         description="how a batch is scored: per-request (each request over its own set), union (the batch's "
         "deduplicated union in one pass), stock (the draft's own dense head, as EAGLE3), auto (per batch size, "
@@ -51,11 +59,17 @@ class HeadSection(Section):
         description="columns of the union head, fixed at start-up (default: 16 x capacity, at most the draft "
         "head's rows); ids past it are dropped from that call's union, highest ids first",
     )
-    union_view: Literal["own", "all"] = Field(
+    union_view: UnionView = Field(
         "own",
         description="union head: own (each row scores only its own request's set, as per-request) or all (every "
         "row sees the whole union)",
     )
+
+
+def default_union_columns(capacity: int, head_rows: int) -> int:
+    """Columns of the union head when ``head.union_capacity`` is unset: ``UNION_CAPACITY_FACTOR`` sets of
+    ``capacity`` ids, at most the draft head's ``head_rows`` rows, at least one set."""
+    return max(capacity, min(UNION_CAPACITY_FACTOR * capacity, head_rows))
 
 
 #: ``parse_config(data, source)``, handed to ``PolicyConfig.finish`` (so this module needs no policy).
@@ -158,15 +172,6 @@ class PolicyConfig(Section):
                 f"{self.source}: head.union_capacity = {head.union_capacity} is invalid: must be at least the "
                 f"capacity {cap} (one request's set must fit the union)"
             )
-
-    def union_columns(self, head_rows: int) -> int | None:
-        """Columns of the union head for a draft head of ``head_rows`` rows (None without sets)."""
-        cap = self.table_capacity
-        if cap is None:
-            return None
-        if self.head.union_capacity is not None:
-            return self.head.union_capacity
-        return max(cap, min(UNION_CAPACITY_FACTOR * cap, head_rows))
 
     def check_draft_topk(self, topk: int, flag: str = "--speculative-eagle-topk") -> None:
         """Refuse a set narrower than the draft's top-k per step (a union: each member too).

@@ -50,13 +50,12 @@ from typing import Any
 import torch
 
 from . import headcost, ops
+from .config import BATCH_MODES, HEAD_MODES, UNION_VIEWS, HeadSection, default_union_columns
 from .ops.checks import TOPK_MAX_K
 from .ops.topk import NEG_INF, column_tokens, head_row_map, local_topk, merge_topk
 from .table import CandidateTable
 
-BATCH_MODES = ("auto", "per-request", "union", "stock")  # the config's head.batch
 PLANS = headcost.MODES  # what a call runs; "union" is either union plan (the cost model picks), a plan name forces it
-UNION_VIEWS = ("own", "all")
 
 
 @dataclass
@@ -121,6 +120,10 @@ class HeadOutput:
         return torch.exp(logp), tokens
 
 
+def _either(values: tuple[str, ...]) -> str:
+    return " or ".join(repr(v) for v in values)
+
+
 def _device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
@@ -152,13 +155,15 @@ class DraftHead:
         global rows ``[start, end)`` this rank holds (None: all); ``union_capacity``: the union's columns (default
         16 x the set capacity, at most the head's rows); ``costs``/``union_sizes``: the cost model (default: the
         shipped constants for this device and the lab's union sizes)."""
-        if mode not in ("fused", "packed"):
-            raise ValueError(f"DraftHead: mode = {mode!r} is invalid: must be 'fused' or 'packed'")
+        # The config's allowed values (a config was validated against them already; a direct caller was not),
+        # and for batch also a plan's name, which forces that plan.
+        if mode not in HEAD_MODES:
+            raise ValueError(f"DraftHead: mode = {mode!r} is invalid: must be {_either(HEAD_MODES)}")
         if batch not in BATCH_MODES + PLANS:
             valid = ", ".join(dict.fromkeys(BATCH_MODES + PLANS))
             raise ValueError(f"DraftHead: batch = {batch!r} is invalid: must be one of {valid}")
         if union_view not in UNION_VIEWS:
-            raise ValueError(f"DraftHead: union_view = {union_view!r} is invalid: must be 'own' or 'all'")
+            raise ValueError(f"DraftHead: union_view = {union_view!r} is invalid: must be {_either(UNION_VIEWS)}")
         if table is None and (mode == "packed" or batch not in ("auto", "stock")):
             raise ValueError(
                 f"DraftHead: mode {mode!r} / batch {batch!r} need a candidate table (the dense head has none)"
@@ -196,7 +201,7 @@ class DraftHead:
             self.capacity = 0
             return
         self.capacity = table.capacity
-        C = union_capacity or max(self.capacity, min(16 * self.capacity, self.head_rows))
+        C = union_capacity or default_union_columns(self.capacity, self.head_rows)
         if C < self.capacity:
             raise ValueError(f"DraftHead: union_capacity = {C} must be at least the set capacity {self.capacity}")
         self.union_capacity = min(C, self.vocab_size)
@@ -223,6 +228,25 @@ class DraftHead:
         self._stream = torch.cuda.Stream(dev) if on_gpu else None
         self._ready = torch.cuda.Event() if on_gpu else None
         self.refresh(torch.arange(R, device=dev))
+
+    @classmethod
+    def from_config(
+        cls, weight: torch.Tensor, table: CandidateTable | None, head: HeadSection, **model: Any
+    ) -> DraftHead:
+        """The head a config's ``head:`` section describes, over ``table``. ``model``: what the draft model fixes
+        (``logit_softcap``, ``logit_scale``, ``hot_token_id``, ``target_vocab_size``, ``shard``, ``group``,
+        ``tp_size``: see ``__init__``). A ``batch`` that names a plan (``PLANS``; no config file can, a bench or test
+        sets it with ``head.model_copy(update={"batch": plan})``) forces that plan."""
+        return cls(
+            weight,
+            table,
+            kernel=head.kernel,
+            mode=head.mode,
+            batch=head.batch,
+            union_capacity=head.union_capacity,
+            union_view=head.union_view,
+            **model,
+        )
 
     # --- the choice ---------------------------------------------------------------------------------
 
@@ -409,4 +433,4 @@ class DraftHead:
         return logits
 
 
-__all__ = ["BATCH_MODES", "PLANS", "UNION_VIEWS", "DraftHead", "HeadOutput"]
+__all__ = ["PLANS", "DraftHead", "HeadOutput"]

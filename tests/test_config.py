@@ -9,6 +9,7 @@ import yaml
 
 from sglang_specvocab import ConfigError
 from sglang_specvocab.cli import main
+from sglang_specvocab.config import default_union_columns
 from sglang_specvocab.policies import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,11 +162,10 @@ def test_capacity_larger_than_vocabulary(tmp_path):
 
 def test_union_columns_default_to_sixteen_sets_within_the_head():
     cfg = load_config_text("policy: window\ncapacity: 3072\n")
-    assert cfg.head.batch == "auto" and cfg.head.union_view == "own"
-    assert cfg.union_columns(262144) == 16 * 3072 and cfg.union_columns(32768) == 32768
-    assert cfg.union_columns(3072) == 3072
-    assert load_config_text("policy: window\ncapacity: 8\nhead: {union_capacity: 100}\n").union_columns(50) == 100
-    assert load_config_text("policy: full\n").union_columns(1000) is None
+    assert cfg.head.batch == "auto" and cfg.head.union_view == "own" and cfg.head.union_capacity is None
+    assert default_union_columns(3072, 262144) == 16 * 3072 and default_union_columns(3072, 32768) == 32768
+    assert default_union_columns(3072, 3072) == 3072
+    assert load_config_text("policy: window\ncapacity: 8\nhead: {union_capacity: 100}\n").head.union_capacity == 100
 
 
 def load_config_text(text):

@@ -43,6 +43,7 @@ class GModel(loop.Model):
     draft-row order)."""
 
     def __init__(self, *, d2t: bool, seed: int = 0):  # its own table and head: Model.__init__ is not called
+        from sglang_specvocab.config import HeadSection
         from sglang_specvocab.integration import logits as L
         from sglang_specvocab.table import CandidateTable
 
@@ -70,13 +71,10 @@ class GModel(loop.Model):
         self.proc = L.DynVocabLogitsProcessor.wrap(
             original,
             self.lm_head,
-            table.ids,
-            table.cnt,
-            kernel="torch",
+            table,
+            HeadSection(kernel="torch", union_capacity=V),  # no overflow: the union's rows keep their whole sets
             target_vocab_size=V,
             hot_token_id=self.hot,
-            fallback_id=fallback,
-            union_capacity=V,  # no overflow: the union's rows keep their whole sets
         )
 
     def force_plans(self, plans: dict[tuple[int, int], str]) -> None:

@@ -7,6 +7,7 @@ from literal import literal_head_topk, literal_logits
 
 from sglang_specvocab import headcost
 from sglang_specvocab.bench.host import LaunchCounter
+from sglang_specvocab.config import HeadSection, default_union_columns
 from sglang_specvocab.head import DraftHead
 from sglang_specvocab.ops import indexed_logits
 from sglang_specvocab.ops.topk import head_row_map, local_topk, row_slots, vocab_shard
@@ -116,6 +117,16 @@ def test_union_seen_own_is_per_request_and_no_wider_than_its_union():
         v2, t2, l2 = union.topk_lse(k)
         assert torch.equal(v1, v2) and torch.equal(t1, t2)
         torch.testing.assert_close(l1, l2)  # over the same live logits (summed in another order)
+
+
+def test_from_config_takes_the_head_section_whole():
+    weight, table = torch.randn(1000, 8), CandidateTable(3, 16)
+    head = DraftHead.from_config(weight, table, HeadSection(kernel="torch", batch="union", union_view="all"))
+    assert (head.mode, head.batch, head.union_view) == ("fused", "union", "all")
+    assert head.union_capacity == default_union_columns(16, 1000) == 256  # the config's default, over the head rows
+    assert DraftHead.from_config(weight, table, HeadSection(kernel="torch", union_capacity=100)).union_capacity == 100
+    forced = HeadSection(kernel="torch").model_copy(update={"batch": "union-gemm"})  # a plan: tests and benches
+    assert DraftHead.from_config(weight, table, forced).plan(2, 1) == "union-gemm"
 
 
 def test_union_overflow_keeps_the_lowest_ids_and_is_counted():

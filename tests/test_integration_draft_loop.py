@@ -66,6 +66,7 @@ class Model:
 
     def __init__(self, seed=0, table=None):
         """Over ``table`` (a policy's, shared) when given, else a table holding ``SETS``."""
+        from sglang_specvocab.config import HeadSection
         from sglang_specvocab.integration import logits as L
         from sglang_specvocab.table import CandidateTable
 
@@ -86,7 +87,7 @@ class Model:
         original.logit_scale, original.final_logit_softcapping = None, None
         self.lm_head = SimpleNamespace(weight=self.W, tp_size=1)
         self.proc = L.DynVocabLogitsProcessor.wrap(
-            original, self.lm_head, self.table.ids, self.table.cnt, kernel="torch", target_vocab_size=V
+            original, self.lm_head, self.table, HeadSection(kernel="torch"), target_vocab_size=V
         )
 
     @property

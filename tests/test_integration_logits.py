@@ -42,8 +42,10 @@ _CHILD = CHILD_PREAMBLE + textwrap.dedent(
     from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
     from transformers import LlamaConfig
 
+    from sglang_specvocab.config import HeadSection
     from sglang_specvocab.integration import logits as L
     from sglang_specvocab.ops import topk as T
+    from sglang_specvocab.table import CandidateTable
 
     torch.set_num_threads(1)
     inp = torch.load(sys.argv[2])
@@ -92,14 +94,15 @@ _CHILD = CHILD_PREAMBLE + textwrap.dedent(
 
 
     for space in ("full", "d2t"):
-        table = inp["table_" + space]
+        t = inp["table_" + space]
+        table = CandidateTable.over(t["ids"], t["cnt"], inp["fallback_" + space])  # the parent's table, rebuilt
         for softcap in (None, inp["SOFTCAP"]):
             model = draft(space, softcap)
             original = model.logits_processor
-            kw = dict(kernel="torch", fallback_id=inp["fallback_" + space])
+            kw = {}
             if space == "d2t":
                 kw.update(hot_token_id=model.hot_token_id, target_vocab_size=inp["V"])
-            proc = L.install(model, table["ids"], table["cnt"], **kw)
+            proc = L.install(model, table, HeadSection(kernel="torch"), **kw)
             assert model.logits_processor is proc and isinstance(proc, lp_mod.LogitsProcessor)
             assert proc.final_logit_softcapping == original.final_logit_softcapping
             proc.check_table()
@@ -142,10 +145,12 @@ _CHILD = CHILD_PREAMBLE + textwrap.dedent(
         # select_index rows (logits of several rows per request, then one row each).
         for mode in ("union-indexed", "union-gemm", "stock"):
             model = draft(space)
-            kw = dict(kernel="torch", fallback_id=inp["fallback_" + space], batch=mode)
+            kw = {}
             if space == "d2t":
                 kw.update(hot_token_id=model.hot_token_id, target_vocab_size=inp["V"])
-            proc = L.install(model, table["ids"], table["cnt"], **kw)
+            # a plan's name forces that plan (no config file can name one)
+            head = HeadSection(kernel="torch").model_copy(update={"batch": mode})
+            proc = L.install(model, table, head, **kw)
             h, rpi = inp["hidden"], inp["rpi"]
             o = proc(None, h, model.lm_head, batch(ForwardMode.DECODE, h.shape[0], rpi))
             got = {k: proc.draft_topk(o.next_token_logits, k, rpi) for k in (1, 3)}
@@ -163,10 +168,10 @@ _CHILD = CHILD_PREAMBLE + textwrap.dedent(
 
         model = draft(space)
         original = model.logits_processor
-        kw = dict(kernel="torch", fallback_id=inp["fallback_" + space], batch="stock")
+        kw = {}
         if space == "d2t":
             kw.update(hot_token_id=model.hot_token_id, target_vocab_size=inp["V"])
-        proc = L.install(model, table["ids"], table["cnt"], **kw)
+        proc = L.install(model, table, HeadSection(kernel="torch", batch="stock"), **kw)
         h, rpi = inp["hidden"], inp["rpi"]
         fb = batch(ForwardMode.DECODE, h.shape[0], rpi)
         ops = {}

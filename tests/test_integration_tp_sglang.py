@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import free_port
 
+from sglang_specvocab.config import HeadSection
 from sglang_specvocab.table import CandidateTable
 
 pytestmark = pytest.mark.sglang
@@ -148,13 +149,15 @@ def _world(rank, world, port, inp, out_path):
             model = _draft(space, inp)
             si = model.lm_head.shard_indices
             out[space, "shard"] = (si.org_vocab_start_index, si.org_vocab_end_index, model.lm_head.weight.shape[0])
-            ids, cnt, fallback = inp["tables"][space]
-            kw = dict(kernel="torch", fallback_id=fallback)
+            table = CandidateTable.over(*inp["tables"][space])  # the parent's table, rebuilt
+            kw = {}
             if space == "d2t":
                 kw.update(hot_token_id=model.hot_token_id, target_vocab_size=V)
             for batch in BATCHES:
                 try:
-                    proc = L.install(model, ids, cnt, batch=batch, **kw)
+                    # a plan's name forces that plan (no config file can name one)
+                    head = HeadSection(kernel="torch").model_copy(update={"batch": batch})
+                    proc = L.install(model, table, head, **kw)
                     out[space, batch, "group"] = proc.dv_head.group is tp
                     out[space, batch] = _case(model, proc, inp["hidden"])
                 except Exception:  # noqa: BLE001 - recorded for the test to show; the other cases still run

@@ -147,9 +147,9 @@ def dynvocab_head(toy: ToyDraft, policy, kernel: str, batch: str = "per-request"
     original.logit_scale, original.final_logit_softcapping = None, None
     table = policy.table
     lm_head = SimpleNamespace(weight=toy.W, tp_size=1)  # what the compact processor reads of a ParallelLMHead
-    proc = DynVocabLogitsProcessor.wrap(
-        original, lm_head, table.ids, table.cnt, kernel=kernel, batch=batch, fallback_id=table.fallback_id
-    )
+    # the shape's batch may name a plan, which no config file can: set on a copy of the policy's head section
+    head_config = policy.config.head.model_copy(update={"kernel": kernel, "batch": batch})
+    proc = DynVocabLogitsProcessor.wrap(original, lm_head, table, head_config)
     metas = {}
 
     def head(h, fb):

@@ -54,6 +54,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.runtime_context import get_parallel
 from sglang.srt.utils.common import fast_topk
 
+from ..config import HeadSection
 from ..head import DraftHead
 from ..table import CandidateTable
 
@@ -61,7 +62,7 @@ from ..table import CandidateTable
 class DynVocabLogitsProcessor(LogitsProcessor):
     """``LogitsProcessor`` whose logits are compact ``[N, W]`` over each request's candidate set.
 
-    Build with ``wrap(original, lm_head, ids, cnt, ...)``: the new instance copies the
+    Build with ``wrap(original, lm_head, table, head, ...)``: the new instance copies the
     original's state (softcapping, logit scale, hidden-state capture flags), so SGLang's own
     ``forward`` runs unchanged up to the LM head. See the module doc for the contract.
     """
@@ -71,22 +72,17 @@ class DynVocabLogitsProcessor(LogitsProcessor):
         cls,
         original: LogitsProcessor,
         lm_head,
-        ids: torch.Tensor,
-        cnt: torch.Tensor,
+        table: CandidateTable,
+        head: HeadSection,
         *,
-        kernel: str = "auto",
-        batch: str = "auto",
-        union_capacity: int | None = None,
-        union_view: str = "own",
         hot_token_id: torch.Tensor | None = None,
         target_vocab_size: int | None = None,
-        fallback_id: int = 0,
         tp_group: Any = None,
     ) -> DynVocabLogitsProcessor:
         """``original``: the draft model's ``logits_processor``; ``lm_head``: its (sharded)
-        ``ParallelLMHead``; ``ids``/``cnt``: the table tensors (int32, on the head's device,
-        never rebound); ``kernel``/``batch``/``union_capacity``/``union_view``: the config's
-        ``head`` block; ``hot_token_id``: the d2t map of a reduced-vocabulary draft
+        ``ParallelLMHead``; ``table``: the policy's candidate table (on the head's device; its
+        tensors are read, never rebound); ``head``: the config's ``head`` section (``DraftHead.from_config``);
+        ``hot_token_id``: the d2t map of a reduced-vocabulary draft
         (``draft_runner.model.hot_token_id``), None for a full-vocabulary head;
         ``target_vocab_size``: the table's id space (default: the head's vocabulary, which must
         then be the full one); ``tp_group``: the group the head is sharded over (default:
@@ -103,8 +99,7 @@ class DynVocabLogitsProcessor(LogitsProcessor):
             raise ValueError("DynVocabLogitsProcessor: needs an unquantized, non-LoRA lm_head with a float weight")
         if getattr(self, "do_tensor_parallel_all_gather_dp_attn", False) or getattr(self, "use_attn_tp_group", False):
             raise ValueError("DynVocabLogitsProcessor: DP attention / a DP LM head is not supported")
-        table = CandidateTable.over(ids, cnt, fallback_id)  # refuses bad dtypes and shapes
-        if ids.device != weight.device or cnt.device != weight.device:
+        if table.ids.device != weight.device or table.cnt.device != weight.device:
             raise ValueError("DynVocabLogitsProcessor: the table must live on the head's device")
         tp_size = int(getattr(lm_head, "tp_size", 1))
         head_vocab = int(getattr(lm_head, "org_vocab_size", weight.shape[0]))
@@ -125,21 +120,20 @@ class DynVocabLogitsProcessor(LogitsProcessor):
         if hot_token_id is not None:
             in_vocab = torch.zeros(V, dtype=torch.bool, device=weight.device)
             in_vocab[hot_token_id.to(device=weight.device, dtype=torch.long)] = True
-            if not bool(in_vocab[fallback_id]):
-                raise ValueError(f"DynVocabLogitsProcessor: fallback_id {fallback_id} is not in the draft vocabulary")
+            if not bool(in_vocab[table.fallback_id]):
+                raise ValueError(
+                    f"DynVocabLogitsProcessor: fallback_id {table.fallback_id} is not in the draft vocabulary"
+                )
             self.draft_vocab_mask = in_vocab
         else:
             self.draft_vocab_mask = None
         self.target_vocab_size = V
-        self.dv_head = DraftHead(
+        self.dv_head = DraftHead.from_config(
             weight,
             table,
+            head,
             logit_softcap=self.final_logit_softcapping or None,
             logit_scale=self.logit_scale,
-            kernel=kernel,
-            batch=batch,
-            union_capacity=union_capacity,
-            union_view=union_view,
             hot_token_id=hot_token_id,
             target_vocab_size=V,
             shard=shard,
@@ -151,7 +145,7 @@ class DynVocabLogitsProcessor(LogitsProcessor):
         # benchmark's toy) keeps the head's own stock GEMM.
         stock = tp_size == 1 and isinstance(original, LogitsProcessor)
         object.__setattr__(self, "_dv_stock", original if stock else None)
-        self.vocab_size = ids.shape[1]  # the per-request width (the union and stock heads are wider)
+        self.vocab_size = table.capacity  # the per-request width (the union and stock heads are wider)
         self.do_tensor_parallel_all_gather = False  # columns stay rank-local; draft_topk merges
         self._dv_rows = None
         return self
@@ -278,18 +272,18 @@ class DynVocabLogitsProcessor(LogitsProcessor):
             raise ValueError(f"candidate table row {r} holds id {int(t.ids[r, j])} outside the draft vocabulary")
 
 
-def install(model, ids: torch.Tensor, cnt: torch.Tensor, *, cls: type | None = None, **kwargs):
-    """Replace ``model.logits_processor`` (the draft model instance) by the compact one; returns it.
+def install(model, table: CandidateTable, head: HeadSection, *, cls: type | None = None, **kwargs):
+    """Replace ``model.logits_processor`` (the draft model instance) by the compact one over ``table``
+    with the config's ``head`` section; returns it.
 
     ``cls``: ``DynVocabLogitsProcessor`` (default) or a subclass; ``kwargs`` go to its ``wrap``
-    (kernel, batch, union_capacity, union_view, hot_token_id, target_vocab_size, fallback_id,
-    tp_group). Idempotent: an installed
-    processor is rebuilt from its original.
+    (hot_token_id, target_vocab_size, tp_group). Idempotent: an installed processor is rebuilt
+    from its original.
     """
     cls = cls or DynVocabLogitsProcessor
     original = model.logits_processor
     original = getattr(original, "_dv_original", original)
-    proc = cls.wrap(original, model.lm_head, ids, cnt, **kwargs)
+    proc = cls.wrap(original, model.lm_head, table, head, **kwargs)
     object.__setattr__(proc, "_dv_original", original)
     model.logits_processor = proc
     return proc

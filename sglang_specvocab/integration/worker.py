@@ -320,21 +320,10 @@ class DynVocabDraftWorker(EagleDraftWorker):
                 f"inside each draft step, which is not supported with {why}; use a full-vocabulary EAGLE-3 draft "
                 "at TP 1, or a context policy (window, static, retrieval)"
             )
-        head = self.dynvocab_config.head
-        head_rows = (
-            int(hot.numel()) if hot is not None else int(self.target_worker.model_runner.model_config.vocab_size)
-        )
-        kwargs = dict(
-            kernel=head.kernel,
-            batch=head.batch,
-            union_capacity=self.dynvocab_config.union_columns(head_rows),
-            union_view=head.union_view,
-            hot_token_id=hot,
-            target_vocab_size=int(self.target_worker.model_runner.model_config.vocab_size),
-            fallback_id=table.fallback_id,
-        )
         cls = StepwiseProcessor if policy.stepwise else DynVocabLogitsProcessor
-        proc = install(model, table.ids, table.cnt, cls=cls, **kwargs)
+        vocab = int(self.target_worker.model_runner.model_config.vocab_size)
+        # the head sizes its union: head.union_capacity, else config.default_union_columns over its rows
+        proc = install(model, table, self.dynvocab_config.head, cls=cls, hot_token_id=hot, target_vocab_size=vocab)
         if policy.stepwise:
             proc.dv_policy = policy
         self.dynvocab_proc = proc

@@ -341,18 +341,11 @@ class SpeculativeDecoder:
         )
         self.policy = build_policy(config, num_rows=batch + 1, fallback_id=fallback, model=model)
         head = config.head
-        self.head = DraftHead(
-            draft.weight,
-            self.policy.table,
-            logit_softcap=draft.softcap,
-            kernel=head.kernel,
-            mode=head.mode,
+        if head.batch == "auto" and self.policy.table is not None:
             # auto is a speed choice (it may pick the stock dense head); the lab measures the policy's sets, so it
             # scores per request unless a mode is named (union own drafts the same; union all or stock differ)
-            batch="per-request" if head.batch == "auto" and self.policy.table is not None else head.batch,
-            union_capacity=config.union_columns(draft.vocab_size),
-            union_view=head.union_view,
-        )
+            head = head.model_copy(update={"batch": "per-request"})
+        self.head = DraftHead.from_config(draft.weight, self.policy.table, head, logit_softcap=draft.softcap)
         self.recorder = recorder  # gets (draft hidden states [n, d], their input tokens [n]) per request and step
         self._temperature, self._generator = 0.0, None  # of the current generate call
 
