@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from importlib import resources
 from itertools import islice
 from pathlib import Path
@@ -286,7 +286,6 @@ def train_draft(
     pool = trainable(data, seq_len)
     if not pool:
         raise SpecVocabError(f"no training sequence has a response within the states' seq_len {seq_len}")
-    device = draft.embed_tokens.device
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     warmup = max(1, steps // 20 if warmup is None else warmup)
@@ -295,73 +294,9 @@ def train_draft(
     plan.update(
         steps=steps, warmup=warmup, fitted=False, probe=None, refit=None, reserve=reserve, per_step=overhead_per_step
     )
-    started = clock() if started is None else started
-    deadline = None if time_budget_s is None else started + time_budget_s
-
-    def schedule(step: int) -> float:
-        total, warm = plan["steps"], plan["warmup"]
-        if step < warm:
-            return (step + 1) / warm
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
-
-    def fit(per_step: float, done: int, now: float) -> int:
-        """Sets the total to the steps that fit before the budget's end less the reserve and FIT_MARGIN_S (at
-        least one more, at most ``steps``)."""
-        left = deadline - now - plan["reserve"] - FIT_MARGIN_S
-        plan["steps"] = min(steps, max(done + 1, done + int(left / per_step)))
-        return plan["steps"]
-
-    def reschedule(done: int) -> None:
-        """The next step's learning rate, from the schedule as fitted now."""
-        for group, base in zip(opt.param_groups, sched.base_lrs, strict=True):
-            group["lr"] = base * schedule(done)
-
-    def ends_at(per_step: float, done: int, now: float) -> float:
-        return now - started + (plan["steps"] - done) * per_step + plan["reserve"]
-
-    def probed(timed: int, took: float, tokens: int, done: int, now: float) -> str:
-        """Records the probe's rate, fits the total steps to the budget (once), and says so."""
-        took = max(took, 1e-9)
-        rate, per_step = timed / took, took / timed + plan["per_step"]
-        line = f"[eagle3] rate {rate:.2f} steps/s, {tokens / took:,.0f} tokens/s over {timed} steps: "
-        if deadline is not None and not plan["fitted"]:
-            plan["fitted"] = True
-            if fit(per_step, done, now) < steps and plan["steps"] < 4 * plan["warmup"]:
-                # Shrunk once, while still warming up: the rest of the ramp is steeper (or none is left).
-                plan["warmup"] = max(done, plan["steps"] // 10)
-            reschedule(done)
-            line += f"fitting {plan['steps']:,} of {steps:,} steps into the {deadline - now:,.0f} s left"
-        else:
-            line += f"the {plan['steps'] - done:,} of {plan['steps']:,} steps left" + (
-                ", as fitted by the first call" if plan["fitted"] else ""
-            )
-        if not plan["fitted"] or plan["probe"] is None:  # a fitted plan keeps the probe that fitted it
-            plan["probe"] = {
-                "steps": timed,
-                "seconds": round(took, 3),
-                "steps_per_s": rate,
-                "tokens_per_s": tokens / took,
-            }
-        end = ends_at(per_step, done, now)
-        return line + f" (ends at about {end:,.0f} s" + (f" of {time_budget_s:,.0f} s)" if deadline else ")")
-
-    def refitted(timed: int, took: float, done: int, now: float) -> str:
-        """Fits the total again from the steps after the probe (the warm-up as it was), and says so."""
-        took = max(took, 1e-9)
-        per_step, old = took / timed + plan["per_step"], plan["steps"]
-        plan["refit"] = {"steps": timed, "seconds": round(took, 3), "steps_per_s": timed / took}
-        total = fit(per_step, done, now)
-        reschedule(done)
-        return (
-            f"[eagle3] rate {timed / took:.2f} steps/s over the {timed} steps after the probe: refitting "
-            f"{old:,} -> {total:,} steps (ends at about {ends_at(per_step, done, now):,.0f} s of {time_budget_s:,.0f} s)"
-        )
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
-    g = torch.Generator().manual_seed(seed)
-    order: list[int] = []
-    bf16 = objective.dtype == torch.bfloat16
-    history: list[StepStats] = []
+    schedule = _Schedule(plan, steps, clock() if started is None else started, time_budget_s)
+    # A function, not the bound method: LambdaLR's state_dict would keep a callable object's __dict__.
+    schedule.sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: schedule.factor(step))
     settings = {
         "steps": steps,
         "batch_size": batch_size,
@@ -374,74 +309,263 @@ def train_draft(
         "seq_len": seq_len,
         "dtype": str(objective.dtype),
     }
-    first = 0
-    if resume is not None and Path(resume).is_file():
-        first, order = _load_resume(resume, settings, params, opt, sched, g, history, extra, plan)
-        print(f"[eagle3] resuming at step {first} of {plan['steps']} from {resume}", file=sys.stderr)
+    g = torch.Generator().manual_seed(seed)
+    state = _TrainState(settings, params, opt, schedule.sched, g, extra, plan, resume, save_every)
+    first = state.resume()
     bar = tqdm(desc="train", unit="step", disable=not progress, initial=first, total=plan["steps"])
+    loop = _Loop(draft, data, states, objective, pool, seq_len, batch_size, ttt_steps, pad_token_id, state, schedule)
+    return loop.run(first, bar, clock, log_every=log_every, on_step=on_step, should_stop=should_stop)
 
-    def save(at: int) -> None:  # the training state after step ``at``
-        _save_resume(resume, at, settings, params, opt, sched, g, order, history, extra, plan)
 
-    probing, probe_t, probe_tokens = True, 0.0, 0
-    refit_at = None  # (step, time) the probe ended, in the call that fitted the total
-    for step in range(first, steps):
-        if step >= plan["steps"]:  # fitted to the time budget
-            break
+@dataclass
+class _Schedule:
+    """A train_draft call's learning rate (warm-up, then cosine decay) and its fit to the time budget.
+
+    ``plan`` is the caller's dict (the total steps and warm-up as fitted, the rates measured); ``steps``
+    the total asked for, which no fit goes above; ``started`` the ``clock()`` value the budget counts from."""
+
+    plan: dict
+    steps: int
+    started: float
+    time_budget_s: float | None
+    sched: torch.optim.lr_scheduler.LambdaLR | None = None  # set once made: it calls ``factor``
+    deadline: float | None = field(init=False)  # the budget's end, a ``clock()`` value
+
+    def __post_init__(self) -> None:
+        self.deadline = None if self.time_budget_s is None else self.started + self.time_budget_s
+
+    def factor(self, step: int) -> float:
+        """The learning rate at ``step``, as a fraction of ``lr``."""
+        total, warm = self.plan["steps"], self.plan["warmup"]
+        if step < warm:
+            return (step + 1) / warm
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+
+    def fit(self, per_step: float, done: int, now: float) -> int:
+        """Sets the total to the steps that fit before the budget's end less the reserve and FIT_MARGIN_S (at
+        least one more, at most ``steps``)."""
+        left = self.deadline - now - self.plan["reserve"] - FIT_MARGIN_S
+        self.plan["steps"] = min(self.steps, max(done + 1, done + int(left / per_step)))
+        return self.plan["steps"]
+
+    def reschedule(self, done: int) -> None:
+        """The next step's learning rate, from the schedule as fitted now."""
+        for group, base in zip(self.sched.optimizer.param_groups, self.sched.base_lrs, strict=True):
+            group["lr"] = base * self.factor(done)
+
+    def ends_at(self, per_step: float, done: int, now: float) -> float:
+        """Seconds from the start to the end of the planned steps and the reserve, at ``per_step``."""
+        return now - self.started + (self.plan["steps"] - done) * per_step + self.plan["reserve"]
+
+    def behind(self, now: float) -> bool:
+        """Whether less than the reserve is left before the budget's end (slower than probed)."""
+        return self.deadline is not None and self.deadline - now < self.plan["reserve"]
+
+    def probed(self, timed: int, took: float, tokens: int, done: int, now: float) -> str:
+        """Records the probe's rate, fits the total steps to the budget (once), and says so."""
+        plan, deadline = self.plan, self.deadline
+        took = max(took, 1e-9)
+        rate, per_step = timed / took, took / timed + plan["per_step"]
+        line = f"[eagle3] rate {rate:.2f} steps/s, {tokens / took:,.0f} tokens/s over {timed} steps: "
+        if deadline is not None and not plan["fitted"]:
+            plan["fitted"] = True
+            if self.fit(per_step, done, now) < self.steps and plan["steps"] < 4 * plan["warmup"]:
+                # Shrunk once, while still warming up: the rest of the ramp is steeper (or none is left).
+                plan["warmup"] = max(done, plan["steps"] // 10)
+            self.reschedule(done)
+            line += f"fitting {plan['steps']:,} of {self.steps:,} steps into the {deadline - now:,.0f} s left"
+        else:
+            line += f"the {plan['steps'] - done:,} of {plan['steps']:,} steps left" + (
+                ", as fitted by the first call" if plan["fitted"] else ""
+            )
+        if not plan["fitted"] or plan["probe"] is None:  # a fitted plan keeps the probe that fitted it
+            plan["probe"] = {
+                "steps": timed,
+                "seconds": round(took, 3),
+                "steps_per_s": rate,
+                "tokens_per_s": tokens / took,
+            }
+        end = self.ends_at(per_step, done, now)
+        return line + f" (ends at about {end:,.0f} s" + (f" of {self.time_budget_s:,.0f} s)" if deadline else ")")
+
+    def refitted(self, timed: int, took: float, done: int, now: float) -> str:
+        """Fits the total again from the steps after the probe (the warm-up as it was), and says so."""
+        took = max(took, 1e-9)
+        per_step, old = took / timed + self.plan["per_step"], self.plan["steps"]
+        self.plan["refit"] = {"steps": timed, "seconds": round(took, 3), "steps_per_s": timed / took}
+        total = self.fit(per_step, done, now)
+        self.reschedule(done)
+        return (
+            f"[eagle3] rate {timed / took:.2f} steps/s over the {timed} steps after the probe: refitting "
+            f"{old:,} -> {total:,} steps (ends at about {self.ends_at(per_step, done, now):,.0f} s of "
+            f"{self.time_budget_s:,.0f} s)"
+        )
+
+
+@dataclass
+class _TrainState:
+    """What a resume file keeps of a train_draft call (the settings it must match, the parameters, optimiser,
+    schedule, data order and statistics, the caller's ``extra`` and the ``plan``), and where it is saved."""
+
+    settings: dict
+    params: list[torch.nn.Parameter]
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LambdaLR
+    g: torch.Generator
+    extra: dict | None
+    plan: dict
+    path: str | Path | None  # ``resume``: saved every ``save_every`` steps, when stopped, and at the end
+    save_every: int
+    order: list[int] = field(default_factory=list)
+    history: list[StepStats] = field(default_factory=list)
+
+    def save(self, at: int) -> None:
+        """The training state after step ``at``, written to ``path``."""
+        _save_resume(
+            self.path,
+            at,
+            self.settings,
+            self.params,
+            self.opt,
+            self.sched,
+            self.g,
+            self.order,
+            self.history,
+            self.extra,
+            self.plan,
+        )
+
+    def resume(self) -> int:
+        """Continues from the state saved in ``path``, if any: returns the step it was saved after (else 0)."""
+        if self.path is None or not Path(self.path).is_file():
+            return 0
+        first, self.order = _load_resume(
+            self.path, self.settings, self.params, self.opt, self.sched, self.g, self.history, self.extra, self.plan
+        )
+        print(f"[eagle3] resuming at step {first} of {self.plan['steps']} from {self.path}", file=sys.stderr)
+        return first
+
+    def next_batch(self, pool: list[int], batch_size: int) -> list[int]:
+        """The next sequences of ``pool``, in shuffled passes through it."""
         pick = []
         while len(pick) < min(batch_size, len(pool)):
-            if not order:  # a new pass through the data, in a new order
-                order = [pool[i] for i in torch.randperm(len(pool), generator=g).tolist()]
-            pick.append(order.pop())
-        tokens = sum(min(len(data.sequences[i]), seq_len) for i in pick)
-        batch = states.batch(data, pick, pad_token_id).to(device)
-        draft.train()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss, stats = ttt_loss(draft, batch, ttt_steps, objective)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        history.append(stats)
-        bar.set_postfix(loss=f"{stats.loss:.3f}", acc0=f"{stats.accuracy[0]:.2f}", acc_len=f"{stats.accept_length:.2f}")
-        if log_every and (step + 1) % log_every == 0:
-            bar.write(format_stats(step + 1, stats))
-        if on_step is not None:
-            on_step(step + 1, stats)
-        bar.update()
-        now = clock()
-        if step == first:  # the probe starts after this call's first step
-            probe_t = now
-        elif probing:
-            probe_tokens += tokens
-            if step - first >= PROBE_STEPS or now - probe_t >= PROBE_SECONDS:
-                probing = False
-                fits = deadline is not None and not plan["fitted"]
-                bar.write(probed(step - first, now - probe_t, probe_tokens, step + 1, now), file=sys.stderr)
+            if not self.order:  # a new pass through the data, in a new order
+                self.order = [pool[i] for i in torch.randperm(len(pool), generator=self.g).tolist()]
+            pick.append(self.order.pop())
+        return pick
+
+
+@dataclass
+class _Probe:
+    """The step rate of a train_draft call: from its second step until the probe ends, then (in the call that
+    fitted the total) over the steps after the probe, for the refit."""
+
+    first: int  # the call's first step
+    schedule: _Schedule
+    probing: bool = True
+    since: float = 0.0  # when the probe started
+    tokens: int = 0
+    refit_at: tuple[int, float] | None = None  # (step, time) the probe ended, in the call that fitted the total
+
+    def after_step(self, step: int, tokens: int, now: float, bar) -> None:
+        """Counts the step that ended at ``now``; where the probe or the refit's steps end, fits and says so."""
+        schedule, plan = self.schedule, self.schedule.plan
+        if step == self.first:  # the probe starts after this call's first step
+            self.since = now
+        elif self.probing:
+            self.tokens += tokens
+            if step - self.first >= PROBE_STEPS or now - self.since >= PROBE_SECONDS:
+                self.probing = False
+                fits = schedule.deadline is not None and not plan["fitted"]
+                bar.write(
+                    schedule.probed(step - self.first, now - self.since, self.tokens, step + 1, now), file=sys.stderr
+                )
                 bar.total = plan["steps"]
                 bar.refresh()
-                refit_at = (step, now) if fits else None
-        elif refit_at is not None and (step - refit_at[0] >= REFIT_STEPS or now - refit_at[1] >= REFIT_SECONDS):
-            bar.write(refitted(step - refit_at[0], now - refit_at[1], step + 1, now), file=sys.stderr)
+                self.refit_at = (step, now) if fits else None
+        elif self.refit_at is not None and (
+            step - self.refit_at[0] >= REFIT_STEPS or now - self.refit_at[1] >= REFIT_SECONDS
+        ):
+            bar.write(
+                schedule.refitted(step - self.refit_at[0], now - self.refit_at[1], step + 1, now), file=sys.stderr
+            )
             bar.total = plan["steps"]
             bar.refresh()
-            refit_at = None
-        over = deadline is not None and deadline - now < plan["reserve"]  # slower than probed: stop rather than overrun
-        if step + 1 < plan["steps"] and (over or (should_stop is not None and should_stop())):
-            why = "the time budget would be passed" if over else "asked to stop"
-            if resume is None:
-                raise Stopped(step + 1, None, why)
-            save(step + 1)
-            draft.eval()
-            raise Stopped(step + 1, resume, why)
-        if resume is not None and save_every and (step + 1) % save_every == 0:
-            save(step + 1)
-    bar.close()
-    if resume is not None and first < plan["steps"]:  # finished: the same command again just writes the draft again
-        save(plan["steps"])
-    draft.eval()
-    return history
+            self.refit_at = None
+
+
+@dataclass
+class _Loop:
+    """The steps of a train_draft call: what each step reads, the state it changes, and the schedule."""
+
+    draft: Eagle3Draft
+    data: SelfDistillData
+    states: TargetStates | OnlineStates
+    objective: Objective
+    pool: list[int]  # the trainable sequences
+    seq_len: int
+    batch_size: int
+    ttt_steps: int
+    pad_token_id: int
+    state: _TrainState
+    schedule: _Schedule
+
+    def run(
+        self, first: int, bar, clock: Callable[[], float], *, log_every: int, on_step, should_stop
+    ) -> list[StepStats]:
+        """Steps ``first`` on, to the planned total; raises :class:`Stopped` when asked to or falling behind."""
+        plan, probe = self.schedule.plan, _Probe(first, self.schedule)
+        for step in range(first, self.schedule.steps):
+            if step >= plan["steps"]:  # fitted to the time budget
+                break
+            stats, tokens = self.step()
+            bar.set_postfix(
+                loss=f"{stats.loss:.3f}", acc0=f"{stats.accuracy[0]:.2f}", acc_len=f"{stats.accept_length:.2f}"
+            )
+            if log_every and (step + 1) % log_every == 0:
+                bar.write(format_stats(step + 1, stats))
+            if on_step is not None:
+                on_step(step + 1, stats)
+            bar.update()
+            now = clock()
+            probe.after_step(step, tokens, now, bar)
+            over = self.schedule.behind(now)  # slower than probed: stop rather than overrun
+            if step + 1 < plan["steps"] and (over or (should_stop is not None and should_stop())):
+                self.stop(step + 1, "the time budget would be passed" if over else "asked to stop")
+            if self.state.path is not None and self.state.save_every and (step + 1) % self.state.save_every == 0:
+                self.state.save(step + 1)
+        bar.close()
+        # Finished: the same command again just writes the draft again.
+        if self.state.path is not None and first < plan["steps"]:
+            self.state.save(plan["steps"])
+        self.draft.eval()
+        return self.state.history
+
+    def step(self) -> tuple[StepStats, int]:
+        """One optimiser step on the next batch: its statistics (kept in the history) and its tokens."""
+        state = self.state
+        pick = state.next_batch(self.pool, self.batch_size)
+        tokens = sum(min(len(self.data.sequences[i]), self.seq_len) for i in pick)
+        device = self.draft.embed_tokens.device
+        batch = self.states.batch(self.data, pick, self.pad_token_id).to(device)
+        self.draft.train()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.objective.dtype == torch.bfloat16):
+            loss, stats = ttt_loss(self.draft, batch, self.ttt_steps, self.objective)
+        state.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(state.params, 1.0)
+        state.opt.step()
+        state.sched.step()
+        state.history.append(stats)
+        return stats, tokens
+
+    def stop(self, step: int, why: str) -> None:
+        """Raises :class:`Stopped` after ``step``, the state saved first where there is a resume file."""
+        if self.state.path is None:
+            raise Stopped(step, None, why)
+        self.state.save(step)
+        self.draft.eval()
+        raise Stopped(step, self.state.path, why)
 
 
 RESUME_FORMAT = "sglang-specvocab/eagle3-train-state/1"
