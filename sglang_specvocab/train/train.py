@@ -421,28 +421,58 @@ class _TrainState:
 
     def save(self, at: int) -> None:
         """The training state after step ``at``, written to ``path``."""
-        _save_resume(
-            self.path,
-            at,
-            self.settings,
-            self.params,
-            self.opt,
-            self.sched,
-            self.g,
-            self.order,
-            self.history,
-            self.extra,
-            self.plan,
+        path = Path(self.path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(
+            {
+                "format": RESUME_FORMAT,
+                "step": at,
+                "settings": self.settings,
+                "params": [p.detach().cpu() for p in self.params],
+                "opt": self.opt.state_dict(),
+                "sched": self.sched.state_dict(),
+                "generator": self.g.get_state(),
+                "order": list(self.order),
+                "history": [asdict(h) for h in self.history],
+                "extra": dict(self.extra or {}),
+                "plan": dict(self.plan),
+            },
+            tmp,
         )
+        tmp.replace(path)  # a call cut off while saving keeps the previous state
 
     def resume(self) -> int:
         """Continues from the state saved in ``path``, if any: returns the step it was saved after (else 0)."""
-        if self.path is None or not Path(self.path).is_file():
+        path = self.path
+        if path is None or not Path(path).is_file():
             return 0
-        first, self.order = _load_resume(
-            self.path, self.settings, self.params, self.opt, self.sched, self.g, self.history, self.extra, self.plan
-        )
-        print(f"[eagle3] resuming at step {first} of {self.plan['steps']} from {self.path}", file=sys.stderr)
+        try:
+            st = torch.load(path, weights_only=False)  # our own file: optimiser state and plain lists
+        except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+            raise SpecVocabError(f"--resume-state {path}: cannot read it ({exc}); delete it to start again") from None
+        if not isinstance(st, dict) or st.get("format") != RESUME_FORMAT:
+            raise SpecVocabError(f"--resume-state {path}: not a training state written by train-eagle3")
+        changed = [
+            f"{k} {st['settings'].get(k)!r} -> {v!r}" for k, v in self.settings.items() if st["settings"].get(k) != v
+        ]
+        if changed:
+            raise SpecVocabError(
+                f"--resume-state {path} was saved by a run with other settings ({'; '.join(changed)}): "
+                "resume with the same ones, or delete it to start again"
+            )
+        with torch.no_grad():
+            for p, saved in zip(self.params, st["params"], strict=True):
+                p.copy_(saved)
+        self.opt.load_state_dict(st["opt"])
+        self.sched.load_state_dict(st["sched"])
+        self.g.set_state(st["generator"])
+        self.history.extend(StepStats(**h) for h in st["history"])
+        if self.extra is not None:
+            self.extra.update(st["extra"])
+        self.plan.update(st.get("plan", {}))  # the total fitted by the first call: not refitted, not a changed setting
+        first, self.order = st["step"], list(st["order"])
+        print(f"[eagle3] resuming at step {first} of {self.plan['steps']} from {path}", file=sys.stderr)
         return first
 
     def next_batch(self, pool: list[int], batch_size: int) -> list[int]:
@@ -577,55 +607,6 @@ class Stopped(Exception):
     def __init__(self, step: int, path, reason: str = "asked to stop") -> None:
         super().__init__(f"stopped after step {step} ({reason})" + (f", state saved to {path}" if path else ""))
         self.step, self.path, self.reason = step, path, reason
-
-
-def _save_resume(path, step, settings, params, opt, sched, g, order, history, extra, plan) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(
-        {
-            "format": RESUME_FORMAT,
-            "step": step,
-            "settings": settings,
-            "params": [p.detach().cpu() for p in params],
-            "opt": opt.state_dict(),
-            "sched": sched.state_dict(),
-            "generator": g.get_state(),
-            "order": list(order),
-            "history": [asdict(h) for h in history],
-            "extra": dict(extra or {}),
-            "plan": dict(plan),
-        },
-        tmp,
-    )
-    tmp.replace(path)  # a call cut off while saving keeps the previous state
-
-
-def _load_resume(path, settings, params, opt, sched, g, history, extra, plan) -> tuple[int, list[int]]:
-    try:
-        st = torch.load(path, weights_only=False)  # our own file: optimiser state and plain lists
-    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
-        raise SpecVocabError(f"--resume-state {path}: cannot read it ({exc}); delete it to start again") from None
-    if not isinstance(st, dict) or st.get("format") != RESUME_FORMAT:
-        raise SpecVocabError(f"--resume-state {path}: not a training state written by train-eagle3")
-    changed = [f"{k} {st['settings'].get(k)!r} -> {v!r}" for k, v in settings.items() if st["settings"].get(k) != v]
-    if changed:
-        raise SpecVocabError(
-            f"--resume-state {path} was saved by a run with other settings ({'; '.join(changed)}): "
-            "resume with the same ones, or delete it to start again"
-        )
-    with torch.no_grad():
-        for p, saved in zip(params, st["params"], strict=True):
-            p.copy_(saved)
-    opt.load_state_dict(st["opt"])
-    sched.load_state_dict(st["sched"])
-    g.set_state(st["generator"])
-    history.extend(StepStats(**h) for h in st["history"])
-    if extra is not None:
-        extra.update(st["extra"])
-    plan.update(st.get("plan", {}))  # the total fitted by the first call: not refitted, not a changed setting
-    return st["step"], list(st["order"])
 
 
 def format_stats(step: int, s: StepStats) -> str:
