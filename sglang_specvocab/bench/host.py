@@ -434,8 +434,23 @@ def _f(x: float) -> str:
 
 
 def markdown(result: dict) -> str:
+    """The report of ``run``'s result: its header, one section per table, and the verdict."""
+    lines = _md_header(result)
+    lines += _md_gate(result["cases"])
+    lines += _md_decode(result["cases"])
+    lines += _md_outside_ops(result["cases"])
+    lines += _md_ops(result["cases"])
+    lines += _md_prefill(result["cases"])
+    lines += _md_event(result.get("prefill_event"))
+    lines += _md_topk(result["prefill_topk"])
+    lines += _md_verdict(result["cases"])
+    return "\n".join(lines)
+
+
+def _md_header(result: dict) -> list[str]:
+    """The title, the machine and command, the method and the gate."""
     dev, ver = result["device"], result["versions"]
-    lines = [
+    return [
         "# Host cost per decode round and per prefill: DYNVOCAB against EAGLE3 (CPU)",
         "",
         (
@@ -457,6 +472,19 @@ def markdown(result: dict) -> str:
             f"Information: the time it adds, outside aten ops and wall, against {result['target_us']:g} us; on this "
             "CPU wall time also holds the ops' arithmetic, which a GPU runs as kernels."
         ),
+    ]
+
+
+def _eager_cell(x: dict) -> str:
+    """Launches of one phase, then the ops inside its graph and its syncs where there are any."""
+    graph = f" ({x['in_graph']})" if x["in_graph"] else ""
+    sync = f", {x['syncs']} sync" if x["syncs"] else ""
+    return f"{x['launches']}{graph}{sync}"
+
+
+def _md_gate(cases: list[dict]) -> list[str]:
+    """The gate's table: launches and host syncs per call."""
+    lines = [
         "",
         "## Launches and host syncs per call, as a GPU host with CUDA graphs pays them (the gate)",
         "",
@@ -473,26 +501,25 @@ def markdown(result: dict) -> str:
         ),
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:--|---:|---:|",
     ]
-    for c in result["cases"]:
+    for c in cases:
         s, e, d = c["shape"], c["eager"]["EAGLE3"], c["eager"]["DYNVOCAB"]
-
-        def cell(x):
-            graph = f" ({x['in_graph']})" if x["in_graph"] else ""
-            sync = f", {x['syncs']} sync" if x["syncs"] else ""
-            return f"{x['launches']}{graph}{sync}"
-
         cells = [str(s["bs"]), str(s["topk"])]
         for ph in PHASES:
-            cells += [cell(e[ph]), cell(d[ph])]
+            cells += [_eager_cell(e[ph]), _eager_cell(d[ph])]
         cells += [
             str(c["added_launches_per_round"]),
             str(c["added_syncs_per_round"]),
             "met" if c["meets_gate"] else "MISSED",
-            cell(e["prefill"]),
-            cell(d["prefill"]),
+            _eager_cell(e["prefill"]),
+            _eager_cell(d["prefill"]),
         ]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += [
+    return lines
+
+
+def _md_decode(cases: list[dict]) -> list[str]:
+    """Wall time per phase and per decode round."""
+    lines = [
         "",
         "## Decode round (us; spread = max - min of the rep medians)",
         "",
@@ -503,7 +530,7 @@ def markdown(result: dict) -> str:
         ),
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:--|---:|",
     ]
-    for c in result["cases"]:
+    for c in cases:
         s, e, d = c["shape"], c["decode"]["EAGLE3"], c["decode"]["DYNVOCAB"]
         cells = [str(s["bs"]), str(s["topk"])]
         for p in (*PHASES, "round"):
@@ -517,7 +544,12 @@ def markdown(result: dict) -> str:
             _f(c["verify_topk_us"]),
         ]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += [
+    return lines
+
+
+def _md_outside_ops(cases: list[dict]) -> list[str]:
+    """Time per round inside and outside aten ops."""
+    lines = [
         "",
         "## Outside aten ops: Python and dispatch (us; wall less the time inside ops, timed in a separate pass)",
         "",
@@ -532,27 +564,37 @@ def markdown(result: dict) -> str:
         ),
         "|---:|---:|---:|---:|---:|---:|---:|---:|:--|",
     ]
-    for c in result["cases"]:
+    for c in cases:
         s, i, o = c["shape"], c["in_ops_us"], c["outside_ops_us"]
         lines.append(
             f"| {s['bs']} | {s['topk']} | {_f(i['EAGLE3']['round'])} | {_f(i['DYNVOCAB']['round'])} | "
             f"{_f(o['EAGLE3']['round'])} | {_f(o['DYNVOCAB']['round'])} | {_f(c['added_outside_ops_us'])} | "
             f"{c['added_ops_per_round']} | {'met' if c['meets_target'] else 'MISSED'} |"
         )
-    lines += [
+    return lines
+
+
+def _md_ops(cases: list[dict]) -> list[str]:
+    """Aten ops per call of each phase."""
+    lines = [
         "",
         "## Ops per call (aten ops, views excluded)",
         "",
         "| bs | topk | phase | EAGLE3 | DYNVOCAB |",
         "|---:|---:|:--|---:|---:|",
     ]
-    for c in result["cases"]:
+    for c in cases:
         s = c["shape"]
         for p in (*PHASES, "prefill"):
             lines.append(
                 f"| {s['bs']} | {s['topk']} | {p} | {c['ops']['EAGLE3'][p]['ops']} | {c['ops']['DYNVOCAB'][p]['ops']} |"
             )
-    lines += [
+    return lines
+
+
+def _md_prefill(cases: list[dict]) -> list[str]:
+    """Prefill time, once per batch size."""
+    lines = [
         "",
         "## Prefill (one batch of bs prompts; us)",
         "",
@@ -560,7 +602,7 @@ def markdown(result: dict) -> str:
         "|---:|---:|---:|---:|---:|---:|",
     ]
     seen = set()
-    for c in result["cases"]:
+    for c in cases:
         s = c["shape"]
         if s["bs"] in seen:
             continue
@@ -571,22 +613,31 @@ def markdown(result: dict) -> str:
             f"| {s['bs']} | {s['bs'] * s['prompt_len']} | {_f(p['EAGLE3']['us'])} | {_f(p['DYNVOCAB']['us'])} | "
             f"{_f(c['added_prefill_us'])} | {_f(spread)} |"
         )
-    ev = result.get("prefill_event")
-    if ev:
-        lines += [
-            "",
-            "## Prefill event, host work (us; `prefill_event` without its top-K: index building, the cache hits' ids)",
-            "",
-            "| requests | hit ids each | extended each | us | spread | under " + f"{ev['target_us']:g} us |",
-            "|---:|---:|---:|---:|---:|:--|",
-        ]
-        for r in ev["rows"]:
-            lines.append(
-                f"| {r['requests']} | {r['hit_ids']} | {r['extend']} | {_f(r['us'])} | {_f(r['spread_us'])} | "
-                f"{'met' if r['meets'] else 'MISSED'} |"
-            )
-    t = result["prefill_topk"]
-    lines += [
+    return lines
+
+
+def _md_event(ev: dict | None) -> list[str]:
+    """The prefill event's host work, where the result has it."""
+    if not ev:
+        return []
+    lines = [
+        "",
+        "## Prefill event, host work (us; `prefill_event` without its top-K: index building, the cache hits' ids)",
+        "",
+        "| requests | hit ids each | extended each | us | spread | under " + f"{ev['target_us']:g} us |",
+        "|---:|---:|---:|---:|---:|:--|",
+    ]
+    for r in ev["rows"]:
+        lines.append(
+            f"| {r['requests']} | {r['hit_ids']} | {r['extend']} | {_f(r['us'])} | {_f(r['spread_us'])} | "
+            f"{'met' if r['meets'] else 'MISSED'} |"
+        )
+    return lines
+
+
+def _md_topk(t: dict) -> list[str]:
+    """The prefill top-K alone, per chunk size."""
+    lines = [
         "",
         f"## Prefill top-K alone ({t['tokens']} prompt tokens, d {t['d']}, V {t['vocab']}, k {t['k']}; CPU, 1 thread)",
         "",
@@ -598,22 +649,25 @@ def markdown(result: dict) -> str:
             f"| {r['chunk']} | {r['ms_per_1k_tokens']:.1f} | {r['spread_ms_per_1k']:.1f} | "
             f"{r['largest_logits_bytes'] / 2**20:.1f} |"
         )
-    lines += [
+    return lines
+
+
+def _md_verdict(cases: list[dict]) -> list[str]:
+    """The note on the target top-k column, and the verdict of the gate and the time targets."""
+    gate = [c for c in cases if not c["meets_gate"]]
+    missed = [c for c in cases if not c["meets_target"]]
+    wall_missed = [c for c in cases if not c["meets_target_wall"]]
+
+    def verdict(bad):
+        return "every case meets" if not bad else f"{len(bad)} case(s) miss"
+
+    return [
         "",
         (
             "`of which target top-k`: the verify hook's top-k of the target's logits `[bs x draft tokens, V]` timed "
             "alone (min of the rep medians): arithmetic that DYNVOCAB's verify time holds here, one device kernel on a "
             "GPU."
         ),
-    ]
-    gate = [c for c in result["cases"] if not c["meets_gate"]]
-    missed = [c for c in result["cases"] if not c["meets_target"]]
-    wall_missed = [c for c in result["cases"] if not c["meets_target_wall"]]
-
-    def verdict(bad):
-        return "every case meets" if not bad else f"{len(bad)} case(s) miss"
-
-    lines += [
         "",
         (
             f"Verdict (gate, launches and syncs): {verdict(gate)} it. Information: {verdict(missed)} the time "
@@ -621,7 +675,6 @@ def markdown(result: dict) -> str:
         ),
         "",
     ]
-    return "\n".join(lines)
 
 
 __all__ = ["count_ops", "markdown", "run", "topk_cost"]

@@ -260,61 +260,99 @@ def run_rounds(
     """Every (batch size, length, repeat) not cached, one server at a time; the table."""
     check_unique(configs)
     s = settings
-    if len(s.lengths) != 2 or not 0 < s.lengths[0] < s.lengths[1]:
-        raise SpecBenchError(f"lengths must be two increasing positive token counts, got {list(s.lengths)}")
-    if min(s.batch_sizes) < 1 or s.repeats < 1 or s.prompt_len < 1:
-        raise SpecBenchError("batch sizes, repeats and the prompt length must be at least 1")
+    _check_settings(s)
     cache = ResultCache(cache_path)
     if cache.skipped_lines:
         print(f"cache {cache_path}: ignored {cache.skipped_lines} unreadable line(s)", file=sys.stderr)
     runs = [(bs, n, r) for bs in s.batch_sizes for r in range(s.repeats) for n in s.lengths]
-
-    def key(config: ServerConfig, bs: int, n: int, r: int) -> str:
-        return f"rounds|{config.name}|{_fingerprint(config, s)}|{bs}|{n}|{r}"
-
     for config in configs:
-        todo = [x for x in runs if cache.get(key(config, *x)) is None]
+        todo = [x for x in runs if cache.get(_key(config, s, *x)) is None]
         if not todo:
             print(f"[{config.name}] all {len(runs)} runs are cached: nothing to run", flush=True)
             continue
-        with Server(config, s.server, log_dir) as server:
-            for bs in sorted({bs for bs, _, _ in todo}):
-                ids = prompt_ids(s, bs, vocab_size)
-                for _ in range(s.server.warmup):  # Triton and allocator warm-up at this batch size
-                    time_batch(server.url, ids, s.lengths[0], s.server.request_timeout)
-                for b, n, r in todo:
-                    if b != bs:
-                        continue
-                    try:
-                        got = time_batch(server.url, ids, n, s.server.request_timeout)
-                    except SpecBenchError as exc:
-                        server.check_alive()
-                        raise SpecBenchError(f"config {config.name!r}, bs {bs}, {n} tokens: {exc}") from None
-                    cache.append(
-                        {
-                            "key": key(config, bs, n, r),
-                            "config": config.name,
-                            "bs": bs,
-                            "new_tokens": n,
-                            "repeat": r,
-                            **got,
-                        }
+        _run_config(config, s, todo, vocab_size, cache, log_dir, progress)
+    rows = _rows(configs, s, cache)
+    ratios = _ratios(rows, s)
+    return {
+        "device": device_name(),
+        "versions": versions(),
+        "command": command,
+        "load_format": load_format,
+        "batch_sizes": list(s.batch_sizes),
+        "lengths": list(s.lengths),
+        "prompt_len": s.prompt_len,
+        "repeats": s.repeats,
+        "configs": [{"name": c.name, "algorithm": c.algorithm, "args": c.args} for c in configs],
+        "rows": rows,
+        "ratios": ratios,
+    }
+
+
+def _check_settings(s: RoundsSettings) -> None:
+    """Two increasing lengths; batch sizes, repeats and the prompt length at least 1."""
+    if len(s.lengths) != 2 or not 0 < s.lengths[0] < s.lengths[1]:
+        raise SpecBenchError(f"lengths must be two increasing positive token counts, got {list(s.lengths)}")
+    if min(s.batch_sizes) < 1 or s.repeats < 1 or s.prompt_len < 1:
+        raise SpecBenchError("batch sizes, repeats and the prompt length must be at least 1")
+
+
+def _key(config: ServerConfig, s: RoundsSettings, bs: int, n: int, r: int) -> str:
+    """The cache key of one timed run: the config (by name and fingerprint), batch size, length and repeat."""
+    return f"rounds|{config.name}|{_fingerprint(config, s)}|{bs}|{n}|{r}"
+
+
+def _run_config(
+    config: ServerConfig,
+    s: RoundsSettings,
+    todo: list[tuple[int, int, int]],
+    vocab_size: int,
+    cache: ResultCache,
+    log_dir: Path,
+    progress: bool,
+) -> None:
+    """The runs ``todo`` (batch size, length, repeat) of one config on one server, each appended to the cache."""
+    with Server(config, s.server, log_dir) as server:
+        for bs in sorted({bs for bs, _, _ in todo}):
+            ids = prompt_ids(s, bs, vocab_size)
+            for _ in range(s.server.warmup):  # Triton and allocator warm-up at this batch size
+                time_batch(server.url, ids, s.lengths[0], s.server.request_timeout)
+            for b, n, r in todo:
+                if b != bs:
+                    continue
+                try:
+                    got = time_batch(server.url, ids, n, s.server.request_timeout)
+                except SpecBenchError as exc:
+                    server.check_alive()
+                    raise SpecBenchError(f"config {config.name!r}, bs {bs}, {n} tokens: {exc}") from None
+                cache.append(
+                    {
+                        "key": _key(config, s, bs, n, r),
+                        "config": config.name,
+                        "bs": bs,
+                        "new_tokens": n,
+                        "repeat": r,
+                        **got,
+                    }
+                )
+                if progress:
+                    print(
+                        f"[{config.name}] bs {bs}, {n} tokens, repeat {r}: {got['wall_s']:.3f} s, "
+                        f"{got['rounds']} rounds",
+                        flush=True,
                     )
-                    if progress:
-                        print(
-                            f"[{config.name}] bs {bs}, {n} tokens, repeat {r}: {got['wall_s']:.3f} s, "
-                            f"{got['rounds']} rounds",
-                            flush=True,
-                        )
+
+
+def _rows(configs: list[ServerConfig], s: RoundsSettings, cache: ResultCache) -> list[dict]:
+    """Per config and batch size: the round time (median, min, max over the repeats) and the accept length."""
     rows = []
     for config in configs:
         for bs in s.batch_sizes:
             times = []
             for r in range(s.repeats):
-                short, long = (cache.get(key(config, bs, n, r)) for n in s.lengths)
+                short, long = (cache.get(_key(config, s, bs, n, r)) for n in s.lengths)
                 if short and long and (t := round_time(short, long)) is not None:
                     times.append(t)
-            last = cache.get(key(config, bs, s.lengths[1], s.repeats - 1))
+            last = cache.get(_key(config, s, bs, s.lengths[1], s.repeats - 1))
             rows.append(
                 {
                     "config": config.name,
@@ -328,6 +366,11 @@ def run_rounds(
                     "accept_length": last["tokens"] / last["verify"] if last and last["verify"] else None,
                 }
             )
+    return rows
+
+
+def _ratios(rows: list[dict], s: RoundsSettings) -> list[dict]:
+    """DYNVOCAB's round time over EAGLE3's, per kind and batch size where both have one."""
     ratios = []
     by = {(r["config"], r["bs"]): r for r in rows}
     for kind in KINDS:
@@ -343,19 +386,7 @@ def run_rounds(
                         "ratio": d["round_ms"] / e["round_ms"],
                     }
                 )
-    return {
-        "device": device_name(),
-        "versions": versions(),
-        "command": command,
-        "load_format": load_format,
-        "batch_sizes": list(s.batch_sizes),
-        "lengths": list(s.lengths),
-        "prompt_len": s.prompt_len,
-        "repeats": s.repeats,
-        "configs": [{"name": c.name, "algorithm": c.algorithm, "args": c.args} for c in configs],
-        "rows": rows,
-        "ratios": ratios,
-    }
+    return ratios
 
 
 def markdown(result: dict) -> str:

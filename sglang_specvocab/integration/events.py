@@ -204,33 +204,12 @@ def prefill_event(
         start = torch.tensor(_host_ints(extend_start_loc, "extend_start_loc"), dtype=torch.int64)
     width = max([h + e for h, e in zip(hit, ext, strict=True)] + [0])
     device = input_ids.device
-
-    ext_t = torch.tensor(ext, dtype=torch.int64)
-    hit_t = torch.tensor(hit, dtype=torch.int64)
-    n_ext = sum(ext)
-    # Extended token t of request i: source row start[i] + t, destination i * width + hit[i] + t.
-    owner = torch.repeat_interleave(torch.arange(b), ext_t, output_size=n_ext)
-    offset = torch.arange(n_ext) - torch.repeat_interleave(torch.cumsum(ext_t, 0) - ext_t, ext_t, output_size=n_ext)
-    src = host_to_device(start[owner] + offset, device)
-    dst = host_to_device(owner * width + hit_t[owner] + offset, device)
+    src, dst = _scatter_index(ext, hit, start, width, device)
 
     if sum(hit):
         if full_ids is None:
             raise ValueError("prefill_event: full_ids is required for prefix-cache hits (prefix_lens > fed_lens)")
-        # The hit ids are host values: laid out on the host ([b, width], each request's from column 0) and
-        # copied once; a slice of each request's list, unboxed by ``array`` in C (about 16 ns an id, where
-        # ``torch.tensor`` of a list takes about 55 and a Python loop over the ids about 90).
-        seeded = torch.full((b, width), -1, dtype=torch.int64)
-        for i in range(b):
-            if hit[i]:
-                ids = _host_ids(full_ids[i][fed[i] : pre[i]])
-                if ids.numel() != hit[i]:
-                    raise ValueError(
-                        f"prefill_event: full_ids[{i}] has {len(full_ids[i])} ids, the prefix-cache hit needs "
-                        f"positions up to prefix_len = {pre[i]}"
-                    )
-                seeded[i, : hit[i]] = ids
-        prompt_ids = host_to_device(seeded.view(-1), device)
+        prompt_ids = host_to_device(_seeded_hits(full_ids, fed, pre, hit, width).view(-1), device)
     else:
         prompt_ids = torch.full((b * width,), -1, dtype=torch.int64, device=device)
     prompt_ids[dst] = input_ids.long().view(-1)[src]
@@ -244,6 +223,43 @@ def prefill_event(
     prompt_topk = torch.full((b * width, k), -1, dtype=torch.int64, device=device)
     prompt_topk[dst] = topk[src]
     return prompt_ids, prompt_topk.view(b, width, k)
+
+
+def _scatter_index(
+    ext: list[int], hit: list[int], start: torch.Tensor, width: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each extended token is read (its row of the packed batch) and written (``[b * width]``), on ``device``."""
+    b = len(ext)
+    ext_t = torch.tensor(ext, dtype=torch.int64)
+    hit_t = torch.tensor(hit, dtype=torch.int64)
+    n_ext = sum(ext)
+    # Extended token t of request i: source row start[i] + t, destination i * width + hit[i] + t.
+    owner = torch.repeat_interleave(torch.arange(b), ext_t, output_size=n_ext)
+    offset = torch.arange(n_ext) - torch.repeat_interleave(torch.cumsum(ext_t, 0) - ext_t, ext_t, output_size=n_ext)
+    src = host_to_device(start[owner] + offset, device)
+    dst = host_to_device(owner * width + hit_t[owner] + offset, device)
+    return src, dst
+
+
+def _seeded_hits(
+    full_ids: Sequence[Sequence[int]], fed: list[int], pre: list[int], hit: list[int], width: int
+) -> torch.Tensor:
+    """The prefix-cache hits' ids on the host, ``[b, width]`` padded with -1, each request's from column 0."""
+    # The hit ids are host values: laid out on the host and copied once; a slice of each request's list,
+    # unboxed by ``array`` in C (about 16 ns an id, where ``torch.tensor`` of a list takes about 55 and a
+    # Python loop over the ids about 90).
+    b = len(hit)
+    seeded = torch.full((b, width), -1, dtype=torch.int64)
+    for i in range(b):
+        if hit[i]:
+            ids = _host_ids(full_ids[i][fed[i] : pre[i]])
+            if ids.numel() != hit[i]:
+                raise ValueError(
+                    f"prefill_event: full_ids[{i}] has {len(full_ids[i])} ids, the prefix-cache hit needs "
+                    f"positions up to prefix_len = {pre[i]}"
+                )
+            seeded[i, : hit[i]] = ids
+    return seeded
 
 
 def _host_ids(ids: Sequence[int] | torch.Tensor) -> torch.Tensor:

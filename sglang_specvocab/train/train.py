@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from importlib import resources
 from itertools import islice
 from pathlib import Path
@@ -286,7 +286,6 @@ def train_draft(
     pool = trainable(data, seq_len)
     if not pool:
         raise SpecVocabError(f"no training sequence has a response within the states' seq_len {seq_len}")
-    device = draft.embed_tokens.device
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     warmup = max(1, steps // 20 if warmup is None else warmup)
@@ -295,73 +294,9 @@ def train_draft(
     plan.update(
         steps=steps, warmup=warmup, fitted=False, probe=None, refit=None, reserve=reserve, per_step=overhead_per_step
     )
-    started = clock() if started is None else started
-    deadline = None if time_budget_s is None else started + time_budget_s
-
-    def schedule(step: int) -> float:
-        total, warm = plan["steps"], plan["warmup"]
-        if step < warm:
-            return (step + 1) / warm
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
-
-    def fit(per_step: float, done: int, now: float) -> int:
-        """Sets the total to the steps that fit before the budget's end less the reserve and FIT_MARGIN_S (at
-        least one more, at most ``steps``)."""
-        left = deadline - now - plan["reserve"] - FIT_MARGIN_S
-        plan["steps"] = min(steps, max(done + 1, done + int(left / per_step)))
-        return plan["steps"]
-
-    def reschedule(done: int) -> None:
-        """The next step's learning rate, from the schedule as fitted now."""
-        for group, base in zip(opt.param_groups, sched.base_lrs, strict=True):
-            group["lr"] = base * schedule(done)
-
-    def ends_at(per_step: float, done: int, now: float) -> float:
-        return now - started + (plan["steps"] - done) * per_step + plan["reserve"]
-
-    def probed(timed: int, took: float, tokens: int, done: int, now: float) -> str:
-        """Records the probe's rate, fits the total steps to the budget (once), and says so."""
-        took = max(took, 1e-9)
-        rate, per_step = timed / took, took / timed + plan["per_step"]
-        line = f"[eagle3] rate {rate:.2f} steps/s, {tokens / took:,.0f} tokens/s over {timed} steps: "
-        if deadline is not None and not plan["fitted"]:
-            plan["fitted"] = True
-            if fit(per_step, done, now) < steps and plan["steps"] < 4 * plan["warmup"]:
-                # Shrunk once, while still warming up: the rest of the ramp is steeper (or none is left).
-                plan["warmup"] = max(done, plan["steps"] // 10)
-            reschedule(done)
-            line += f"fitting {plan['steps']:,} of {steps:,} steps into the {deadline - now:,.0f} s left"
-        else:
-            line += f"the {plan['steps'] - done:,} of {plan['steps']:,} steps left" + (
-                ", as fitted by the first call" if plan["fitted"] else ""
-            )
-        if not plan["fitted"] or plan["probe"] is None:  # a fitted plan keeps the probe that fitted it
-            plan["probe"] = {
-                "steps": timed,
-                "seconds": round(took, 3),
-                "steps_per_s": rate,
-                "tokens_per_s": tokens / took,
-            }
-        end = ends_at(per_step, done, now)
-        return line + f" (ends at about {end:,.0f} s" + (f" of {time_budget_s:,.0f} s)" if deadline else ")")
-
-    def refitted(timed: int, took: float, done: int, now: float) -> str:
-        """Fits the total again from the steps after the probe (the warm-up as it was), and says so."""
-        took = max(took, 1e-9)
-        per_step, old = took / timed + plan["per_step"], plan["steps"]
-        plan["refit"] = {"steps": timed, "seconds": round(took, 3), "steps_per_s": timed / took}
-        total = fit(per_step, done, now)
-        reschedule(done)
-        return (
-            f"[eagle3] rate {timed / took:.2f} steps/s over the {timed} steps after the probe: refitting "
-            f"{old:,} -> {total:,} steps (ends at about {ends_at(per_step, done, now):,.0f} s of {time_budget_s:,.0f} s)"
-        )
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
-    g = torch.Generator().manual_seed(seed)
-    order: list[int] = []
-    bf16 = objective.dtype == torch.bfloat16
-    history: list[StepStats] = []
+    schedule = _Schedule(plan, steps, clock() if started is None else started, time_budget_s)
+    # A function, not the bound method: LambdaLR's state_dict would keep a callable object's __dict__.
+    schedule.sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: schedule.factor(step))
     settings = {
         "steps": steps,
         "batch_size": batch_size,
@@ -374,74 +309,293 @@ def train_draft(
         "seq_len": seq_len,
         "dtype": str(objective.dtype),
     }
-    first = 0
-    if resume is not None and Path(resume).is_file():
-        first, order = _load_resume(resume, settings, params, opt, sched, g, history, extra, plan)
-        print(f"[eagle3] resuming at step {first} of {plan['steps']} from {resume}", file=sys.stderr)
+    g = torch.Generator().manual_seed(seed)
+    state = _TrainState(settings, params, opt, schedule.sched, g, extra, plan, resume, save_every)
+    first = state.resume()
     bar = tqdm(desc="train", unit="step", disable=not progress, initial=first, total=plan["steps"])
+    loop = _Loop(draft, data, states, objective, pool, seq_len, batch_size, ttt_steps, pad_token_id, state, schedule)
+    return loop.run(first, bar, clock, log_every=log_every, on_step=on_step, should_stop=should_stop)
 
-    def save(at: int) -> None:  # the training state after step ``at``
-        _save_resume(resume, at, settings, params, opt, sched, g, order, history, extra, plan)
 
-    probing, probe_t, probe_tokens = True, 0.0, 0
-    refit_at = None  # (step, time) the probe ended, in the call that fitted the total
-    for step in range(first, steps):
-        if step >= plan["steps"]:  # fitted to the time budget
-            break
+@dataclass
+class _Schedule:
+    """A train_draft call's learning rate (warm-up, then cosine decay) and its fit to the time budget.
+
+    ``plan`` is the caller's dict (the total steps and warm-up as fitted, the rates measured); ``steps``
+    the total asked for, which no fit goes above; ``started`` the ``clock()`` value the budget counts from."""
+
+    plan: dict
+    steps: int
+    started: float
+    time_budget_s: float | None
+    sched: torch.optim.lr_scheduler.LambdaLR | None = None  # set once made: it calls ``factor``
+    deadline: float | None = field(init=False)  # the budget's end, a ``clock()`` value
+
+    def __post_init__(self) -> None:
+        self.deadline = None if self.time_budget_s is None else self.started + self.time_budget_s
+
+    def factor(self, step: int) -> float:
+        """The learning rate at ``step``, as a fraction of ``lr``."""
+        total, warm = self.plan["steps"], self.plan["warmup"]
+        if step < warm:
+            return (step + 1) / warm
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+
+    def fit(self, per_step: float, done: int, now: float) -> int:
+        """Sets the total to the steps that fit before the budget's end less the reserve and FIT_MARGIN_S (at
+        least one more, at most ``steps``)."""
+        left = self.deadline - now - self.plan["reserve"] - FIT_MARGIN_S
+        self.plan["steps"] = min(self.steps, max(done + 1, done + int(left / per_step)))
+        return self.plan["steps"]
+
+    def reschedule(self, done: int) -> None:
+        """The next step's learning rate, from the schedule as fitted now."""
+        for group, base in zip(self.sched.optimizer.param_groups, self.sched.base_lrs, strict=True):
+            group["lr"] = base * self.factor(done)
+
+    def ends_at(self, per_step: float, done: int, now: float) -> float:
+        """Seconds from the start to the end of the planned steps and the reserve, at ``per_step``."""
+        return now - self.started + (self.plan["steps"] - done) * per_step + self.plan["reserve"]
+
+    def behind(self, now: float) -> bool:
+        """Whether less than the reserve is left before the budget's end (slower than probed)."""
+        return self.deadline is not None and self.deadline - now < self.plan["reserve"]
+
+    def probed(self, timed: int, took: float, tokens: int, done: int, now: float) -> str:
+        """Records the probe's rate, fits the total steps to the budget (once), and says so."""
+        plan, deadline = self.plan, self.deadline
+        took = max(took, 1e-9)
+        rate, per_step = timed / took, took / timed + plan["per_step"]
+        line = f"[eagle3] rate {rate:.2f} steps/s, {tokens / took:,.0f} tokens/s over {timed} steps: "
+        if deadline is not None and not plan["fitted"]:
+            plan["fitted"] = True
+            if self.fit(per_step, done, now) < self.steps and plan["steps"] < 4 * plan["warmup"]:
+                # Shrunk once, while still warming up: the rest of the ramp is steeper (or none is left).
+                plan["warmup"] = max(done, plan["steps"] // 10)
+            self.reschedule(done)
+            line += f"fitting {plan['steps']:,} of {self.steps:,} steps into the {deadline - now:,.0f} s left"
+        else:
+            line += f"the {plan['steps'] - done:,} of {plan['steps']:,} steps left" + (
+                ", as fitted by the first call" if plan["fitted"] else ""
+            )
+        if not plan["fitted"] or plan["probe"] is None:  # a fitted plan keeps the probe that fitted it
+            plan["probe"] = {
+                "steps": timed,
+                "seconds": round(took, 3),
+                "steps_per_s": rate,
+                "tokens_per_s": tokens / took,
+            }
+        end = self.ends_at(per_step, done, now)
+        return line + f" (ends at about {end:,.0f} s" + (f" of {self.time_budget_s:,.0f} s)" if deadline else ")")
+
+    def refitted(self, timed: int, took: float, done: int, now: float) -> str:
+        """Fits the total again from the steps after the probe (the warm-up as it was), and says so."""
+        took = max(took, 1e-9)
+        per_step, old = took / timed + self.plan["per_step"], self.plan["steps"]
+        self.plan["refit"] = {"steps": timed, "seconds": round(took, 3), "steps_per_s": timed / took}
+        total = self.fit(per_step, done, now)
+        self.reschedule(done)
+        return (
+            f"[eagle3] rate {timed / took:.2f} steps/s over the {timed} steps after the probe: refitting "
+            f"{old:,} -> {total:,} steps (ends at about {self.ends_at(per_step, done, now):,.0f} s of "
+            f"{self.time_budget_s:,.0f} s)"
+        )
+
+
+@dataclass
+class _TrainState:
+    """What a resume file keeps of a train_draft call (the settings it must match, the parameters, optimiser,
+    schedule, data order and statistics, the caller's ``extra`` and the ``plan``), and where it is saved."""
+
+    settings: dict
+    params: list[torch.nn.Parameter]
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LambdaLR
+    g: torch.Generator
+    extra: dict | None
+    plan: dict
+    path: str | Path | None  # ``resume``: saved every ``save_every`` steps, when stopped, and at the end
+    save_every: int
+    order: list[int] = field(default_factory=list)
+    history: list[StepStats] = field(default_factory=list)
+
+    def save(self, at: int) -> None:
+        """The training state after step ``at``, written to ``path``."""
+        path = Path(self.path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(
+            {
+                "format": RESUME_FORMAT,
+                "step": at,
+                "settings": self.settings,
+                "params": [p.detach().cpu() for p in self.params],
+                "opt": self.opt.state_dict(),
+                "sched": self.sched.state_dict(),
+                "generator": self.g.get_state(),
+                "order": list(self.order),
+                "history": [asdict(h) for h in self.history],
+                "extra": dict(self.extra or {}),
+                "plan": dict(self.plan),
+            },
+            tmp,
+        )
+        tmp.replace(path)  # a call cut off while saving keeps the previous state
+
+    def resume(self) -> int:
+        """Continues from the state saved in ``path``, if any: returns the step it was saved after (else 0)."""
+        path = self.path
+        if path is None or not Path(path).is_file():
+            return 0
+        try:
+            st = torch.load(path, weights_only=False)  # our own file: optimiser state and plain lists
+        except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+            raise SpecVocabError(f"--resume-state {path}: cannot read it ({exc}); delete it to start again") from None
+        if not isinstance(st, dict) or st.get("format") != RESUME_FORMAT:
+            raise SpecVocabError(f"--resume-state {path}: not a training state written by train-eagle3")
+        changed = [
+            f"{k} {st['settings'].get(k)!r} -> {v!r}" for k, v in self.settings.items() if st["settings"].get(k) != v
+        ]
+        if changed:
+            raise SpecVocabError(
+                f"--resume-state {path} was saved by a run with other settings ({'; '.join(changed)}): "
+                "resume with the same ones, or delete it to start again"
+            )
+        with torch.no_grad():
+            for p, saved in zip(self.params, st["params"], strict=True):
+                p.copy_(saved)
+        self.opt.load_state_dict(st["opt"])
+        self.sched.load_state_dict(st["sched"])
+        self.g.set_state(st["generator"])
+        self.history.extend(StepStats(**h) for h in st["history"])
+        if self.extra is not None:
+            self.extra.update(st["extra"])
+        self.plan.update(st.get("plan", {}))  # the total fitted by the first call: not refitted, not a changed setting
+        first, self.order = st["step"], list(st["order"])
+        print(f"[eagle3] resuming at step {first} of {self.plan['steps']} from {path}", file=sys.stderr)
+        return first
+
+    def next_batch(self, pool: list[int], batch_size: int) -> list[int]:
+        """The next sequences of ``pool``, in shuffled passes through it."""
         pick = []
         while len(pick) < min(batch_size, len(pool)):
-            if not order:  # a new pass through the data, in a new order
-                order = [pool[i] for i in torch.randperm(len(pool), generator=g).tolist()]
-            pick.append(order.pop())
-        tokens = sum(min(len(data.sequences[i]), seq_len) for i in pick)
-        batch = states.batch(data, pick, pad_token_id).to(device)
-        draft.train()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss, stats = ttt_loss(draft, batch, ttt_steps, objective)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        history.append(stats)
-        bar.set_postfix(loss=f"{stats.loss:.3f}", acc0=f"{stats.accuracy[0]:.2f}", acc_len=f"{stats.accept_length:.2f}")
-        if log_every and (step + 1) % log_every == 0:
-            bar.write(format_stats(step + 1, stats))
-        if on_step is not None:
-            on_step(step + 1, stats)
-        bar.update()
-        now = clock()
-        if step == first:  # the probe starts after this call's first step
-            probe_t = now
-        elif probing:
-            probe_tokens += tokens
-            if step - first >= PROBE_STEPS or now - probe_t >= PROBE_SECONDS:
-                probing = False
-                fits = deadline is not None and not plan["fitted"]
-                bar.write(probed(step - first, now - probe_t, probe_tokens, step + 1, now), file=sys.stderr)
+            if not self.order:  # a new pass through the data, in a new order
+                self.order = [pool[i] for i in torch.randperm(len(pool), generator=self.g).tolist()]
+            pick.append(self.order.pop())
+        return pick
+
+
+@dataclass
+class _Probe:
+    """The step rate of a train_draft call: from its second step until the probe ends, then (in the call that
+    fitted the total) over the steps after the probe, for the refit."""
+
+    first: int  # the call's first step
+    schedule: _Schedule
+    probing: bool = True
+    since: float = 0.0  # when the probe started
+    tokens: int = 0
+    refit_at: tuple[int, float] | None = None  # (step, time) the probe ended, in the call that fitted the total
+
+    def after_step(self, step: int, tokens: int, now: float, bar) -> None:
+        """Counts the step that ended at ``now``; where the probe or the refit's steps end, fits and says so."""
+        schedule, plan = self.schedule, self.schedule.plan
+        if step == self.first:  # the probe starts after this call's first step
+            self.since = now
+        elif self.probing:
+            self.tokens += tokens
+            if step - self.first >= PROBE_STEPS or now - self.since >= PROBE_SECONDS:
+                self.probing = False
+                fits = schedule.deadline is not None and not plan["fitted"]
+                bar.write(
+                    schedule.probed(step - self.first, now - self.since, self.tokens, step + 1, now), file=sys.stderr
+                )
                 bar.total = plan["steps"]
                 bar.refresh()
-                refit_at = (step, now) if fits else None
-        elif refit_at is not None and (step - refit_at[0] >= REFIT_STEPS or now - refit_at[1] >= REFIT_SECONDS):
-            bar.write(refitted(step - refit_at[0], now - refit_at[1], step + 1, now), file=sys.stderr)
+                self.refit_at = (step, now) if fits else None
+        elif self.refit_at is not None and (
+            step - self.refit_at[0] >= REFIT_STEPS or now - self.refit_at[1] >= REFIT_SECONDS
+        ):
+            bar.write(
+                schedule.refitted(step - self.refit_at[0], now - self.refit_at[1], step + 1, now), file=sys.stderr
+            )
             bar.total = plan["steps"]
             bar.refresh()
-            refit_at = None
-        over = deadline is not None and deadline - now < plan["reserve"]  # slower than probed: stop rather than overrun
-        if step + 1 < plan["steps"] and (over or (should_stop is not None and should_stop())):
-            why = "the time budget would be passed" if over else "asked to stop"
-            if resume is None:
-                raise Stopped(step + 1, None, why)
-            save(step + 1)
-            draft.eval()
-            raise Stopped(step + 1, resume, why)
-        if resume is not None and save_every and (step + 1) % save_every == 0:
-            save(step + 1)
-    bar.close()
-    if resume is not None and first < plan["steps"]:  # finished: the same command again just writes the draft again
-        save(plan["steps"])
-    draft.eval()
-    return history
+            self.refit_at = None
+
+
+@dataclass
+class _Loop:
+    """The steps of a train_draft call: what each step reads, the state it changes, and the schedule."""
+
+    draft: Eagle3Draft
+    data: SelfDistillData
+    states: TargetStates | OnlineStates
+    objective: Objective
+    pool: list[int]  # the trainable sequences
+    seq_len: int
+    batch_size: int
+    ttt_steps: int
+    pad_token_id: int
+    state: _TrainState
+    schedule: _Schedule
+
+    def run(
+        self, first: int, bar, clock: Callable[[], float], *, log_every: int, on_step, should_stop
+    ) -> list[StepStats]:
+        """Steps ``first`` on, to the planned total; raises :class:`Stopped` when asked to or falling behind."""
+        plan, probe = self.schedule.plan, _Probe(first, self.schedule)
+        for step in range(first, self.schedule.steps):
+            if step >= plan["steps"]:  # fitted to the time budget
+                break
+            stats, tokens = self.step()
+            bar.set_postfix(
+                loss=f"{stats.loss:.3f}", acc0=f"{stats.accuracy[0]:.2f}", acc_len=f"{stats.accept_length:.2f}"
+            )
+            if log_every and (step + 1) % log_every == 0:
+                bar.write(format_stats(step + 1, stats))
+            if on_step is not None:
+                on_step(step + 1, stats)
+            bar.update()
+            now = clock()
+            probe.after_step(step, tokens, now, bar)
+            over = self.schedule.behind(now)  # slower than probed: stop rather than overrun
+            if step + 1 < plan["steps"] and (over or (should_stop is not None and should_stop())):
+                self.stop(step + 1, "the time budget would be passed" if over else "asked to stop")
+            if self.state.path is not None and self.state.save_every and (step + 1) % self.state.save_every == 0:
+                self.state.save(step + 1)
+        bar.close()
+        # Finished: the same command again just writes the draft again.
+        if self.state.path is not None and first < plan["steps"]:
+            self.state.save(plan["steps"])
+        self.draft.eval()
+        return self.state.history
+
+    def step(self) -> tuple[StepStats, int]:
+        """One optimiser step on the next batch: its statistics (kept in the history) and its tokens."""
+        state = self.state
+        pick = state.next_batch(self.pool, self.batch_size)
+        tokens = sum(min(len(self.data.sequences[i]), self.seq_len) for i in pick)
+        device = self.draft.embed_tokens.device
+        batch = self.states.batch(self.data, pick, self.pad_token_id).to(device)
+        self.draft.train()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.objective.dtype == torch.bfloat16):
+            loss, stats = ttt_loss(self.draft, batch, self.ttt_steps, self.objective)
+        state.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(state.params, 1.0)
+        state.opt.step()
+        state.sched.step()
+        state.history.append(stats)
+        return stats, tokens
+
+    def stop(self, step: int, why: str) -> None:
+        """Raises :class:`Stopped` after ``step``, the state saved first where there is a resume file."""
+        if self.state.path is None:
+            raise Stopped(step, None, why)
+        self.state.save(step)
+        self.draft.eval()
+        raise Stopped(step, self.state.path, why)
 
 
 RESUME_FORMAT = "sglang-specvocab/eagle3-train-state/1"
@@ -455,55 +609,6 @@ class Stopped(Exception):
         self.step, self.path, self.reason = step, path, reason
 
 
-def _save_resume(path, step, settings, params, opt, sched, g, order, history, extra, plan) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(
-        {
-            "format": RESUME_FORMAT,
-            "step": step,
-            "settings": settings,
-            "params": [p.detach().cpu() for p in params],
-            "opt": opt.state_dict(),
-            "sched": sched.state_dict(),
-            "generator": g.get_state(),
-            "order": list(order),
-            "history": [asdict(h) for h in history],
-            "extra": dict(extra or {}),
-            "plan": dict(plan),
-        },
-        tmp,
-    )
-    tmp.replace(path)  # a call cut off while saving keeps the previous state
-
-
-def _load_resume(path, settings, params, opt, sched, g, history, extra, plan) -> tuple[int, list[int]]:
-    try:
-        st = torch.load(path, weights_only=False)  # our own file: optimiser state and plain lists
-    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
-        raise SpecVocabError(f"--resume-state {path}: cannot read it ({exc}); delete it to start again") from None
-    if not isinstance(st, dict) or st.get("format") != RESUME_FORMAT:
-        raise SpecVocabError(f"--resume-state {path}: not a training state written by train-eagle3")
-    changed = [f"{k} {st['settings'].get(k)!r} -> {v!r}" for k, v in settings.items() if st["settings"].get(k) != v]
-    if changed:
-        raise SpecVocabError(
-            f"--resume-state {path} was saved by a run with other settings ({'; '.join(changed)}): "
-            "resume with the same ones, or delete it to start again"
-        )
-    with torch.no_grad():
-        for p, saved in zip(params, st["params"], strict=True):
-            p.copy_(saved)
-    opt.load_state_dict(st["opt"])
-    sched.load_state_dict(st["sched"])
-    g.set_state(st["generator"])
-    history.extend(StepStats(**h) for h in st["history"])
-    if extra is not None:
-        extra.update(st["extra"])
-    plan.update(st.get("plan", {}))  # the total fitted by the first call: not refitted, not a changed setting
-    return st["step"], list(st["order"])
-
-
 def format_stats(step: int, s: StepStats) -> str:
     acc = " ".join(f"{a:.2f}" for a in s.accuracy)
     return f"[eagle3] step {step}: loss {s.loss:.4f}  top-1 per pass [{acc}]  est. accept length {s.accept_length:.2f}"
@@ -514,20 +619,7 @@ def run(args) -> int:
     held-out validation, the checkpoint (with ``training.json``: the curves, timings and command)."""
     # --time-budget-s counts from the command's start (the CLI notes it before importing torch).
     start, cpu_start = getattr(args, "started", None) or time.perf_counter(), time.process_time()
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SpecVocabError("--device cuda: no CUDA device is available")
-    if args.dtype == "auto":
-        args.dtype = "bfloat16" if args.device == "cuda" else "float32"
-    if args.val > args.skip:
-        raise SpecVocabError(
-            f"--val = {args.val} is invalid: the held-out prompts come from the first --skip "
-            f"({args.skip}) conversations"
-        )
-    if args.out is None:
-        size = "" if args.head == "full" else f"{args.draft_vocab // 1024}k"
-        args.out = str(cache_dir() / "drafts" / f"{Path(args.target).name}-eagle3-{args.head}{size}")
+    _settle_args(args)
     device = torch.device(args.device)
     model, with_tokenizer = load_target(args.target, DTYPES[args.dtype])
     model.to(device)
@@ -551,6 +643,49 @@ def run(args) -> int:
     tap = TargetTap(model, cfg.capture_layers)
     if len(trainable(data, args.seq_len)) == 0:
         raise SpecVocabError(f"no training sequence has a response within --seq-len {args.seq_len}")
+    states, val_batches = _target_states(args, cfg, tap, data, val, device)
+    data_seconds, data_cpu = (time.perf_counter() - start, time.process_time() - cpu_start)
+    draft = _new_draft(args, model, cfg, ids, device)
+    n_params = sum(p.numel() for p in draft.parameters() if p.requires_grad)
+    print(
+        f"[eagle3] target {args.target}: {model.config.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
+        f"vocab {vocab}; capture layers {cfg.capture_layers} ({tap.style} features); head {cfg.head}"
+        + (f" over {cfg.draft_vocab_size} tokens ({vocab_source})" if ids is not None else "")
+        + f"; {n_params / 1e6:.1f}M trainable parameters",
+        file=sys.stderr,
+    )
+    objective = _objective(args, model, data, vocab, ids)
+    job = _Run(args, start, cpu_start, device, draft, val_batches, data_seconds, data_cpu)
+    history = _train(job, data, states, objective, _pad_id(model))
+    if history is None:  # stopped: the state and the draft so far are saved
+        return 124
+    job.train_time()
+    return _finish(job, data, history, vocab_source, tap.style)
+
+
+def _settle_args(args) -> None:
+    """--device, --dtype and --out where left to the command; --device and --val checked."""
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SpecVocabError("--device cuda: no CUDA device is available")
+    if args.dtype == "auto":
+        args.dtype = "bfloat16" if args.device == "cuda" else "float32"
+    if args.val > args.skip:
+        raise SpecVocabError(
+            f"--val = {args.val} is invalid: the held-out prompts come from the first --skip "
+            f"({args.skip}) conversations"
+        )
+    if args.out is None:
+        size = "" if args.head == "full" else f"{args.draft_vocab // 1024}k"
+        args.out = str(cache_dir() / "drafts" / f"{Path(args.target).name}-eagle3-{args.head}{size}")
+
+
+def _target_states(
+    args, cfg: Eagle3Config, tap: TargetTap, data: SelfDistillData, val: SelfDistillData | None, device: torch.device
+):
+    """The target's states on the training data (cached, or computed at every step with --states online), and
+    the validation batches on ``device`` (None without --val)."""
     layers = "-".join(map(str, cfg.capture_layers))
     states_path = (
         Path(args.states)
@@ -569,21 +704,22 @@ def run(args) -> int:
         )
         idx = trainable(val, val_len)
         val_batches = [batch_of(val, val_states, idx[s : s + 8]).to(device) for s in range(0, len(idx), 8)]
-    data_seconds, data_cpu = (time.perf_counter() - start, time.process_time() - cpu_start)
+    return states, val_batches
+
+
+def _new_draft(args, model, cfg: Eagle3Config, ids, device: torch.device) -> Eagle3Draft:
+    """The draft, initialised as --init and --init-from say, on ``device``."""
     draft = build_draft(model, cfg, ids, seed=args.seed)
     if args.init == "target":
         init_from_target(draft, model)
     if args.init_from:
         load_into(draft, args.init_from)
     draft.to(device)
-    n_params = sum(p.numel() for p in draft.parameters() if p.requires_grad)
-    print(
-        f"[eagle3] target {args.target}: {model.config.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
-        f"vocab {vocab}; capture layers {cfg.capture_layers} ({tap.style} features); head {cfg.head}"
-        + (f" over {cfg.draft_vocab_size} tokens ({vocab_source})" if ids is not None else "")
-        + f"; {n_params / 1e6:.1f}M trainable parameters",
-        file=sys.stderr,
-    )
+    return draft
+
+
+def _objective(args, model, data: SelfDistillData, vocab: int, ids) -> Objective:
+    """The training loss: over the full vocabulary, or (a full head with --loss-vocab) its hot tokens."""
     loss_ids = None
     if ids is None and args.loss_vocab:
         loss_ids, _ = hot_ids(
@@ -591,30 +727,68 @@ def run(args) -> int:
         )
     objective = Objective.for_target(model, loss_ids=loss_ids, dtype=DTYPES[args.train_dtype])
     objective.head = objective.head.float()
-    kept = {"curve": [], "train_seconds": 0.0, "train_cpu_seconds": 0.0}  # carried across --resume-state
+    return objective
 
-    plan: dict = {}  # the schedule train_draft follows: --steps, or what fits in --time-budget-s
 
-    def validate(step: int, _stats=None) -> None:
-        if val_batches is None or (step % args.val_every and step != plan["steps"]):
+@dataclass
+class _Run:
+    """One train-eagle3 command once its draft is built: its clocks, what validation and the training time keep,
+    and the schedule train_draft follows."""
+
+    args: argparse.Namespace
+    start: float  # time.perf_counter() at the command's start
+    cpu_start: float  # time.process_time() then
+    device: torch.device
+    draft: Eagle3Draft
+    val_batches: list | None
+    data_seconds: float
+    data_cpu: float
+    # Carried across --resume-state (train_draft's ``extra``): the validation curve and the training time.
+    kept: dict = field(default_factory=lambda: {"curve": [], "train_seconds": 0.0, "train_cpu_seconds": 0.0})
+    plan: dict = field(
+        default_factory=dict
+    )  # the schedule train_draft follows: --steps, or what fits in --time-budget-s
+    t0: float = 0.0  # when the training time was last counted (perf_counter, process_time)
+    c0: float = 0.0
+
+    def validate(self, step: int, _stats=None) -> None:
+        """The held-out agreement at ``step``, every --val-every steps and at the last, added to the curve."""
+        args = self.args
+        if self.val_batches is None or (step % args.val_every and step != self.plan["steps"]):
             return
-        r = evaluate(draft, val_batches, args.ttt_steps)
+        r = evaluate(self.draft, self.val_batches, args.ttt_steps)
         r.update(
             step=step,
-            seconds=round(time.perf_counter() - start, 1),
-            cpu_seconds=round(time.process_time() - cpu_start, 1),
+            seconds=round(time.perf_counter() - self.start, 1),
+            cpu_seconds=round(time.process_time() - self.cpu_start, 1),
         )
-        kept["curve"].append(r)
+        self.kept["curve"].append(r)
         print(
             f"[eagle3] step {step}: validation top-1 per step {[round(a, 3) for a in r['accuracy']]}, "
             f"accept length {r['accept_length']:.3f} ({r['rows']} positions)",
             file=sys.stderr,
         )
 
+    def train_time(self) -> None:
+        """Adds the time since it was last counted to the training time."""
+        self.kept["train_seconds"] += time.perf_counter() - self.t0
+        self.kept["train_cpu_seconds"] += time.process_time() - self.c0
+        self.t0, self.c0 = time.perf_counter(), time.process_time()
+
+    def on_step(self, step: int, stats) -> None:
+        """train_draft's ``on_step``: the training time, then validation where due."""
+        self.train_time()  # kept with the state
+        self.validate(step, stats)
+
+
+def _train(job: _Run, data: SelfDistillData, states, objective: Objective, pad_token_id: int) -> list[StepStats] | None:
+    """train_draft with validation and SIGTERM as a request to stop; None when stopped (the state and the
+    draft so far saved)."""
+    args = job.args
     resume, val_seconds = args.resume_state, 0.0
     if not (resume and Path(resume).is_file()):
         t = time.perf_counter()
-        validate(0)
+        job.validate(0)
         val_seconds = time.perf_counter() - t  # what the last validation will take (a resumed call keeps it)
     stop = {"asked": False}
 
@@ -622,21 +796,10 @@ def run(args) -> int:
         stop["asked"] = True
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
-    t0, c0 = time.perf_counter(), time.process_time()
-
-    def train_time() -> None:
-        nonlocal t0, c0
-        kept["train_seconds"] += time.perf_counter() - t0
-        kept["train_cpu_seconds"] += time.process_time() - c0
-        t0, c0 = time.perf_counter(), time.process_time()
-
-    def on_step(step: int, stats) -> None:
-        train_time()  # kept with the state
-        validate(step, stats)
-
+    job.t0, job.c0 = time.perf_counter(), time.process_time()
     try:
-        history = train_draft(
-            draft,
+        return train_draft(
+            job.draft,
             data,
             states,
             objective,
@@ -645,37 +808,37 @@ def run(args) -> int:
             lr=args.lr,
             ttt_steps=args.ttt_steps,
             seed=args.seed,
-            pad_token_id=_pad_id(model),
+            pad_token_id=pad_token_id,
             warmup=args.warmup,
             progress=True,
             log_every=args.log_every,
-            on_step=on_step,
+            on_step=job.on_step,
             resume=resume,
             should_stop=lambda: stop["asked"],
-            extra=kept,
+            extra=job.kept,
             save_every=args.val_every,
             time_budget_s=getattr(args, "time_budget_s", None),
-            started=start,
+            started=job.start,
             # The end: the last validation (as long as step 0's) and saving the draft and the state.
             reserve=val_seconds + END_SAVE_S,
             overhead_per_step=val_seconds / args.val_every,  # the validations every --val-every steps
-            plan=plan,
+            plan=job.plan,
         )
     except Stopped as exc:
-        out = save_checkpoint(draft, args.out, DTYPES[args.save_dtype], None)
+        out = save_checkpoint(job.draft, args.out, DTYPES[args.save_dtype], None)
         print(
-            f"[eagle3] stopped after step {exc.step} of {plan['steps']} ({exc.reason}): state in {exc.path}, "
+            f"[eagle3] stopped after step {exc.step} of {job.plan['steps']} ({exc.reason}): state in {exc.path}, "
             f"the draft so far in {out}; run the same command again to continue",
             file=sys.stderr,
         )
-        return 124
+        return None
     finally:
         signal.signal(signal.SIGTERM, previous)
-    train_time()
-    train_seconds, train_cpu = kept["train_seconds"], kept["train_cpu_seconds"]
-    curve = kept["curve"]
-    import transformers  # heavy: already loaded with the target
 
+
+def _final_stats(args, history: list[StepStats]) -> tuple[list[float], float]:
+    """Prints how the loss moved and the last tenth of the steps' agreement; returns that agreement per draft
+    step and the estimated accept length."""
     k = max(1, len(history) // 10)
     first = sum(h.loss for h in history[:k]) / k
     last = sum(h.loss for h in history[-k:]) / k
@@ -687,6 +850,16 @@ def run(args) -> int:
         f"[eagle3] last {k} steps: top-1 agreement per draft step {[round(a, 3) for a in acc]}, "
         f"estimated accept length (chain of {args.ttt_steps}) {accept:.2f}"
     )
+    return acc, accept
+
+
+def _finish(job: _Run, data: SelfDistillData, history: list[StepStats], vocab_source, capture_style: str) -> int:
+    """The summary of the last steps, and the draft written with its training record."""
+    import transformers  # heavy: already loaded with the target
+
+    args, plan = job.args, job.plan
+
+    acc, accept = _final_stats(args, history)
     extra = {
         "args": {k_: v for k_, v in vars(args).items() if not callable(v) and k_ != "started"},
         "command": getattr(args, "command_line", None),
@@ -694,24 +867,24 @@ def run(args) -> int:
         "tokens": sum(min(len(x), args.seq_len) for x in data.sequences),
         "data_source": data.meta.get("source"),
         "vocab_source": vocab_source,
-        "capture_style": tap.style,
+        "capture_style": capture_style,
         "loss": [h.loss for h in history],
         "train_top1": [h.accuracy for h in history],
         "train_accept_length": [h.accept_length for h in history],
-        "validation": curve,
+        "validation": job.kept["curve"],
         "time_budget_s": getattr(args, "time_budget_s", None),
         "probe": plan["probe"],  # the rate that fitted the steps (or the last call's)
         "refit": plan.get("refit"),  # the rate after the probe that fitted them again
         "fitted_steps": plan["steps"] if plan["fitted"] else None,
         "final_top1_per_step": acc,
         "final_estimated_accept_length": accept,
-        "seconds": round(time.perf_counter() - start, 1),
-        "data_seconds": round(data_seconds, 1),
-        "data_cpu_seconds": round(data_cpu, 1),
-        "train_seconds": round(train_seconds, 1),
-        "train_cpu_seconds": round(train_cpu, 1),
+        "seconds": round(time.perf_counter() - job.start, 1),
+        "data_seconds": round(job.data_seconds, 1),
+        "data_cpu_seconds": round(job.data_cpu, 1),
+        "train_seconds": round(job.kept["train_seconds"], 1),
+        "train_cpu_seconds": round(job.kept["train_cpu_seconds"], 1),
         "threads": torch.get_num_threads(),
-        "machine": {**machine(), "device": str(device)},
+        "machine": {**machine(), "device": str(job.device)},
         "versions": {
             "torch": torch.__version__,
             "transformers": transformers.__version__,
@@ -719,7 +892,7 @@ def run(args) -> int:
         },
     }
     try:
-        out = save_checkpoint(draft, args.out, DTYPES[args.save_dtype], extra)
+        out = save_checkpoint(job.draft, args.out, DTYPES[args.save_dtype], extra)
     except OSError as exc:
         raise SpecVocabError(f"cannot write {args.out}: {exc.strerror or exc}") from None
     print(f"[eagle3] wrote {out}/config.json and {out}/model.safetensors")
