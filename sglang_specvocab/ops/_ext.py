@@ -28,7 +28,6 @@ from .checks import debug_checks
 
 log = logging.getLogger(__name__)
 
-OPS = ("indexed_logits", "packed_logits", "window_update", "window_verify", "compact_topk", "pack_update")
 _state: dict[str, object] = {}
 
 
