@@ -58,6 +58,11 @@ class HeadSection(Section):
     )
 
 
+#: The head's kernel backends (``head.kernel``), the one list: ``ops`` and the
+#: CLI's ``bench kernels --backends`` take theirs from here.
+KERNELS: tuple[str, ...] = get_args(HeadSection.model_fields["kernel"].annotation)
+
+
 #: ``parse_config(data, source)``, handed to ``PolicyConfig.finish`` (so this module needs no policy).
 ParseConfig = Callable[[Any, str], "PolicyConfig"]
 

@@ -34,12 +34,12 @@ from collections.abc import Callable
 
 import torch
 
+from ..config import KERNELS
 from ..errors import SpecVocabError
 from . import _ext, checks, reference
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "cuda", "triton", "torch")
 _TRITON_OPS = ("indexed_logits", "packed_logits")
 _COUNTED = ("indexed_logits", "packed_logits")  # the ops that read the table and count its bad entries
 OPS = ("indexed_logits", "packed_logits", "window_update", "window_verify", "compact_topk", "pack_update")
@@ -77,8 +77,8 @@ def available_backends(device: torch.device | str, op: str = "indexed_logits") -
 
 def resolve(backend: str, device: torch.device | str, op: str) -> str:
     """The backend that runs ``op`` on ``device`` for a configured choice (see module doc)."""
-    if backend not in BACKENDS:
-        raise BackendError(f"kernel backend {backend!r} is invalid: must be one of {', '.join(BACKENDS)}")
+    if backend not in KERNELS:
+        raise BackendError(f"kernel backend {backend!r} is invalid: must be one of {', '.join(KERNELS)}")
     if op not in OPS:
         raise BackendError(f"unknown op {op!r}: must be one of {', '.join(OPS)}")
     device = torch.device(device)
@@ -241,7 +241,6 @@ def pack_update(packed, packed_ids, weight, ids, cnt, rows, *, backend: str = "a
 
 
 __all__ = [
-    "BACKENDS",
     "BackendError",
     "available_backends",
     "bad_entries",
