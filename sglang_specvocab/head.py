@@ -50,7 +50,7 @@ from typing import Any
 import torch
 
 from . import headcost, ops
-from .ops.checks import TOPK_MAX_K
+from .ops.compact_topk import TOPK_MAX_K
 from .ops.topk import NEG_INF, column_tokens, head_row_map, local_topk, merge_topk
 from .table import CandidateTable
 
