@@ -1,5 +1,5 @@
 // The one TORCH_LIBRARY binding of the specvocab ops: schemas, CPU and CUDA kernels.
-// Fake (meta) kernels are registered from Python (sglang_specvocab/ops/_ext.py).
+// Fake (meta) kernels are registered from Python (each op's module in sglang_specvocab/ops/, via _ext.py).
 #include <c10/core/Stream.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
@@ -96,14 +96,16 @@ TORCH_LIBRARY(specvocab, m) {
       "window_update(Tensor(a!) ring, Tensor(b!) length, Tensor(c!) ids, Tensor(d!) cnt, Tensor rows, Tensor block, "
       "int fallback_id, int vocab_size) -> ()");
   // One verify round of the window policy: entries from SGLang's verify tensors, telemetry into acc, then
-  // window_update; returns the committed tokens [B, S] (ops/reference.py::window_verify is the definition).
+  // window_update; returns the committed tokens [B, S] (ops/window_verify.py::reference_window_verify is the
+  // definition).
   m.def(
       "window_verify(Tensor(a!) ring, Tensor(b!) length, Tensor(c!) ids, Tensor(d!) cnt, Tensor(e!) acc, Tensor rows, "
       "Tensor draft_token, Tensor accept_index, Tensor accept_lens, Tensor predict, Tensor topk_values, "
       "Tensor topk_ids, Tensor? hot, int k, bool context, bool compacted, int fallback_id, int vocab_size) -> Tensor");
   // The draft head's top-k: per row the top k columns (value descending, then column ascending), their token ids
   // through col_ids (none, [W], or [R, W] with each request's map row in rows), the row's logsumexp; values raw
-  // (mode 0), log-probabilities (1) or probabilities (2) (ops/reference.py::compact_topk is the definition).
+  // (mode 0), log-probabilities (1) or probabilities (2) (ops/compact_topk.py::reference_compact_topk is the
+  // definition).
   m.def(
       "compact_topk(Tensor logits, Tensor? col_ids, Tensor? rows, int k, int fallback_id, int mode) -> "
       "(Tensor, Tensor, Tensor)");

@@ -1,6 +1,6 @@
 // compact_topk: argument checks, the C++ CPU implementation, the CUDA wrapper.
-// The draft head's top-k in one op (ops/reference.py::compact_topk is the definition): per logits row the top k
-// columns (value descending, then column ascending), their target token ids through the head's column map, the
+// The draft head's top-k in one op (ops/compact_topk.py::reference_compact_topk is the definition): per logits row the
+// top k columns (value descending, then column ascending), their target token ids through the head's column map, the
 // row's logsumexp, and the values as raw logits, log-probabilities or probabilities. It replaces some thirty small
 // ops per draft step (an exact-order top-k, the column map, the log-softmax and the fallback of -inf entries).
 #include <ATen/Parallel.h>

@@ -3,7 +3,7 @@
 // after the other, the kernel runs them as the threads of one block. The CPU tests then cover the GPU's
 // arithmetic; only the launch differs. No torch header (nvcc compiles this without torch).
 //
-// For logits row m of [N, W] (ops/reference.py::compact_topk is the definition):
+// For logits row m of [N, W] (ops/compact_topk.py::reference_compact_topk is the definition):
 // - the top k columns, value descending then column ascending; -inf columns never enter (an entry left empty
 //   is -inf and reads as the fallback token);
 // - the logsumexp of the row's live (finite) values, -inf when none;

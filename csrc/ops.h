@@ -17,7 +17,7 @@
 namespace specvocab {
 
 // The debug setting (SGLANG_DYNVOCAB_DEBUG_CHECKS, read once at load; set_debug_checks_op changes it): host checks
-// of values that the GPU ops otherwise trust or count, with ops/checks.py's messages.
+// of values that the GPU ops otherwise trust or count, with the messages of the ops' Python checks (ops/<op>.py).
 bool debug_checks();
 void set_debug_checks_op(bool on);
 // rows (any device; copied to the host) in [0, R) and distinct, else a RuntimeError naming the first bad one.

@@ -6,7 +6,7 @@
 // row. The free slots (j < c, leaving or j >= c_old, ascending) take, in order, the entering ids
 // (in N but not old live, table order; row read from weight) and then the survivors at slots >= c
 // (slot order; row moved from there). Then packed_ids[s, c:] = -1; packed[s, c:] is don't care.
-// The torch reference (sglang_specvocab/ops/reference.py) and tests/literal.py state the same.
+// The torch reference (sglang_specvocab/ops/pack_update.py) and tests/literal.py state the same.
 #include "ops.h"
 
 #include <ATen/Parallel.h>

@@ -1,6 +1,6 @@
 // pack_update on the GPU: one thread block per listed slot, phases separated by __syncthreads.
 //
-// Semantics (the same as sglang_specvocab/ops/reference.py::pack_update and the per-row loop
+// Semantics (the same as sglang_specvocab/ops/pack_update.py::reference_pack_update and the per-row loop
 // tests/literal.py::literal_pack_update; csrc/pack_update.cpp holds the CPU version and the torch-side checks), for
 // slot s:
 //   c_old = number of packed_ids[s, :] >= 0 (live slots are the prefix [0, c_old));

@@ -1,5 +1,5 @@
 // window_update: argument checks, the C++ CPU implementation, the CUDA wrapper.
-// Semantics (the torch reference, ops/reference.py::window_update, is the definition):
+// Semantics (the torch reference, ops/window_update.py::reference_window_update, is the definition):
 // append each listed row's valid block entries (ids in [0, vocab_size), in order) to its ring of
 // the last `capacity` stream entries, then write the ring's sorted distinct ids to the table.
 #include <ATen/Parallel.h>

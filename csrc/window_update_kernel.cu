@@ -1,6 +1,6 @@
 // MicroSpec window update, in place on the GPU: append a block of stream entries to each listed
 // request's ring, then publish the request's set (the sorted distinct ids of the ring) into the
-// candidate table. Exactly the torch reference (ops/reference.py::window_update):
+// candidate table. Exactly the torch reference (ops/window_update.py::reference_window_update):
 //
 //   valid entries of block[b, :] are the ids in [0, vocab_size), in order (others are holes);
 //   of `count` valid entries only the last `capacity` are kept; kept entry of rank r goes to

@@ -1,5 +1,5 @@
 // window_verify: argument checks, the C++ CPU implementation, the CUDA wrapper.
-// One verify round of the window policy in one op (the torch reference, ops/reference.py::window_verify,
+// One verify round of the window policy in one op (the torch reference, ops/window_verify.py::reference_window_verify,
 // is the definition): the round's window entries and committed tokens from SGLang's verify tensors, the
 // round's telemetry against the sets as they were, then window_update with those entries. The eager
 // verify hook is then a top-k and this op instead of some forty small ops (host time per decode round).

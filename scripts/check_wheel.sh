@@ -68,7 +68,8 @@ probe='
 import logging, sys
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 import torch
-from sglang_specvocab.ops import _ext, reference
+from sglang_specvocab.ops import _ext
+from sglang_specvocab.ops.indexed_logits import reference_indexed_logits
 assert _ext.load(), _ext.reason()
 g = torch.Generator().manual_seed(0)
 hidden, weight = torch.randn(6, 24, generator=g), torch.randn(50, 24, generator=g)
@@ -76,7 +77,7 @@ ids = torch.randint(0, 50, (4, 10), generator=g, dtype=torch.int32)
 cnt = torch.tensor([10, 1, 7, 4], dtype=torch.int32)
 row_to_slot = torch.tensor([3, 3, 0, 1, 2, 2], dtype=torch.int32)
 got = torch.ops.specvocab.indexed_logits(hidden, weight, ids, cnt, row_to_slot)
-torch.testing.assert_close(got, reference.indexed_logits(hidden, weight, ids, cnt, row_to_slot))
+torch.testing.assert_close(got, reference_indexed_logits(hidden, weight, ids, cnt, row_to_slot))
 print("kernels ok, CUDA kernels:", _ext.has_cuda_kernels())
 '
 "$vpy" -c "$probe" > "$work/first.log" 2>&1 || { cat "$work/first.log" >&2; exit 1; }

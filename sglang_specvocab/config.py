@@ -26,10 +26,13 @@ class Section(BaseModel):
 #: The union head's default columns, as a multiple of the set capacity (see ``default_union_columns``).
 UNION_CAPACITY_FACTOR = 16
 
-# The head section's allowed values, declared once: the schema below and ``head.DraftHead``'s own checks read them.
+# The head section's allowed values, declared once: the schema below, ``head.DraftHead``'s checks, ``ops`` and the
+# CLI read them.
+HeadKernel = Literal["auto", "cuda", "triton", "torch"]
 HeadMode = Literal["fused", "packed"]
 HeadBatch = Literal["auto", "per-request", "union", "stock"]
 UnionView = Literal["own", "all"]
+KERNELS: tuple[str, ...] = get_args(HeadKernel)
 HEAD_MODES: tuple[str, ...] = get_args(HeadMode)
 BATCH_MODES: tuple[str, ...] = get_args(HeadBatch)
 UNION_VIEWS: tuple[str, ...] = get_args(UnionView)
@@ -38,7 +41,7 @@ UNION_VIEWS: tuple[str, ...] = get_args(UnionView)
 class HeadSection(Section):
     """How the draft head computes logits over the sets (every policy accepts a ``head:`` block)."""
 
-    kernel: Literal["auto", "cuda", "triton", "torch"] = Field(
+    kernel: HeadKernel = Field(
         "auto", description="auto: CUDA extension on a GPU when built, else Triton on a GPU, else torch"
     )
     mode: HeadMode = Field(

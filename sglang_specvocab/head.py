@@ -51,7 +51,7 @@ import torch
 
 from . import headcost, ops
 from .config import BATCH_MODES, HEAD_MODES, UNION_VIEWS, HeadSection, default_union_columns
-from .ops.checks import TOPK_MAX_K
+from .ops.compact_topk import TOPK_MAX_K
 from .ops.topk import NEG_INF, column_tokens, head_row_map, local_topk, merge_topk
 from .table import CandidateTable
 

@@ -14,6 +14,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,7 +22,24 @@ from helpers import run_interpreted
 from literal import literal_table_reads  # the child finds it too: a script's folder is on sys.path
 
 from sglang_specvocab import ops
-from sglang_specvocab.ops import _ext, checks, reference
+from sglang_specvocab.ops import _ext, checks
+from sglang_specvocab.ops.indexed_logits import (
+    reference_indexed_logits,
+    reference_packed_logits,
+    triton_indexed_logits,
+    triton_packed_logits,
+)
+from sglang_specvocab.ops.pack_update import reference_pack_update
+from sglang_specvocab.ops.window_update import reference_window_update
+
+# the torch and Triton backends of the ops, by op name, as torch.ops.specvocab holds the compiled ones
+reference = SimpleNamespace(
+    indexed_logits=reference_indexed_logits,
+    packed_logits=reference_packed_logits,
+    window_update=reference_window_update,
+    pack_update=reference_pack_update,
+)
+triton = SimpleNamespace(indexed_logits=triton_indexed_logits, packed_logits=triton_packed_logits)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -236,17 +254,15 @@ def test_meta_tensors_count_without_reading_values(debug):
 
 def _child(out_path: str) -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1"
-    from sglang_specvocab.ops import triton_ops
-
     results = {"debug_from_env": checks.debug_checks()}
     for op in OPS:
         for kind in KINDS:
-            results["debug", op, kind] = debug_message(getattr(triton_ops, op), op, kind)
+            results["debug", op, kind] = debug_message(getattr(triton, op), op, kind)
     ops.set_debug_checks(False)
     for op in OPS:
         for kind in KINDS:
-            results["run", op, kind] = run(getattr(triton_ops, op), op, kind)
-            results["plain", op, kind] = getattr(triton_ops, op)(*args_of(op, kind))
+            results["run", op, kind] = run(getattr(triton, op), op, kind)
+            results["plain", op, kind] = getattr(triton, op)(*args_of(op, kind))
     torch.save(results, out_path)
 
 

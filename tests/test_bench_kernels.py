@@ -8,6 +8,7 @@ import torch
 
 from sglang_specvocab import ops
 from sglang_specvocab.bench import kernels as bench
+from sglang_specvocab.bench import kernels_report
 from sglang_specvocab.cli import main, parser
 
 
@@ -69,19 +70,19 @@ def test_quick_and_overrides():
 
 
 def test_bandwidth_math_and_peaks():
-    f = bench.bandwidth_fields(16_777_216, 10.0, 3.35e12, 3.0e12)
+    f = kernels_report.bandwidth_fields(16_777_216, 10.0, 3.35e12, 3.0e12)
     assert f["gbps"] == pytest.approx(16_777_216 / 10e-6 / 1e9)
     assert f["ideal_us_peak"] == pytest.approx(16_777_216 / 3.35e12 * 1e6)
     assert f["frac_ideal"] == pytest.approx((16_777_216 / 3.35e12) / 10e-6)
     assert f["frac_ideal_copy"] == pytest.approx((16_777_216 / 3.0e12) / 10e-6)
-    assert bench.bandwidth_fields(100, 1.0, None, 1e9)["frac_ideal"] is None
+    assert kernels_report.bandwidth_fields(100, 1.0, None, 1e9)["frac_ideal"] is None
     c = bench.Case("indexed", "cuda", 2048, 4096, 4, 8, 128256)
     assert bench.case_bytes(c, 2) == 8 * 2048 * 4096 * 2 and c.M == 32
     assert bench.case_bytes(bench.Case("dense_full", "torch", 128256, 4096, 4, 8, 128256), 2) == 128256 * 4096 * 2
-    assert bench.default_peak("NVIDIA H100 80GB HBM3")[0] == 3.35e12
-    assert bench.default_peak("NVIDIA H200")[0] == 4.8e12
-    assert bench.default_peak("NVIDIA H100 PCIe")[0] == 2.0e12
-    assert bench.default_peak("Some GPU")[0] is None
+    assert kernels_report.default_peak("NVIDIA H100 80GB HBM3")[0] == 3.35e12
+    assert kernels_report.default_peak("NVIDIA H200")[0] == 4.8e12
+    assert kernels_report.default_peak("NVIDIA H100 PCIe")[0] == 2.0e12
+    assert kernels_report.default_peak("Some GPU")[0] is None
     assert bench.cold_sets(16 << 20, 50 << 20, hot=False) == 10  # 16 MB calls, 50 MB L2: rotate
     assert bench.cold_sets(1 << 30, 50 << 20, hot=False) == 1
     assert bench.cold_sets(16 << 20, 50 << 20, hot=True) == 1
@@ -121,7 +122,7 @@ def test_cpu_run_writes_json_md_and_plot(tmp_path):
     keys = [(r["op"], r["backend"], r["W"], r["d"], r["rows"], r["batch"], r.get("kind"), r.get("mode")) for r in recs]
     assert len(keys) == len(set(keys))
     ok = [r for r in recs if r["status"] == "ok"]
-    assert {r["op"] for r in ok} == set(bench.OPS)
+    assert {r["op"] for r in ok} == set(kernels_report.OPS)
     for r in ok:
         for k in ("median_us", "p10_us", "p90_us", "gbps", "bytes"):
             assert r[k] > 0 and math.isfinite(r[k]), (k, r)

@@ -1,6 +1,6 @@
 """``compact_topk``: the draft head's top-k through its column map in one op (the draft loop's host time).
 
-The torch reference (``ops/reference.py::compact_topk``) must equal a literal definition (sort each row's
+The torch reference (``ops/compact_topk.py::reference_compact_topk``) must equal a literal definition (sort each row's
 (value, column) pairs); the C++ op (the lanes and merge tree the CUDA kernel runs, one after the other) must
 give the reference's tokens and values exactly and its logsumexp to rounding, on rows with many ties, -inf
 columns, signed zeros, rows with fewer live columns than k, every kind of column map and every value mode.
@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from sglang_specvocab.head import DraftHead
-from sglang_specvocab.ops import _ext, reference
+from sglang_specvocab.ops import _ext
+from sglang_specvocab.ops.compact_topk import reference_compact_topk
 from sglang_specvocab.table import CandidateTable
 
 needs_ext = pytest.mark.skipif(not _ext.available(), reason="the kernels extension is not built")
@@ -84,7 +85,7 @@ def test_the_reference_is_the_literal_definition():
     for trial in range(60):
         logits, col, rows, k = random_case(g, trial)
         for mode in (0, 1, 2):
-            values, tokens, lse = reference.compact_topk(logits, col, rows, k, 7, mode)
+            values, tokens, lse = reference_compact_topk(logits, col, rows, k, 7, mode)
             want_v, want_t, want_lse = literal(logits, col, rows, k, 7, mode)
             assert torch.equal(tokens, want_t), (trial, mode)
             assert torch.allclose(values.double(), want_v, rtol=1e-5, atol=1e-6), (trial, mode)
@@ -97,7 +98,7 @@ def test_the_cpp_op_equals_the_reference():
     for trial in range(300):
         logits, col, rows, k = random_case(g, trial)
         for mode in (0, 1, 2):
-            want = reference.compact_topk(logits, col, rows, k, 7, mode)
+            want = reference_compact_topk(logits, col, rows, k, 7, mode)
             got = torch.ops.specvocab.compact_topk(logits, col, rows, k, 7, mode)
             assert torch.equal(got[1], want[1]), (trial, mode)
             if mode == 0:  # raw values are the logits themselves
@@ -114,7 +115,7 @@ def test_infinite_logits_give_the_references_logsumexp():
     logits[1, [7, 7 + 128, 7 + 256]] = float("inf")  # one lane, three times: the lane's scan adds them
     logits[2, 9] = float("inf")
     for mode in (0, 1, 2):
-        want = reference.compact_topk(logits, None, None, 4, 0, mode)
+        want = reference_compact_topk(logits, None, None, 4, 0, mode)
         got = torch.ops.specvocab.compact_topk(logits, None, None, 4, 0, mode)
         assert torch.equal(got[2], want[2]) and torch.isposinf(got[2]).all(), mode
         assert torch.equal(got[1], want[1]), mode
@@ -128,7 +129,7 @@ def test_wide_rows_and_no_rows():
     logits = torch.randn(6, 20000, generator=g) * 30
     logits[:, ::7] = NEG
     for k in (1, 4, 16):
-        want = reference.compact_topk(logits, None, None, k, 0, 2)
+        want = reference_compact_topk(logits, None, None, k, 0, 2)
         got = torch.ops.specvocab.compact_topk(logits, None, None, k, 0, 2)
         assert torch.equal(got[1], want[1]) and torch.allclose(got[0], want[0], rtol=1e-5, atol=1e-7)
         assert torch.allclose(got[2], want[2], rtol=1e-6)
@@ -202,7 +203,7 @@ def test_cuda_op_equals_the_reference(N, W, k):
         col = torch.randint(-1, 200000, (bs + 3, W), generator=g).to(torch.int32)
         rows = torch.randperm(bs + 3, generator=g)[:bs]
         for mode in (0, 1, 2):
-            want = reference.compact_topk(logits, col, rows, k, 5, mode)
+            want = reference_compact_topk(logits, col, rows, k, 5, mode)
             got = torch.ops.specvocab.compact_topk(logits.cuda(), col.cuda(), rows.cuda(), k, 5, mode)
             assert torch.equal(got[1].cpu(), want[1]), (trial, mode)
             assert torch.allclose(got[0].cpu(), want[0], rtol=1e-5, atol=1e-6), (trial, mode)

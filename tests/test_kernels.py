@@ -24,7 +24,9 @@ from sglang_specvocab.csrc import recipe
 from sglang_specvocab import ops
 from sglang_specvocab.errors import ConfigError
 from sglang_specvocab.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
-from sglang_specvocab.ops import _ext, reference
+from sglang_specvocab.ops import _backend, _ext
+from sglang_specvocab.ops.indexed_logits import reference_indexed_logits, reference_packed_logits
+from sglang_specvocab.ops.window_update import reference_window_update
 from sglang_specvocab.policies import build_policy, parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,7 +129,7 @@ def _close(got: torch.Tensor, want: torch.Tensor, d: int) -> None:
 )
 def test_cpu_indexed_logits_equals_reference(seed, dtype, M, R, W, d):
     args = _case(seed, dtype, M=M, R=R, W=W, d=d, V=97)
-    _close(torch.ops.specvocab.indexed_logits(*args), reference.indexed_logits(*args), d)
+    _close(torch.ops.specvocab.indexed_logits(*args), reference_indexed_logits(*args), d)
 
 
 @settings(max_examples=25, deadline=None)
@@ -138,20 +140,20 @@ def test_cpu_packed_logits_equals_reference(seed, dtype, M, W):
     ids = ids.clamp(min=0)  # packed rows have no ids: only the count decides
     packed = weight[ids.long()]  # [R, W, d]: the same rows, laid out per slot
     got = torch.ops.specvocab.packed_logits(hidden, packed, cnt, slot)
-    _close(got, reference.packed_logits(hidden, packed, cnt, slot), d)
-    _close(got, reference.indexed_logits(hidden, weight, ids, cnt, slot), d)
+    _close(got, reference_packed_logits(hidden, packed, cnt, slot), d)
+    _close(got, reference_indexed_logits(hidden, weight, ids, cnt, slot), d)
 
 
 def test_cpu_logits_ops_take_strided_and_expanded_slots():
     """One request's tree rows as an expanded (stride-0) view of its slot: read in place, not as memory."""
     hidden, weight, ids, cnt, _ = _case(1, torch.float32, M=6, R=3, W=5, d=8, V=20)
     slot = torch.tensor([2], dtype=torch.int32).expand(6)
-    want = reference.indexed_logits(hidden, weight, ids, cnt, slot.contiguous())
+    want = reference_indexed_logits(hidden, weight, ids, cnt, slot.contiguous())
     _close(torch.ops.specvocab.indexed_logits(hidden, weight, ids, cnt, slot), want, 8)
     strided = torch.tensor([2, 0, 1, 0, 0, 1, 2, 0, 1, 0, 2, 1], dtype=torch.int32)[::2]
     _close(
         torch.ops.specvocab.indexed_logits(hidden, weight, ids, cnt, strided),
-        reference.indexed_logits(hidden, weight, ids, cnt, strided.contiguous()),
+        reference_indexed_logits(hidden, weight, ids, cnt, strided.contiguous()),
         8,
     )
 
@@ -165,7 +167,7 @@ def test_the_slot_expansion_and_the_row_map_happen_inside_the_op(dtype, bs, n):
     want = literal_logits(hidden, weight, ids, cnt, rows, row_map).float()
     assert torch.isneginf(want).any() and torch.isfinite(want).any()
     for slots in (rows, rows.to(torch.int32)):
-        _close(reference.indexed_logits(hidden, weight, ids, cnt, slots, row_map=row_map), want, 16)
+        _close(reference_indexed_logits(hidden, weight, ids, cnt, slots, row_map=row_map), want, 16)
         _close(torch.ops.specvocab.indexed_logits(hidden, weight, ids, cnt, slots, row_map=row_map), want, 16)
     # the same as the old step: slots expanded per row and the table mapped to head rows by separate ops
     per_row = rows.repeat_interleave(n).to(torch.int32)
@@ -178,14 +180,14 @@ def test_ids_past_the_row_map_are_bad_entries_counted_like_the_reference():
     ids = ids.clone()
     ids[rows[0], 0] = row_map.shape[0] + 5  # past the map: a bad entry in a live column (cnt >= 1)
     want_bad, got_bad = torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)
-    want = reference.indexed_logits(hidden, weight, ids, cnt, rows, want_bad, row_map)
+    want = reference_indexed_logits(hidden, weight, ids, cnt, rows, want_bad, row_map)
     got = torch.ops.specvocab.indexed_logits(hidden, weight, ids, cnt, rows, got_bad, row_map)
     _close(got, want, 16)
     assert int(got_bad) == int(want_bad) >= 2  # once per hidden row of that request
     assert torch.isneginf(got[:2, 0]).all()
     ops.set_debug_checks(True)
     try:
-        for fn in (reference.indexed_logits, torch.ops.specvocab.indexed_logits):
+        for fn in (reference_indexed_logits, torch.ops.specvocab.indexed_logits):
             with pytest.raises((ValueError, RuntimeError), match=re.escape("ids must be below V=40")):
                 fn(hidden, weight, ids, cnt, rows, None, row_map)
     finally:
@@ -194,7 +196,7 @@ def test_ids_past_the_row_map_are_bad_entries_counted_like_the_reference():
 
 def test_request_slots_must_divide_the_rows_and_the_row_map_be_int32():
     hidden, weight, ids, cnt, rows, row_map = mapped_case(4, torch.float32, 3, 2)
-    for fn, err in ((reference.indexed_logits, ValueError), (torch.ops.specvocab.indexed_logits, RuntimeError)):
+    for fn, err in ((reference_indexed_logits, ValueError), (torch.ops.specvocab.indexed_logits, RuntimeError)):
         with pytest.raises(err, match=re.escape("row_to_slot must be int32 or int64 [B] with B dividing M=6")):
             fn(hidden, weight, ids, cnt, rows[:2].repeat(2))  # 4 slots for 6 rows
         with pytest.raises(err, match=re.escape("row_map must be int32 [L]")):
@@ -220,7 +222,7 @@ def test_cpu_logits_ops_refuse_bad_input():
     ]
     for args, msg in table_bad:
         want_count, got_count = torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)
-        want = reference.indexed_logits(*args, bad=want_count)
+        want = reference_indexed_logits(*args, bad=want_count)
         got = torch.ops.specvocab.indexed_logits(*args, bad=got_count)
         assert torch.isneginf(got).any() and int(got_count) == int(want_count) > 0
         torch.testing.assert_close(got, want)
@@ -242,12 +244,12 @@ def test_logits_reference_and_cpu_kernels_equal_the_literal_definition(case, dty
     d = hidden.shape[1]
     want = literal_logits(*args).float()
     assert torch.isneginf(want).any() and torch.isfinite(want).any()
-    _close(reference.indexed_logits(*args), want, d)
+    _close(reference_indexed_logits(*args), want, d)
     _close(torch.ops.specvocab.indexed_logits(*args), want, d)
     # packed rows: the same set laid out per slot (no ids, so only the count decides)
     packed = weight[ids.long().clamp(min=0)]
     want = literal_logits(hidden, weight, ids.clamp(min=0), cnt, slot).float()
-    _close(reference.packed_logits(hidden, packed, cnt, slot), want, d)
+    _close(reference_packed_logits(hidden, packed, cnt, slot), want, d)
     _close(torch.ops.specvocab.packed_logits(hidden, packed, cnt, slot), want, d)
 
 
@@ -345,7 +347,7 @@ def test_cpu_window_update_fuzzed_against_reference(cap):
         n = int(torch.randint(0, 3 * cap + 2, (1,), generator=g))
         block = torch.randint(-3, V + 3, (B, n), generator=g, dtype=torch.int32)  # holes, and ids >= V
         torch.ops.specvocab.window_update(*ours, rows, block, 2, V)
-        reference.window_update(*ref, rows, block, 2, V)
+        reference_window_update(*ref, rows, block, 2, V)
         assert torch.equal(ours[0][:, :cap], ref[0][:, :cap])
         for a, b in zip(ours[1:], ref[1:], strict=True):
             assert torch.equal(a, b)
@@ -372,7 +374,7 @@ def test_cpu_window_update_long_fuzz_against_reference(one_thread, cap):
             B, n = sizes[i], widths[i]
             rows, block = perms[i, :B], data[i, : B * n].view(B, n)
             torch.ops.specvocab.window_update(*ours, rows, block, 2, V)
-            reference.window_update(*ref, rows, block, 2, V)
+            reference_window_update(*ref, rows, block, 2, V)
             same = torch.equal(ours[0][:, :cap], ref[0][:, :cap]) and all(
                 torch.equal(a, b) for a, b in zip(ours[1:], ref[1:], strict=True)
             )
@@ -388,7 +390,7 @@ def test_window_update_reference_is_the_window_rule():
     for _ in range(300):
         block = torch.randint(-2, V + 2, (1, int(torch.randint(0, 14, (1,), generator=g))), generator=g)
         stream += [v for v in block[0].tolist() if 0 <= v < V]
-        reference.window_update(*state, torch.tensor([0]), block.to(torch.int32), 5, V)
+        reference_window_update(*state, torch.tensor([0]), block.to(torch.int32), 5, V)
         want = sorted(set(stream[-cap:])) or [5]
         ids, cnt = state[2][0], int(state[3][0])
         assert ids[:cnt].tolist() == want and cnt == len(want)
@@ -472,7 +474,7 @@ def test_ops_compile_in_one_graph():
 
 def test_auto_backend_on_cpu_is_the_reference():
     assert ops.resolve("auto", "cpu", "indexed_logits") == "torch"
-    assert ops.implementation("auto", "cpu", "window_update") is reference.window_update
+    assert ops.implementation("auto", "cpu", "window_update") is reference_window_update
     impl = ops.implementation("cuda", "cpu", "indexed_logits")  # bound to the device's bad-entry counter
     assert impl.func == torch.ops.specvocab.indexed_logits and impl.keywords == {"bad": ops.bad_entries("cpu")}
 
@@ -499,8 +501,8 @@ def test_describe_names_cuda_kernels_without_a_gpu(monkeypatch):
 
 
 def test_auto_backend_without_cuda_kernels_says_so_once(monkeypatch, caplog):
-    monkeypatch.setattr(_ext, "has_cuda_kernels", lambda: False)
-    ops._say_once.cache_clear()
+    monkeypatch.setattr(_backend, "has_cuda_kernels", lambda: False)  # what the backend choice asks the extension
+    _backend._say_once.cache_clear()
     with caplog.at_level(logging.WARNING, logger="sglang_specvocab.ops"):
         assert ops.resolve("auto", "cuda", "indexed_logits") in ("triton", "torch")
         assert ops.resolve("auto", "cuda", "window_update") == "torch"
@@ -516,11 +518,11 @@ def test_explicit_backend_that_cannot_run_is_refused(monkeypatch):
         ops.resolve("triton", "cpu", "indexed_logits")
     with pytest.raises(ops.BackendError, match="must be one of auto, cuda, triton, torch"):
         ops.resolve("cutlass", "cpu", "indexed_logits")
-    monkeypatch.setattr(_ext, "has_cuda_kernels", lambda: False)
+    monkeypatch.setattr(_backend, "has_cuda_kernels", lambda: False)  # what the backend choice asks the extension
     with pytest.raises(ops.BackendError, match="built without nvcc"):
         ops.resolve("cuda", "cuda", "indexed_logits")
-    monkeypatch.setattr(_ext, "available", lambda: False)
-    monkeypatch.setattr(_ext, "reason", lambda: "the kernels extension is not built")
+    monkeypatch.setattr(_backend, "available", lambda: False)
+    monkeypatch.setattr(_backend, "reason", lambda: "the kernels extension is not built")
     with pytest.raises(ops.BackendError, match="'cuda' is unavailable for indexed_logits: the kernels extension"):
         ops.resolve("cuda", "cpu", "indexed_logits")
 

@@ -22,7 +22,9 @@ from logits_cases import RUN_CASES, runs_case
 
 from sglang_specvocab import ops
 from sglang_specvocab.head import DraftHead
-from sglang_specvocab.ops import _ext, reference
+from sglang_specvocab.ops import _ext
+from sglang_specvocab.ops.indexed_logits import reference_indexed_logits, reference_packed_logits
+from sglang_specvocab.ops.window_update import reference_window_update
 from sglang_specvocab.table import CandidateTable
 
 DEV = "cuda"
@@ -94,12 +96,12 @@ def test_logits_ops_equal_reference(backend, dtype, shape):
         pytest.fail(f"backend {backend} unavailable on this GPU machine: {_ext.reason()}")
     M, R, W, d, V = shape
     args = _case(M, R, W, d, V, dtype)
-    _close(ops.indexed_logits(*args, backend=backend), reference.indexed_logits(*args), d)
+    _close(ops.indexed_logits(*args, backend=backend), reference_indexed_logits(*args), d)
     hidden, weight, ids, cnt, slot = args
     packed = weight[ids.long().clamp(min=0)]
     _close(
         ops.packed_logits(hidden, packed, cnt, slot, backend=backend),
-        reference.packed_logits(hidden, packed, cnt, slot),
+        reference_packed_logits(hidden, packed, cnt, slot),
         d,
     )
 
@@ -146,7 +148,7 @@ def test_every_launch_branch_gives_the_same_logits():
     # loads (d * 2 bytes is no multiple of 16). 1..40 rows per request: pieces of 1..4 row tiles.
     for dtype, d, rows in itertools.product(DTYPES, [60, 64, 252, 256, 512, 4096, 4100], [1, 10, 25, 40]):
         hidden, weight, ids, cnt, slot = _tree_batch(2, rows, W, d, 20000, dtype, seed=d + rows)
-        want = reference.indexed_logits(hidden, weight, ids, cnt, slot)
+        want = reference_indexed_logits(hidden, weight, ids, cnt, slot)
         outs = []
         for plan in PLANS:
             with _forced(plan):
@@ -164,7 +166,7 @@ def test_every_launch_branch_gives_the_same_logits():
         covered.add(_plan(hidden, 1000, aligned=False))
         _close(
             ops.indexed_logits(shifted, weight, ids, cnt, slot, backend="cuda"),
-            reference.indexed_logits(hidden, weight, ids, cnt, slot),
+            reference_indexed_logits(hidden, weight, ids, cnt, slot),
             512,
         )
     want = {(wd, mt, nt, 1) for wd in (1, 2, 4, 8) for mt in (1, 2) for nt in (2, 4)}  # bf16/fp16 16-byte loads
@@ -178,7 +180,7 @@ def _close_by_parts(got, hidden, weight, ids, cnt, slot):
     step = max(1, (1 << 29) // (W * d))  # 2 GiB of fp32 per part
     for i in range(0, hidden.shape[0], step):
         part = slice(i, i + step)
-        _close(got[part], reference.indexed_logits(hidden[part], weight, ids, cnt, slot[part]), d)
+        _close(got[part], reference_indexed_logits(hidden[part], weight, ids, cnt, slot[part]), d)
 
 
 # (bs, rows per request, W, d, V): the server's ends: one request with the widest set at d 5120 and Gemma-3's
@@ -206,15 +208,15 @@ def test_logits_at_the_servers_shapes(backend, shape):
 def test_triton_every_tile_width_equals_reference(block_w):
     """The Triton wrapper picks 16, 32 or 64 columns per program from M, W and the SM count; the other tests' shapes
     mostly get 16 on an H100. Each width, indexed and packed, in every dtype."""
-    from sglang_specvocab.ops import triton_ops
+    from sglang_specvocab.ops.indexed_logits import triton_indexed_logits, triton_packed_logits
 
     for dtype in DTYPES:
         hidden, weight, ids, cnt, slot = _tree_batch(8, 10, 1000, 520, 20000, dtype, seed=block_w)
-        got = triton_ops.indexed_logits(hidden, weight, ids, cnt, slot, block_w=block_w)
-        _close(got, reference.indexed_logits(hidden, weight, ids, cnt, slot), 520)
+        got = triton_indexed_logits(hidden, weight, ids, cnt, slot, block_w=block_w)
+        _close(got, reference_indexed_logits(hidden, weight, ids, cnt, slot), 520)
         packed = weight[ids.long().clamp(min=0)]
-        got = triton_ops.packed_logits(hidden, packed, cnt, slot, block_w=block_w)
-        _close(got, reference.packed_logits(hidden, packed, cnt, slot), 520)
+        got = triton_packed_logits(hidden, packed, cnt, slot, block_w=block_w)
+        _close(got, reference_packed_logits(hidden, packed, cnt, slot), 520)
 
 
 # W 96 and 5000: torch.sort's in-place kernel (rows up to 4096) and its segmented sort beyond (workspace in the graph);
@@ -281,7 +283,7 @@ def test_tree_branches_and_batches_give_identical_logits(dtype):
     hidden, weight, ids, cnt, slot = _tree_batch(64, 10, W, d, V, dtype, seed=1)
     full = ops.indexed_logits(hidden, weight, ids, cnt, slot, backend="cuda")  # bs 64, 10 rows: M = 640
     part = slice(0, 25)  # the reference holds [M, W, d] in fp32: check a part of the batch
-    _close(full[part], reference.indexed_logits(hidden[part], weight, ids, cnt, slot[part]), d)
+    _close(full[part], reference_indexed_logits(hidden[part], weight, ids, cnt, slot[part]), d)
     plans = {_plan(hidden, W)}
     for bs, rows in [(1, 1), (1, 4), (1, 10), (8, 1), (8, 10), (64, 1)]:
         pick = torch.arange(bs, device=DEV)[:, None] * 10 + torch.arange(rows, device=DEV)[None, :]
@@ -305,7 +307,7 @@ def test_window_update_equals_reference(V):
         n = 5000 if i == 0 else 40  # a long prefill first, then verify-sized appends
         block = torch.randint(-2, V + 2, (rows.shape[0], n), device=DEV, generator=g, dtype=torch.int32)
         ops.window_update(*ours, rows, block, fallback_id=1, vocab_size=V, backend="cuda")
-        reference.window_update(*ref, rows, block, 1, V)
+        reference_window_update(*ref, rows, block, 1, V)
         assert torch.equal(ours[0][:, :cap], ref[0][:, :cap])
         for a, b in zip(ours[1:], ref[1:], strict=True):
             assert torch.equal(a, b)
@@ -333,7 +335,7 @@ def test_logits_in_a_cuda_graph_follow_the_table(backend, plan):
         slot.copy_(runs.to(torch.int32))
         hidden.normal_(generator=g)
         graph.replay()
-        _close(out, reference.indexed_logits(hidden, weight, ids, cnt, slot), hidden.shape[1])
+        _close(out, reference_indexed_logits(hidden, weight, ids, cnt, slot), hidden.shape[1])
 
 
 def test_logits_address_rows_past_two_to_the_31():
@@ -346,7 +348,7 @@ def test_logits_address_rows_past_two_to_the_31():
     ids[0, 0], ids[1, 1] = V - 1, 0
     cnt = torch.tensor([96, 50], dtype=torch.int32, device=DEV)
     slot = torch.tensor([0, 0, 0, 1, 1, 1], dtype=torch.int32, device=DEV)
-    want = reference.indexed_logits(hidden, weight, ids, cnt, slot)
+    want = reference_indexed_logits(hidden, weight, ids, cnt, slot)
     for backend in ("cuda", "triton"):
         _close(ops.indexed_logits(hidden, weight, ids, cnt, slot, backend=backend), want, d)
 
@@ -359,7 +361,7 @@ def test_cuda_logits_never_read_out_of_bounds():
     bad_ids[0, :5] = 10**6
     bad_slot[-3:] = torch.tensor([3, -1, 1 << 30], dtype=torch.int32)
     out = ops.indexed_logits(hidden, weight, bad_ids, cnt, bad_slot, backend="cuda")
-    want = reference.indexed_logits(hidden, weight, bad_ids.masked_fill(bad_ids >= 1000, -1), cnt, slot)
+    want = reference_indexed_logits(hidden, weight, bad_ids.masked_fill(bad_ids >= 1000, -1), cnt, slot)
     assert torch.isneginf(out[-3:]).all()
     _close(out[:-3], want[:-3], 256)
 
@@ -371,7 +373,7 @@ def test_window_update_in_a_cuda_graph():
     rows = torch.tensor([3, 0, 4], device=DEV)
     block = torch.zeros((3, 19), dtype=torch.int32, device=DEV)
     ops.window_update(*state, rows, block, fallback_id=1, vocab_size=V, backend="cuda")
-    reference.window_update(*ref, rows, block, 1, V)
+    reference_window_update(*ref, rows, block, 1, V)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         ops.window_update(*state, rows, block, fallback_id=1, vocab_size=V, backend="cuda")
@@ -379,7 +381,7 @@ def test_window_update_in_a_cuda_graph():
     for _ in range(50):
         block.copy_(torch.randint(-1, V, block.shape, device=DEV, generator=g, dtype=torch.int32))
         graph.replay()
-        reference.window_update(*ref, rows, block, 1, V)
+        reference_window_update(*ref, rows, block, 1, V)
         assert torch.equal(state[0][:, :cap], ref[0][:, :cap])  # the ring (its last column is scratch)
         for a, b in zip(state[1:], ref[1:], strict=True):
             assert torch.equal(a, b)
@@ -409,7 +411,7 @@ def _mapped(bs, n, W, d, V, H, dtype, seed=0):
 @pytest.mark.parametrize(("bs", "n"), [(1, 1), (1, 10), (8, 4), (64, 1), (3, 17)])
 def test_the_fused_step_reads_request_slots_and_the_row_map_inside_the_kernel(backend, dtype, bs, n):
     hidden, weight, ids, cnt, rows, row_map = _mapped(bs, n, 3072, 640, 262144, 32000, dtype, seed=bs * n)
-    want = reference.indexed_logits(hidden, weight, ids, cnt, rows, row_map=row_map)
+    want = reference_indexed_logits(hidden, weight, ids, cnt, rows, row_map=row_map)
     assert torch.isfinite(want).any() and torch.isneginf(want).any()
     _close(ops.indexed_logits(hidden, weight, ids, cnt, rows, backend=backend, row_map=row_map), want, 640)
     _close(ops.indexed_logits(hidden, weight, ids, cnt, rows.to(torch.int32), backend=backend, row_map=row_map),
@@ -432,4 +434,4 @@ def test_the_fused_step_in_a_cuda_graph_follows_the_slots_and_the_table(backend)
         ids.copy_(torch.randint(0, row_map.shape[0], ids.shape, device=DEV, generator=g, dtype=torch.int32))
         hidden.normal_(generator=g)
         graph.replay()
-        _close(out, reference.indexed_logits(hidden, weight, ids, cnt, rows, row_map=row_map), hidden.shape[1])
+        _close(out, reference_indexed_logits(hidden, weight, ids, cnt, rows, row_map=row_map), hidden.shape[1])

@@ -1,4 +1,4 @@
-"""Every backend of an op refuses the same bad inputs, naming the argument (``ops.checks`` for the torch
+"""Every backend of an op refuses the same bad inputs, naming the argument (the op's ``check_<op>`` for the torch
 reference and Triton, the extension's TORCH_CHECKs for the C++ kernels), before it computes anything; the
 candidate table's values only under the debug setting (otherwise they are read as -inf and counted:
 test_bad_entries.py); valid arguments give the literal result on every backend."""
@@ -9,7 +9,35 @@ import pytest
 import torch
 from literal import literal_pack_update, literal_table_reads
 
-from sglang_specvocab.ops import _ext, checks, reference, triton_ops
+from sglang_specvocab.ops import _ext
+from sglang_specvocab.ops.compact_topk import check_compact_topk, reference_compact_topk
+from sglang_specvocab.ops.indexed_logits import (
+    check_indexed_logits,
+    check_packed_logits,
+    reference_indexed_logits,
+    reference_packed_logits,
+    triton_indexed_logits,
+    triton_packed_logits,
+)
+from sglang_specvocab.ops.pack_update import check_pack_update, reference_pack_update
+from sglang_specvocab.ops.window_update import check_window_update, reference_window_update
+
+# each op's argument check, torch reference and Triton wrapper, by op name
+CHECK = {
+    "indexed_logits": check_indexed_logits,
+    "packed_logits": check_packed_logits,
+    "window_update": check_window_update,
+    "pack_update": check_pack_update,
+    "compact_topk": check_compact_topk,
+}
+REFERENCE = {
+    "indexed_logits": reference_indexed_logits,
+    "packed_logits": reference_packed_logits,
+    "window_update": reference_window_update,
+    "pack_update": reference_pack_update,
+    "compact_topk": reference_compact_topk,
+}
+TRITON = {"indexed_logits": triton_indexed_logits, "packed_logits": triton_packed_logits}
 
 R, W, D, V, M = 3, 5, 8, 20, 4
 
@@ -156,9 +184,9 @@ TABLE_CASES = [(op, i) for op, (_, bad) in TABLE_BAD.items() for i in range(len(
 
 def backends(op: str):
     """(name, function, the exception it raises) of every backend of ``op`` that can run here."""
-    out = [("torch", getattr(reference, op), ValueError)]
-    if op in ("indexed_logits", "packed_logits"):
-        out.append(("triton", getattr(triton_ops, op), ValueError))  # refuses before any launch
+    out = [("torch", REFERENCE[op], ValueError)]
+    if op in TRITON:
+        out.append(("triton", TRITON[op], ValueError))  # refuses before any launch
     if _ext.available():
         out.append(("cuda", getattr(torch.ops.specvocab, op), RuntimeError))  # its C++ kernels on CPU tensors
     return out
@@ -193,7 +221,7 @@ def test_table_values_are_read_as_the_reference_without_it(op, i):
     args = make()
     args.update({k: f(args) for k, f in bad[i][0].items()})
     count = torch.zeros((), dtype=torch.int64)
-    want = getattr(reference, op)(*args.values(), bad=count)
+    want = REFERENCE[op](*args.values(), bad=count)
     assert int(count) > 0  # read as table.head_reads says: -inf where a bad entry would give columns, and counted
     for name, fn, _ in backends(op):
         if name != "triton":  # interpreted in test_bad_entries.py
@@ -247,7 +275,7 @@ def result(op: str, fn, a: dict):
 @pytest.mark.parametrize("op", sorted(BAD))
 def test_the_valid_arguments_pass_every_check_and_give_the_literal_result(op):
     make = BAD[op][0]
-    getattr(checks, "check_" + op)(*make().values())
+    CHECK[op](*make().values())
     want = expected(op, make())
     for name, fn, _ in backends(op):
         if name == "triton":  # Triton runs on GPU tensors (or under TRITON_INTERPRET=1, in test_triton_ops)
@@ -260,9 +288,9 @@ def test_the_valid_arguments_pass_every_check_and_give_the_literal_result(op):
 
 def test_fp64_is_the_reference_oracle_alone():
     a = {k: (v.double() if v.is_floating_point() else v) for k, v in logits_args().items()}
-    assert reference.indexed_logits(**a).dtype == torch.float32
+    assert reference_indexed_logits(**a).dtype == torch.float32
     with pytest.raises(ValueError, match="hidden dtype torch.float64 must be one of bf16, fp16, fp32"):
-        triton_ops.indexed_logits(**a)
+        triton_indexed_logits(**a)
     if _ext.available():
         with pytest.raises(RuntimeError, match="bf16, fp16 or fp32"):
             torch.ops.specvocab.indexed_logits(*a.values())

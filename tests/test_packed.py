@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from literal import literal_pack_update
 
-from sglang_specvocab.ops.reference import indexed_logits, pack_update, packed_logits
+from sglang_specvocab.ops.indexed_logits import reference_indexed_logits, reference_packed_logits
+from sglang_specvocab.ops.pack_update import reference_pack_update
 
 KINDS = ("random", "grow", "shrink", "disjoint", "identical", "one", "full", "swap")
 _BITS = {
@@ -117,7 +118,7 @@ def test_reference_matches_literal(dtype, data):
         rows = state.step(rng)
         if rng.random() < 0.5:
             state.new_weight()  # which rows are read from weight (entering ids only) then shows in the result
-        pack_update(state.packed, state.packed_ids, state.weight, state.ids, state.cnt, rows)
+        reference_pack_update(state.packed, state.packed_ids, state.weight, state.ids, state.cnt, rows)
         literal_pack_update(*lit, state.weight, state.ids, state.cnt, rows)
         assert torch.equal(state.packed_ids, lit[1])
         assert torch.equal(bits(state.packed), bits(lit[0]))
@@ -132,7 +133,7 @@ def test_invariants_over_long_sequences(dtype, kinds):
     for _ in range(30):
         rows = state.step(rng, kinds)
         before = state.buffers()
-        pack_update(state.packed, state.packed_ids, state.weight, state.ids, state.cnt, rows)
+        reference_pack_update(state.packed, state.packed_ids, state.weight, state.ids, state.cnt, rows)
         check_invariants(before, state.buffers(), state.weight, state.ids, state.cnt, rows)
         literal_pack_update(*lit, state.weight, state.ids, state.cnt, rows)
         assert torch.equal(state.packed_ids, lit[1]) and torch.equal(bits(state.packed), bits(lit[0]))
@@ -151,7 +152,7 @@ def _one_row(old, new, W=6, d=2):
     cnt = torch.tensor([len(new), 1], dtype=torch.int32)
     rows = torch.tensor([0])
     lit = (packed.clone(), packed_ids.clone())
-    pack_update(packed, packed_ids, weight1 + 100, ids, cnt, rows)
+    reference_pack_update(packed, packed_ids, weight1 + 100, ids, cnt, rows)
     literal_pack_update(*lit, weight1 + 100, ids, cnt, rows)
     assert torch.equal(packed_ids, lit[1]) and torch.equal(bits(packed), bits(lit[0]))
     live = packed_ids[0, : len(new)].long()
@@ -178,7 +179,7 @@ def test_hand_examples():
 def test_fresh_state_copies_the_whole_set_in_table_order():
     state = State(R=3, W=10, V=50, d=4, dtype=torch.float32, seed=3)
     rows = state.step(random.Random(0))
-    pack_update(state.packed, state.packed_ids, state.weight, state.ids, state.cnt, rows)
+    reference_pack_update(state.packed, state.packed_ids, state.weight, state.ids, state.cnt, rows)
     for s in rows.tolist():
         c = int(state.cnt[s])
         assert torch.equal(state.packed_ids[s, :c], state.ids[s, :c])
@@ -189,12 +190,12 @@ def test_only_entering_ids_read_the_weight():
     state = State(R=4, W=16, V=60, d=3, dtype=torch.float32, seed=4)
     rng = random.Random(4)
     for _ in range(5):
-        pack_update(state.packed, state.packed_ids, state.weight, state.ids, state.cnt, state.step(rng))
+        reference_pack_update(state.packed, state.packed_ids, state.weight, state.ids, state.cnt, state.step(rng))
     old_weight = state.weight
     old_ids = state.packed_ids.clone()
     rows = state.step(rng, ("swap", "shrink", "grow"))
     state.weight = old_weight + 1000  # a different LM head: rows read from it now are recognizable
-    pack_update(state.packed, state.packed_ids, state.weight, state.ids, state.cnt, rows)
+    reference_pack_update(state.packed, state.packed_ids, state.weight, state.ids, state.cnt, rows)
     for s in rows.tolist():
         c_old = int((old_ids[s] >= 0).sum())
         old_set = set(old_ids[s, :c_old].tolist())
@@ -211,16 +212,18 @@ def test_runs_on_meta():
     weight = torch.empty(V, d, device="meta", dtype=torch.bfloat16)
     ids = torch.empty(R, W, device="meta", dtype=torch.int32)
     cnt = torch.empty(R, device="meta", dtype=torch.int32)
-    pack_update(packed, packed_ids, weight, ids, cnt, torch.empty(2, device="meta", dtype=torch.int64))
+    reference_pack_update(packed, packed_ids, weight, ids, cnt, torch.empty(2, device="meta", dtype=torch.int64))
     hidden = torch.empty(4, d, device="meta", dtype=torch.bfloat16)
-    out = packed_logits(hidden, packed, cnt, torch.empty(4, device="meta", dtype=torch.int32))
+    out = reference_packed_logits(hidden, packed, cnt, torch.empty(4, device="meta", dtype=torch.int32))
     assert out.shape == (4, W) and out.dtype == torch.float32
 
 
 def test_empty_rows_is_a_no_op():
     state = State(R=2, W=4, V=10, d=2, dtype=torch.float32, seed=5)
     before = state.buffers()
-    pack_update(state.packed, state.packed_ids, state.weight, state.ids, state.cnt, torch.empty(0, dtype=torch.int64))
+    reference_pack_update(
+        state.packed, state.packed_ids, state.weight, state.ids, state.cnt, torch.empty(0, dtype=torch.int64)
+    )
     assert torch.equal(state.packed_ids, before[1]) and torch.equal(state.packed, before[0])
 
 
@@ -229,14 +232,16 @@ def test_packed_logits_equal_indexed_logits_up_to_column_order(dtype):
     rng = random.Random(6)
     state = State(R=5, W=24, V=90, d=16, dtype=dtype, seed=6)
     state.packed.fill_(float("nan"))  # dead slots hold garbage; the head must mask them
-    pack_update(state.packed, state.packed_ids, state.weight, state.ids, state.cnt, state.step(rng, rows=range(5)))
+    reference_pack_update(
+        state.packed, state.packed_ids, state.weight, state.ids, state.cnt, state.step(rng, rows=range(5))
+    )
     for _ in range(8):
-        pack_update(state.packed, state.packed_ids, state.weight, state.ids, state.cnt, state.step(rng))
+        reference_pack_update(state.packed, state.packed_ids, state.weight, state.ids, state.cnt, state.step(rng))
     M = 11
     hidden = torch.randn(M, 16, generator=torch.Generator().manual_seed(7)).to(dtype)
     row_to_slot = torch.tensor([rng.randrange(5) for _ in range(M)], dtype=torch.int32)
-    got = packed_logits(hidden, state.packed, state.cnt, row_to_slot)
-    want = indexed_logits(hidden, state.weight, state.ids, state.cnt, row_to_slot)
+    got = reference_packed_logits(hidden, state.packed, state.cnt, row_to_slot)
+    want = reference_indexed_logits(hidden, state.weight, state.ids, state.cnt, row_to_slot)
     assert got.dtype == torch.float32 and got.shape == (M, 24)
     for m in range(M):
         s = int(row_to_slot[m])
@@ -297,7 +302,7 @@ _BAD_PACK = [
 @pytest.mark.parametrize("args,msg", _BAD_PACK)
 def test_pack_update_refuses_bad_input(args, msg):
     with pytest.raises(ValueError, match="pack_update: " + msg):
-        pack_update(**_pack_args(**args))
+        reference_pack_update(**_pack_args(**args))
 
 
 def test_bad_rows_not_listed_are_not_checked():
@@ -310,7 +315,7 @@ def test_bad_rows_not_listed_are_not_checked():
     pid = torch.full((3, 6), -1, dtype=torch.int32)
     pid[1, 2] = 5
     weight = torch.arange(40, dtype=torch.float32).view(10, 4) + 1
-    ops = [pack_update] + ([torch.ops.specvocab.pack_update] if _ext.available() else [])
+    ops = [reference_pack_update] + ([torch.ops.specvocab.pack_update] if _ext.available() else [])
     for op in ops:
         args = _pack_args(ids=ids, packed_ids=pid.clone(), weight=weight)
         op(*args.values())
@@ -349,7 +354,7 @@ def test_packed_logits_refuses_bad_input(args, msg):
     )
     base.update(args)
     with pytest.raises(ValueError, match="packed_logits: " + msg):
-        packed_logits(**base)
+        reference_packed_logits(**base)
 
 
 @pytest.mark.parametrize(
@@ -376,14 +381,14 @@ def test_packed_logits_reads_bad_table_values_as_minus_inf_and_refuses_them_unde
     )
     base.update(args)
     bad = torch.zeros((), dtype=torch.int64)
-    out = packed_logits(**base, bad=bad)
+    out = reference_packed_logits(**base, bad=bad)
     assert torch.isneginf(out[0]).all() and int(bad) == 1  # the first hidden row reads the bad entry
     assert out[1].tolist() == [4.0] + [float("-inf")] * 5
     was = checks.debug_checks()
     ops.set_debug_checks(True)
     try:
         with pytest.raises(ValueError, match=re.escape("packed_logits: " + msg)):
-            packed_logits(**base)
+            reference_packed_logits(**base)
     finally:
         ops.set_debug_checks(was)
 
@@ -402,7 +407,7 @@ def _compiled_matches_reference(device, dtypes, shapes, steps):
                 rows = state.step(rng)
                 if rng.random() < 0.3:
                     state.new_weight()
-                pack_update(state.packed, state.packed_ids, state.weight, state.ids, state.cnt, rows)
+                reference_pack_update(state.packed, state.packed_ids, state.weight, state.ids, state.cnt, rows)
                 op(*dev, state.weight.to(device), state.ids.to(device), state.cnt.to(device), rows.to(device))
                 assert torch.equal(dev[1].cpu(), state.packed_ids), (dtype, R, W, V, d)
                 assert torch.equal(bits(dev[0].cpu()), bits(state.packed)), (dtype, R, W, V, d)

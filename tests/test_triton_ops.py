@@ -3,7 +3,7 @@
 ``TRITON_INTERPRET`` is read when ``@triton.jit`` decorates, so the interpreted runs happen in one
 child process that imports the kernels with the variable set (robust when this pytest process has
 already imported triton); the child runs every case of ``CASES`` and saves the outputs, and each
-case is compared here against ``sglang_specvocab.ops.reference``. Run as a script, this file is that
+case is compared here against the torch reference (``sglang_specvocab.ops.indexed_logits``). Run as a script, this file is that
 child: ``TRITON_INTERPRET=1 python tests/test_triton_ops.py OUT.pt``.
 """
 
@@ -143,19 +143,19 @@ def _head_runs(kernel: str) -> dict:
 def _run_cases(out_path: str) -> None:
     """Child process body: run every case through the (interpreted) Triton ops and save outputs."""
     assert os.environ.get("TRITON_INTERPRET") == "1"
-    from sglang_specvocab.ops import triton_ops
+    from sglang_specvocab.ops.indexed_logits import triton_indexed_logits, triton_packed_logits
 
     results = {}
     for case in CASES:
         hidden, table, ids, cnt, row_to_slot = _inputs(case)
         kw = dict(block_w=case["block_w"], block_d=case["block_d"])
         if case["op"] == "indexed":
-            results[case["name"]] = triton_ops.indexed_logits(hidden, table, ids, cnt, row_to_slot, **kw)
+            results[case["name"]] = triton_indexed_logits(hidden, table, ids, cnt, row_to_slot, **kw)
         else:
-            results[case["name"]] = triton_ops.packed_logits(hidden, table, cnt, row_to_slot, **kw)
+            results[case["name"]] = triton_packed_logits(hidden, table, cnt, row_to_slot, **kw)
     for dt, bs, n in MAPPED:
         hidden, weight, ids, cnt, rows, row_map = mapped_case(bs * 7 + n, _DT[dt], bs, n)
-        results["mapped", dt, bs, n] = triton_ops.indexed_logits(
+        results["mapped", dt, bs, n] = triton_indexed_logits(
             hidden, weight, ids, cnt, rows, None, row_map, block_w=16, block_d=16
         )
     results["head"] = _head_runs("triton")
@@ -219,11 +219,11 @@ def test_inputs_cover_the_contract():
 
 
 def test_wrapper_rejects_bad_shapes():
-    from sglang_specvocab.ops import triton_ops
+    from sglang_specvocab.ops.indexed_logits import triton_indexed_logits, triton_packed_logits
 
     h = torch.zeros(3, 8)
     with pytest.raises(ValueError, match="ids must be int32"):
-        triton_ops.indexed_logits(
+        triton_indexed_logits(
             h,
             torch.zeros(5, 8),
             torch.zeros(2, 4, dtype=torch.int64),
@@ -231,11 +231,11 @@ def test_wrapper_rejects_bad_shapes():
             torch.zeros(3, dtype=torch.int32),
         )
     with pytest.raises(ValueError, match="d=8"):
-        triton_ops.packed_logits(
+        triton_packed_logits(
             h, torch.zeros(2, 4, 9), torch.ones(2, dtype=torch.int32), torch.zeros(3, dtype=torch.int32)
         )
     with pytest.raises(ValueError, match="dtype"):
-        triton_ops.packed_logits(
+        triton_packed_logits(
             h,
             torch.zeros(2, 4, 8, dtype=torch.float16),
             torch.ones(2, dtype=torch.int32),
@@ -246,14 +246,14 @@ def test_wrapper_rejects_bad_shapes():
 @pytest.mark.parametrize("tiles", [{"block_w": 8}, {"block_d": 48}, {"block_w": 24}])
 def test_wrapper_refuses_tiles_a_gpu_cannot_compile(tiles):
     """Tiles below 16 or not powers of two run under the interpreter but fail to compile on a GPU: refused."""
-    from sglang_specvocab.ops import triton_ops
+    from sglang_specvocab.ops.indexed_logits import triton_indexed_logits, triton_packed_logits
 
     h, cnt, slot = torch.zeros(3, 32), torch.ones(2, dtype=torch.int32), torch.zeros(3, dtype=torch.int32)
     name, value = next(iter(tiles.items()))
     with pytest.raises(ValueError, match=f"{name} = {value} is invalid: must be a power of two >= 16"):
-        triton_ops.indexed_logits(h, torch.zeros(5, 32), torch.zeros(2, 4, dtype=torch.int32), cnt, slot, **tiles)
+        triton_indexed_logits(h, torch.zeros(5, 32), torch.zeros(2, 4, dtype=torch.int32), cnt, slot, **tiles)
     with pytest.raises(ValueError, match=f"{name} = {value} is invalid"):
-        triton_ops.packed_logits(h, torch.zeros(2, 4, 32), cnt, slot, **tiles)
+        triton_packed_logits(h, torch.zeros(2, 4, 32), cnt, slot, **tiles)
 
 
 def _cuobjdump_elf(cubin: bytes, tmp_path: Path) -> str:

@@ -1,6 +1,6 @@
 """``window_verify``: a whole verify round of the window policy in one op (the eager verify hook's host time).
 
-Two definitions must agree: the torch reference of the op (``ops/reference.py::window_verify``) and the
+Two definitions must agree: the torch reference of the op (``ops/window_verify.py::reference_window_verify``) and the
 generic path the worker takes for every other policy (``verify_event`` + ``Telemetry.record_verify`` +
 ``policy.on_verify``, with the d2t wrapper's holes). The C++ op (the same row code the CUDA kernel runs)
 must equal the reference on random rounds: chains and trees, compacted or not, context on and off,
@@ -10,13 +10,17 @@ outside a draft vocabulary.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from sglang_specvocab import ops
 from sglang_specvocab.integration.events import verify_event
 from sglang_specvocab.integration.telemetry import Telemetry
-from sglang_specvocab.ops import _ext, reference
+from sglang_specvocab.ops import WindowRound, _ext
+from sglang_specvocab.ops.window_update import reference_window_update
+from sglang_specvocab.ops.window_verify import reference_window_verify
 from sglang_specvocab.policies import DraftVocabPolicy, ModelContext, build_policy, parse_config
 
 needs_ext = pytest.mark.skipif(not _ext.available(), reason="the kernels extension is not built")
@@ -39,14 +43,34 @@ def random_round(g, B, nd, S, V, pad=0, compacted=False):
 
 
 def window_state(g, R, cap, V):
+    """The window's state as ``WindowRound`` names it: what the op updates in place."""
     ring = torch.full((R, cap + 1), -1, dtype=torch.int32)
     ring[:, :cap] = torch.randint(-1, V, (R, cap), generator=g).to(torch.int32)
     length = torch.randint(0, 3 * cap, (R,), generator=g)
     ids = torch.zeros(R, cap, dtype=torch.int32)
     cnt = torch.ones(R, dtype=torch.int32)
-    reference.window_update(ring, length, ids, cnt, torch.arange(R), torch.empty(R, 0, dtype=torch.int32), 0, V)
+    reference_window_update(ring, length, ids, cnt, torch.arange(R), torch.empty(R, 0, dtype=torch.int32), 0, V)
     acc = torch.rand(4, R, generator=g, dtype=torch.float64)
-    return [ring, length, ids, cnt, acc]
+    return {"ring": ring, "length": length, "ids": ids, "cnt": cnt, "acc": acc}
+
+
+def round_of(state, rows, draft, index, lens, predict, values, top, hot, k, context, compacted, V, fallback_id=3):
+    return WindowRound(
+        **state,
+        rows=rows,
+        draft_token=draft,
+        accept_index=index,
+        accept_lens=lens,
+        predict=predict,
+        topk_values=values,
+        topk_ids=top,
+        hot=hot,
+        k=k,
+        context=context,
+        compacted=compacted,
+        fallback_id=fallback_id,
+        vocab_size=V,
+    )
 
 
 CASES = [  # (B, nd, S, k, kk, context, compacted, hot)
@@ -70,13 +94,13 @@ def test_cpp_op_equals_the_reference(B, nd, S, k, kk, context, compacted, hot):
         mask = (torch.rand(V + 5, generator=g) < 0.6) if hot else None
         rows = torch.randperm(R, generator=g)[:B]
         state = window_state(g, R, cap, V)
-        mine = [t.clone() for t in state]
-        args = (rows, draft, index, lens, predict, values, top, mask, k, context, compacted, 3, V)
-        want = reference.window_verify(*state, *args)
-        got = torch.ops.specvocab.window_verify(*mine, *args)
+        args = (rows, draft, index, lens, predict, values, top, mask, k, context, compacted, V)
+        mine = round_of({n: t.clone() for n, t in state.items()}, *args)
+        want = reference_window_verify(round_of(state, *args))
+        got = ops.window_verify(mine, backend="cuda")  # the C++ op on CPU tensors
         assert torch.equal(got, want), trial
-        for a, b in zip(mine, state):
-            assert torch.equal(a, b), trial
+        for name, t in state.items():
+            assert torch.equal(getattr(mine, name), t), trial
 
 
 def window(kernel: str, R: int, cap: int, k: int, sources=("context", "extension")):
@@ -157,23 +181,20 @@ def test_bad_input_is_refused_naming_the_argument(backend):
     draft, index, lens, predict, logits = random_round(g, B, nd, S, V)
     values, top = logits.topk(2, dim=-1)
     state = window_state(g, R, cap, V)
-    rows = torch.tensor([1, 3])
-    kw = {"k": 2, "context": True, "compacted": False, "fallback_id": 0, "vocab_size": V, "backend": backend}
+    good = round_of(state, torch.tensor([1, 3]), draft, index, lens, predict, values, top, None, 2, True, False, V, 0)
     with pytest.raises((ValueError, RuntimeError), match="acc must be"):
-        ops.window_verify(*state[:4], state[4][:, :2], rows, draft, index, lens, predict, values, top, None, **kw)
+        ops.window_verify(dataclasses.replace(good, acc=state["acc"][:, :2]), backend=backend)
     with pytest.raises((ValueError, RuntimeError), match="predict must be"):
-        ops.window_verify(*state, rows, draft, index, lens, predict[:-1], values, top, None, **kw)
+        ops.window_verify(dataclasses.replace(good, predict=predict[:-1]), backend=backend)
     with pytest.raises((ValueError, RuntimeError), match="topk_values"):
-        ops.window_verify(*state, rows, draft, index, lens, predict, values[:, :1], top, None, **kw)
+        ops.window_verify(dataclasses.replace(good, topk_values=values[:, :1]), backend=backend)
     with pytest.raises((ValueError, RuntimeError), match="rows must be"):
-        ops.window_verify(*state, torch.tensor([1, 1]), draft, index, lens, predict, values, top, None, **kw)
+        ops.window_verify(dataclasses.replace(good, rows=torch.tensor([1, 1])), backend=backend)
     # the window update's own arguments are refused before the round reads cnt or adds to the telemetry
-    acc = state[4].clone()
+    acc = state["acc"].clone()
     with pytest.raises((ValueError, RuntimeError), match="cnt must be"):
-        ops.window_verify(
-            *state[:3], state[3][:2], state[4], rows, draft, index, lens, predict, values, top, None, **kw
-        )
-    assert torch.equal(state[4], acc)
+        ops.window_verify(dataclasses.replace(good, cnt=state["cnt"][:2]), backend=backend)
+    assert torch.equal(state["acc"], acc)
 
 
 @pytest.mark.gpu
@@ -194,13 +215,15 @@ def test_cuda_op_equals_the_reference(B, nd, S, k, kk, context, compacted, hot):
         mask = (torch.rand(V + 5, generator=g) < 0.6) if hot else None
         rows = torch.randperm(R, generator=g)[:B]
         state = window_state(g, R, cap, V)
-        on_gpu = [t.cuda() for t in state]
-        args = (rows, draft, index, lens, predict, values, top, mask, k, context, compacted, 3, V)
-        want = reference.window_verify(*state, *args)
-        got = torch.ops.specvocab.window_verify(*on_gpu, *(a.cuda() if torch.is_tensor(a) else a for a in args))
+        args = (rows, draft, index, lens, predict, values, top, mask, k, context, compacted, V)
+        on_gpu = round_of(
+            {n: t.cuda() for n, t in state.items()}, *(a.cuda() if torch.is_tensor(a) else a for a in args)
+        )
+        want = reference_window_verify(round_of(state, *args))
+        got = ops.window_verify(on_gpu, backend="cuda")
         assert torch.equal(got.cpu(), want), trial
-        for a, b in zip(on_gpu, state):
-            assert torch.equal(a.cpu(), b), trial
+        for name, t in state.items():
+            assert torch.equal(getattr(on_gpu, name).cpu(), t), trial
 
 
 @pytest.mark.parametrize("kernel", ["torch", pytest.param("cuda", marks=needs_ext)])

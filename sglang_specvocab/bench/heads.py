@@ -20,8 +20,6 @@ top-k is the rows per request (the tree's ``topk``).
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .. import headcost
@@ -75,9 +73,6 @@ class Gemma4MTP:
         self.ordering = torch.randperm(V, generator=gen, device=weight.device)[: MTP_CLUSTERS * self.vpc]
         self.V = V
 
-    def gathered_bytes(self, N: int) -> int:
-        return N * MTP_TOP * self.vpc * self.weight.shape[-1] * self.weight.element_size()
-
     def __call__(self, hidden: torch.Tensor, k: int):
         N = hidden.shape[0]
         top = (hidden @ self.centroids.T).topk(MTP_TOP, dim=-1).indices  # [N, 32]
@@ -121,7 +116,3 @@ def auto_plan(bs: int, rows: int, W: int, d: int, H: int, V: int, C: int, elem: 
     costs = headcost.costs_for(torch.cuda.get_device_name(device) if device.type == "cuda" else device.type)
     shape = headcost.Shape(bs, rows, W, d, H, V, C, elem=elem, mapped=H != V)
     return headcost.choose(shape, costs, headcost.shipped_union_sizes())
-
-
-def ratio_of(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None or not math.isfinite(a) or not b else a / b

@@ -26,7 +26,7 @@ from .. import headcost, ops
 from ..errors import SpecVocabError
 from . import heads as hb
 from .heads import D2T_ROWS, HEAD_PLANS
-from .kernels_report import OURS, save
+from .kernels_report import HEAD_OPS, OURS, TOPK_OPS, bandwidth_fields, default_peak, save
 from .timing import Timing, make_timer, summarize
 
 ROOT = Path(__file__).resolve().parents[2]  # the source checkout: its git revision goes into the results
@@ -41,23 +41,7 @@ _NOT_CONFIG = ("out", "command", "command_line", "bench")  # argument namespace 
 
 # -- the sweep ---------------------------------------------------------------------------------
 
-OPS = (
-    "indexed",
-    "packed",
-    "index_select_matmul",
-    "dense_static",
-    "dense_full",
-    "window_update",
-    "head",
-    "stock",
-    "gemma4_mtp",
-    "topk",
-    "topk_stock",
-)
-HEAD_OPS = ("head", "stock", "gemma4_mtp")
-TOPK_OPS = ("topk", "topk_stock")  # a draft step's top-k alone: ours (cuda: compact_topk; torch: unfused), EAGLE3's
-TOPK_K = 4  # the draft tree's top-k of the top-k cases  # one draft step's head per batch mode (bench/heads.py)
-BACKENDS = ("auto", "cuda", "triton", "torch")
+TOPK_K = 4  # the draft tree's top-k of the top-k cases
 
 GRIDS = {
     # the whole sweep: every W, d, rows and batch of interest
@@ -122,16 +106,6 @@ GRIDS = {
         "topk_rows": [1, 3],
     },
 }
-
-# Peak HBM bandwidth (B/s) by device name, first match wins; datasheet figures (H200.md of the
-# device docs: H200 4.8 TB/s, H100 SXM 3.35 TB/s).
-PEAK_BANDWIDTH = [
-    ("H200", 4.8e12, "H200 datasheet, 4.8 TB/s"),
-    ("H100 NVL", 3.9e12, "H100 NVL datasheet, 3.9 TB/s"),
-    ("H100 PCIE", 2.0e12, "H100 PCIe datasheet, 2.0 TB/s"),
-    ("H100", 3.35e12, "H100 SXM datasheet, 3.35 TB/s"),
-    ("A100-SXM4-80GB", 2.039e12, "A100 80GB SXM datasheet, 2.039 TB/s"),
-]
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 CHECK_TOL = {"bf16": 5e-3, "fp16": 5e-3, "fp32": 1e-4}  # relative error of our output vs an fp32 oracle
@@ -288,25 +262,6 @@ def head_bytes(case: Case, elem: int) -> int:
         return case.M * hb.MTP_TOP * per * case.d * elem + hb.MTP_CLUSTERS * case.d * elem
     U = hb.pool_size(case.batch, case.W, case.H, headcost.shipped_union_sizes())
     return int(hb.expected_bytes(case.mode, case.batch, case.W, case.d, case.H, U, union_columns(case), elem))
-
-
-def bandwidth_fields(nbytes: int, median_us: float, peak_Bps: float | None, copy_Bps: float | None) -> dict:
-    """GB/s and the fraction of the bandwidth ideal (ideal time / measured time) vs peak and vs copy."""
-    t = median_us * 1e-6
-    out = {"bytes": nbytes, "gbps": nbytes / t / 1e9}
-    for suffix, bw in (("", peak_Bps), ("_copy", copy_Bps)):
-        ideal = nbytes / bw if bw else None
-        out[f"ideal_us{suffix or '_peak'}"] = None if ideal is None else ideal * 1e6
-        out[f"frac_ideal{suffix}"] = None if ideal is None else ideal / t
-    return out
-
-
-def default_peak(name: str) -> tuple[float | None, str]:
-    up = name.upper()
-    for key, bw, src in PEAK_BANDWIDTH:
-        if key in up:
-            return bw, src
-    return None, f"no datasheet figure known for {name!r}: use --peak-bw"
 
 
 # -- inputs ------------------------------------------------------------------------------------

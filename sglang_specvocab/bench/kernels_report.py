@@ -1,4 +1,5 @@
-"""The kernel sweep's results: speedups, the targets met or not, Markdown, a plot, the files.
+"""The kernel sweep's results: its case names, the bandwidth rating, speedups, the targets met or not, Markdown,
+a plot, the files. Free of torch (the CLI's --help reads the case names).
 
 Targets (for the GPU): our ops within ``TARGET_IDEAL_RATIO`` of the bandwidth ideal for up to
 ``TARGET_MAX_ROWS`` rows per request, at least ``TARGET_SPEEDUP`` times faster than index_select +
@@ -18,9 +19,55 @@ TARGET_MAX_ROWS = 16  # ... for up to 16 rows per request
 TARGET_SPEEDUP = 4.0  # >= 4x faster than index_select + matmul
 TARGET_WINDOW_US = 10.0  # window update <= 10 us per round at batch 64
 
+# The sweep's case names (``bench kernels --ops``), here rather than in ``kernels`` so that the CLI's --help
+# lists them without importing torch.
+OPS = (
+    "indexed",
+    "packed",
+    "index_select_matmul",
+    "dense_static",
+    "dense_full",
+    "window_update",
+    "head",
+    "stock",
+    "gemma4_mtp",
+    "topk",
+    "topk_stock",
+)
+HEAD_OPS = ("head", "stock", "gemma4_mtp")  # one draft step's head per batch mode (bench/heads.py)
+TOPK_OPS = ("topk", "topk_stock")  # a draft step's top-k alone: ours (cuda: compact_topk; torch: unfused), EAGLE3's
 OURS = ("indexed", "packed")  # ops with a backend choice that compute compact logits
 TARGET_HEAD_SPEEDUP = 8.0  # bs 1, W 3072, d 4096: auto at least 8x faster than the stock 32k head
 TARGET_HEAD_BATCH = 1
+
+# Peak HBM bandwidth (B/s) by device name, first match wins; datasheet figures (H200.md of the
+# device docs: H200 4.8 TB/s, H100 SXM 3.35 TB/s).
+PEAK_BANDWIDTH = [
+    ("H200", 4.8e12, "H200 datasheet, 4.8 TB/s"),
+    ("H100 NVL", 3.9e12, "H100 NVL datasheet, 3.9 TB/s"),
+    ("H100 PCIE", 2.0e12, "H100 PCIe datasheet, 2.0 TB/s"),
+    ("H100", 3.35e12, "H100 SXM datasheet, 3.35 TB/s"),
+    ("A100-SXM4-80GB", 2.039e12, "A100 80GB SXM datasheet, 2.039 TB/s"),
+]
+
+
+def bandwidth_fields(nbytes: int, median_us: float, peak_Bps: float | None, copy_Bps: float | None) -> dict:
+    """GB/s and the fraction of the bandwidth ideal (ideal time / measured time) vs peak and vs copy."""
+    t = median_us * 1e-6
+    out = {"bytes": nbytes, "gbps": nbytes / t / 1e9}
+    for suffix, bw in (("", peak_Bps), ("_copy", copy_Bps)):
+        ideal = nbytes / bw if bw else None
+        out[f"ideal_us{suffix or '_peak'}"] = None if ideal is None else ideal * 1e6
+        out[f"frac_ideal{suffix}"] = None if ideal is None else ideal / t
+    return out
+
+
+def default_peak(name: str) -> tuple[float | None, str]:
+    up = name.upper()
+    for key, bw, src in PEAK_BANDWIDTH:
+        if key in up:
+            return bw, src
+    return None, f"no datasheet figure known for {name!r}: use --peak-bw"
 
 
 def add_speedups(records: list[dict]) -> None:

@@ -23,6 +23,7 @@ import torch
 from .. import ops
 from ..ops import _ext
 from . import kernels as bk
+from .kernels_report import default_peak
 from .timing import CpuTimer, CudaTimer
 
 PLANS = [
@@ -75,7 +76,7 @@ def sweep(args: argparse.Namespace) -> dict:
         if cuda
         else CpuTimer(args.iters, args.warmup, args.max_ms)
     )
-    peak, peak_src = bk.default_peak(env["device"]["name"]) if cuda else (None, "cpu")
+    peak, peak_src = default_peak(env["device"]["name"]) if cuda else (None, "cpu")
     sms = env["device"].get("sm_count", -1) if cuda else -1
     triton_ok = not args.no_triton and "triton" in ops.available_backends(dev)
     g = args.grid

@@ -7,6 +7,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from ..bench.kernels_report import OPS  # torch-free, so --help imports no torch
+from ..config import KERNELS
 from ._args import (
     NON_NEGATIVE,
     NON_NEGATIVE_FLOAT,
@@ -20,7 +22,7 @@ from ._args import (
     positive_float,
 )
 
-KERNELS = """\
+KERNELS_DOC = """\
 Time the head ops of sglang_specvocab.ops against torch and the dense heads, and write
 JSON + Markdown (+ a plot) of the results. Exit status 1 if an output check failed.
 
@@ -59,29 +61,11 @@ Results are saved after every d and every minute, so a run cut short keeps what 
 """
 
 
-KERNEL_OPS = (
-    "indexed",
-    "packed",
-    "index_select_matmul",
-    "dense_static",
-    "dense_full",
-    "window_update",
-    "head",
-    "stock",
-    "gemma4_mtp",
-    "topk",
-    "topk_stock",
-)
-
-
-KERNEL_BACKENDS = ("auto", "cuda", "triton", "torch")
-
-
 def _add_bench_kernels(sub) -> None:
     p = sub.add_parser(
         "kernels",
         help="time the head ops against torch and the dense heads (GPU; --tiny on a CPU)",
-        description=KERNELS,
+        description=KERNELS_DOC,
         formatter_class=RAW,
     )
     preset = p.add_mutually_exclusive_group()
@@ -90,13 +74,13 @@ def _add_bench_kernels(sub) -> None:
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available)")
     p.add_argument(
         "--ops",
-        type=choices_csv(KERNEL_OPS),
-        default=list(KERNEL_OPS),
-        help=f"comma list of {', '.join(KERNEL_OPS)} (default: all)",
+        type=choices_csv(OPS),
+        default=list(OPS),
+        help=f"comma list of {', '.join(OPS)} (default: all)",
     )
     p.add_argument(
         "--backends",
-        type=choices_csv(KERNEL_BACKENDS),
+        type=choices_csv(KERNELS),
         default=None,
         help="comma list of our backends to time (default: cuda,triton on a GPU; cuda,triton,torch on the CPU)",
     )

@@ -2,7 +2,8 @@
 wheel was built without torch, the same sources compiled on first use against the installed torch.
 
 ``load()`` loads it once into ``torch.ops.specvocab``, registers the fake (meta) kernels that let the
-ops trace under ``torch.compile`` and run on the meta device, and hands it the debug setting (``checks``). It never raises: ``available()`` says
+ops trace under ``torch.compile`` and run on the meta device (each op's module declares its own with
+``fake``), and hands it the debug setting (``checks``). It never raises: ``available()`` says
 whether the ops are there and ``reason()`` why not (no compiler for the first-use build, or a build made
 against another torch). ``has_cuda_kernels()`` is False for a build made without nvcc.
 
@@ -20,6 +21,7 @@ import importlib.util
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -28,8 +30,20 @@ from .checks import debug_checks
 
 log = logging.getLogger(__name__)
 
-OPS = ("indexed_logits", "packed_logits", "window_update", "window_verify", "compact_topk", "pack_update")
 _state: dict[str, object] = {}
+_FAKES: dict[str, Callable] = {}  # op -> its fake kernel, registered when the library loads
+
+
+def fake(op: str) -> Callable[[Callable], Callable]:
+    """Decorator: ``op``'s fake (meta) kernel, which each op's module declares beside the op (``torch.library``
+    needs the op defined, so it is registered once the library has loaded; every op module is imported by then,
+    as the package imports them all)."""
+
+    def add(fn: Callable) -> Callable:
+        _FAKES[op] = fn
+        return fn
+
+    return add
 
 
 def load() -> bool:
@@ -151,29 +165,5 @@ def _loaded() -> None:
 
 
 def _register_fakes() -> None:
-    lib = "specvocab::"
-
-    @torch.library.register_fake(lib + "indexed_logits")
-    def _(hidden, weight, ids, cnt, row_to_slot, bad=None, row_map=None):
-        return hidden.new_empty((hidden.shape[0], ids.shape[1]), dtype=torch.float32)
-
-    @torch.library.register_fake(lib + "packed_logits")
-    def _(hidden, packed, cnt, row_to_slot, bad=None):
-        return hidden.new_empty((hidden.shape[0], packed.shape[1]), dtype=torch.float32)
-
-    @torch.library.register_fake(lib + "window_update")
-    def _(ring, length, ids, cnt, rows, block, fallback_id, vocab_size):
-        return None
-
-    @torch.library.register_fake(lib + "window_verify")
-    def _(ring, length, ids, cnt, acc, rows, draft_token, accept_index, *rest):
-        return rows.new_empty(tuple(accept_index.shape), dtype=torch.int64)
-
-    @torch.library.register_fake(lib + "compact_topk")
-    def _(logits, col_ids, rows, k, fallback_id, mode):
-        N = logits.shape[0]
-        return logits.new_empty((N, k)), logits.new_empty((N, k), dtype=torch.int64), logits.new_empty((N,))
-
-    @torch.library.register_fake(lib + "pack_update")
-    def _(packed, packed_ids, weight, ids, cnt, rows):
-        return None
+    for op, fn in _FAKES.items():
+        torch.library.register_fake("specvocab::" + op)(fn)

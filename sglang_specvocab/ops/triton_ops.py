@@ -1,4 +1,5 @@
-"""Triton backend of the head ops ``indexed_logits`` and ``packed_logits``.
+"""Triton backend of the head ops ``indexed_logits`` and ``packed_logits``: the kernel, ``launch`` and ``compile_for``
+(the ops' Triton wrappers, which check their arguments and call ``launch``, are in ``indexed_logits.py``).
 
 Both ops are bandwidth bound: every live candidate row of the head (``d`` elements) is read once
 per slot and multiplied with the few hidden rows of that slot (tree branches of one request sit in
@@ -22,7 +23,7 @@ through ``ids`` into ``weight``, or the contiguous ``packed[s, j]``), and its pr
   which touches memory only when there is one; without it no counting code is compiled;
 * row addresses are int64 (``V * d`` and ``R * W * d`` may pass 2**31).
 
-The wrappers only allocate and launch (no host syncs), so they can sit inside a CUDA-graph-captured
+``launch`` only allocates and launches (no host syncs), so the ops can sit inside a CUDA-graph-captured
 decoding loop. ``compile_for`` AOT-compiles the kernel for a ``GPUTarget`` without a GPU.
 
 The Triton interpreter (``TRITON_INTERPRET=1``) treats bf16 ``tl.dot`` operands as raw uint16 bits;
@@ -40,9 +41,9 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.runtime.jit import JITFunction
 
-from .checks import KERNEL_FLOATS, check_indexed_logits, check_packed_logits
+from .checks import KERNEL_FLOATS
 
-__all__ = ["compile_for", "indexed_logits", "packed_logits"]
+__all__ = ["compile_for", "launch"]
 
 ROWS = 16  # hidden rows per program; tl.dot needs >= 16 on GPU targets
 _INT32_MAX = tl.constexpr(2147483647)  # "no slot left" sentinel
@@ -163,9 +164,11 @@ def _inner_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _launch(
+def launch(
     hidden, table, ids, cnt, row_to_slot, bad, W, packed, block_w, block_d, num_warps, row_map=None
 ) -> torch.Tensor:
+    """The kernel over ``table``: ``weight`` rows through ``ids``, or the rows of ``packed`` (``packed``); the op's
+    wrapper has checked the arguments."""
     for name, b in (("block_w", block_w), ("block_d", block_d)):
         # The interpreter runs any tile; a GPU compile needs tl.arange sizes that are powers of two and tl.dot
         # dimensions of at least 16.
@@ -219,56 +222,6 @@ def _launch(
         num_warps=num_warps,
     )
     return out
-
-
-def indexed_logits(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    ids: torch.Tensor,
-    cnt: torch.Tensor,
-    row_to_slot: torch.Tensor,
-    bad: torch.Tensor | None = None,
-    row_map: torch.Tensor | None = None,
-    *,
-    block_w: int | None = None,
-    block_d: int | None = None,
-    num_warps: int = 4,
-) -> torch.Tensor:
-    """``out[m, j] = dot(weight[r], hidden[m])`` for ``j < cnt[s]`` and ``0 <= r < V``, else -inf.
-
-    ``s = row_to_slot[m // (M // B)]`` (a slot per hidden row or per request), ``r = ids[s, j]`` or
-    ``row_map[ids[s, j]]``; a negative row is a dead column (see ``reference.indexed_logits``).
-
-    hidden ``[M, d]``, weight ``[V, d]`` (bf16/fp16/fp32, same dtype), ids ``[R, W]`` int32, cnt ``[R]``
-    int32 in ``[1, W]``, row_to_slot ``[B]`` int32 or int64, row_map ``[L]`` int32. Returns fp32 ``[M, W]``.
-    Bad table entries give -inf and are added to the int64 counter ``bad`` when given (``table.head_reads``).
-    Arguments are checked by ``checks`` (shapes always; the table's values only under the debug setting).
-    ``block_w``/``block_d`` (powers of two >= 16) override the tiles.
-    """
-    check_indexed_logits(hidden, weight, ids, cnt, row_to_slot, bad, row_map)
-    return _launch(
-        hidden, weight, ids, cnt, row_to_slot, bad, ids.shape[1], False, block_w, block_d, num_warps, row_map
-    )
-
-
-def packed_logits(
-    hidden: torch.Tensor,
-    packed: torch.Tensor,
-    cnt: torch.Tensor,
-    row_to_slot: torch.Tensor,
-    bad: torch.Tensor | None = None,
-    *,
-    block_w: int | None = None,
-    block_d: int | None = None,
-    num_warps: int = 4,
-) -> torch.Tensor:
-    """``out[m, j] = dot(packed[s, j], hidden[m])`` for ``j < cnt[s]``, else -inf; ``s = row_to_slot[m]``.
-
-    hidden ``[M, d]``, packed ``[R, W, d]`` (same dtype), cnt ``[R]`` int32 in ``[1, W]``,
-    row_to_slot ``[M]`` int32. Returns fp32 ``[M, W]``; ``bad`` as in ``indexed_logits``.
-    """
-    check_packed_logits(hidden, packed, cnt, row_to_slot, bad)
-    return _launch(hidden, packed, None, cnt, row_to_slot, bad, packed.shape[1], True, block_w, block_d, num_warps)
 
 
 def compile_for(

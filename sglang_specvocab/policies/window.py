@@ -167,24 +167,26 @@ class WindowPolicy(Policy):
             acc = self._no_telemetry
         t = self.table
         return self._window_verify(
-            self.ring,
-            self.length,
-            t.ids,
-            t.cnt,
-            acc,
-            rows,
-            draft_token,
-            accept_index,
-            accept_lens,
-            predict,
-            values,
-            top,
-            hot,
-            k,
-            self.use_context,
-            compacted,
-            t.fallback_id,
-            self.vocab_size,
+            ops.WindowRound(
+                ring=self.ring,
+                length=self.length,
+                ids=t.ids,
+                cnt=t.cnt,
+                acc=acc,
+                rows=rows,
+                draft_token=draft_token,
+                accept_index=accept_index,
+                accept_lens=accept_lens,
+                predict=predict,
+                topk_values=values,
+                topk_ids=top,
+                hot=hot,
+                k=k,
+                context=self.use_context,
+                compacted=compacted,
+                fallback_id=t.fallback_id,
+                vocab_size=self.vocab_size,
+            )
         )
 
     # -- internals ---------------------------------------------------------------------------

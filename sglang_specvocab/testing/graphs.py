@@ -10,9 +10,9 @@ every piece of Python state still holds what the *last capture* left in it: the 
 SGLang captured its batch-size buckets (largest first) and replays one of them.
 
 A host sync inside a captured region (``.item()``, ``bool(t)``, ``.tolist()``) fails on a GPU: here it raises
-``HostSyncInCapture`` at capture, except the value checks of ``ops/checks.py``, which read CPU tensors only (the
-tensors here stand for device tensors, where those checks do not run). Inputs are static: write new values into the tensors the captured function
-read (``copy_``), as SGLang's graph runners do, then ``replay()``.
+``HostSyncInCapture`` at capture, except the ops' value checks (the ``check_*`` functions of ``ops/``), which read CPU
+tensors only (the tensors here stand for device tensors, where those checks do not run). Inputs are static: write new
+values into the tensors the captured function read (``copy_``), as SGLang's graph runners do, then ``replay()``.
 """
 
 from __future__ import annotations
@@ -29,13 +29,14 @@ from torch.utils._pytree import tree_leaves
 __all__ = ["Graph", "HostSyncInCapture", "capture"]
 
 _SYNCS = {torch.ops.aten._local_scalar_dense.default}
-_CPU_ONLY_CHECKS = os.path.join("sglang_specvocab", "ops", "checks.py")
+_OPS_DIR = os.path.join("sglang_specvocab", "ops")
 
 
 def _in_cpu_only_check() -> bool:
     frame = sys._getframe(2)
     while frame is not None:
-        if frame.f_code.co_filename.endswith(_CPU_ONLY_CHECKS):
+        code = frame.f_code
+        if code.co_name.startswith("check_") and os.path.dirname(code.co_filename).endswith(_OPS_DIR):
             return True
         frame = frame.f_back
     return False
