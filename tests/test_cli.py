@@ -122,6 +122,6 @@ def test_the_trained_modes_default_to_the_measured_recipe():
 def test_the_dtype_choices_are_the_trainers():
     """cli/train.py names the dtypes without importing torch (for --help); they are the trainer's, no more."""
     from sglang_specvocab.cli import train as cli_train
-    from sglang_specvocab.train.train import DTYPES
+    from sglang_specvocab.train.command import DTYPES
 
     assert set(cli_train.DTYPES) == set(DTYPES)

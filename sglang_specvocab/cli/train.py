@@ -210,7 +210,7 @@ def _run_train_eagle3(args) -> int:
     from time import perf_counter  # the clock only: the command's start, before the heavy imports
 
     args.started = perf_counter()  # --time-budget-s counts from here
-    from ..train.train import run  # heavy: transformers
+    from ..train.command import run  # heavy: transformers
 
     return run(args)
 
