@@ -14,7 +14,7 @@ from sglang_specvocab.errors import ConfigError
 from sglang_specvocab.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
 from sglang_specvocab.policies import ModelContext, build_policy, parse_config
 from sglang_specvocab.policies.cluster import step_budget
-from sglang_specvocab.policies.lowrank import svd_ranker, whitened_ranker
+from sglang_specvocab.policies.lowrank import head_times, svd_ranker, whitened_ranker
 from sglang_specvocab.vocab_data import save_frequency_table, save_successors
 
 V = 512
@@ -151,6 +151,18 @@ def test_a_whitened_ranker_file_drives_the_lowrank_policy(cache, tmp_path):
         )
         with pytest.raises(ConfigError, match=re.escape(f"ranker file {tmp_path / name}.pt") + ".*" + re.escape(piece)):
             build_policy(bad, 3, model=model_ctx(w, cache))
+
+
+@pytest.mark.parametrize("block_rows", [1, 7, V, 4 * V])
+def test_head_times_in_blocks_is_the_whole_product_in_fp64(block_rows):
+    """W P for a whitened file, a block of head rows at a time (no fp64 copy of the whole head): the same fp64
+    product as in one piece, for blocks that divide V, leave a remainder, or exceed it."""
+    g = torch.Generator().manual_seed(block_rows)
+    w = torch.randn(V, 32, generator=g).bfloat16()
+    proj = torch.randn(32, 8, generator=g)
+    out = head_times(w, proj, block_rows=block_rows)
+    assert out.dtype == torch.float64 and out.shape == (V, 8)
+    torch.testing.assert_close(out, w.double() @ proj.double(), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("beams", [1, 3])
