@@ -732,6 +732,7 @@ def test_parity_equal_to_eagle3_but_not_the_target_is_the_engine():
             "char": 18,  # "Shakespeare wrote " is the common prefix
             "expected": "Shakespeare wrote Hamlet.",
             "got": "Shakespeare wrote it, around 1600.",
+            "token": None,  # these records have no output_ids
         }
     ]
     assert rows["eagle3-full"]["against_reference"]["differing"] == 1

@@ -53,7 +53,7 @@ from .server import (
     telemetry,
     versions,
 )
-from .specbench_report import markdown, parity, parity_failures, summarize, write_report
+from .specbench_report import Decode, markdown, parity, parity_failures, summarize, write_report
 
 PROMPT_FORMATS = ("auto", "chat", "plain")
 _PLAIN = SimpleNamespace(chat_template=None)  # makes format_prompt write its plain Question:/Answer: transcript
@@ -115,7 +115,28 @@ def _load_tokenizer(path: str):
         raise SpecBenchError(f"cannot load the tokenizer from {path!r}: {exc}") from None
 
 
-def _record(response, key: str, config: ServerConfig, fp: str, q: Question, turn: int, wall: float) -> dict:
+def _decoder(tokenizers: dict, settings: BenchSettings, records: dict[str, list[dict]]) -> Decode:
+    """A token id's text (None when no tokenizer can be had), with the tokenizer the prompts were made with:
+    ``--tokenizer``, else the one the turns name (loaded on first use when this run loaded none)."""
+
+    def decode(token_id: int) -> str | None:
+        path = settings.tokenizer or next(
+            (r["tokenizer"] for rs in records.values() for r in rs if r.get("tokenizer")), None
+        )
+        if path is not None and path not in tokenizers:
+            try:
+                tokenizers[path] = _load_tokenizer(path)
+            except SpecBenchError:
+                return None
+        tokenizer = tokenizers.get(path) if path is not None else next(iter(tokenizers.values()), None)
+        return None if tokenizer is None else tokenizer.decode([token_id])
+
+    return decode
+
+
+def _record(
+    response, key: str, config: ServerConfig, fp: str, q: Question, turn: int, wall: float, tokenizer: str
+) -> dict:
     if isinstance(response, list) and len(response) == 1:
         response = response[0]
     if not isinstance(response, dict):
@@ -134,6 +155,8 @@ def _record(response, key: str, config: ServerConfig, fp: str, q: Question, turn
     e2e = meta.get("e2e_latency")
     e2e = float(e2e) if isinstance(e2e, (int, float)) and not isinstance(e2e, bool) and e2e > 0 else None
     verify = meta.get("spec_verify_ct")
+    ids = response.get("output_ids")  # the tokens themselves: greedy parity names the first that differs
+    ids = ids if isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids) else None
     record = {
         "key": key,
         "config": config.name,
@@ -149,6 +172,8 @@ def _record(response, key: str, config: ServerConfig, fp: str, q: Question, turn
         "time_s": e2e if e2e is not None else wall,
         "finish_reason": meta.get("finish_reason"),
         "text": text,
+        "output_ids": ids,
+        "tokenizer": tokenizer,
     }
     record.update(telemetry(meta))  # a per-step list becomes the request's mean
     return record
@@ -214,7 +239,7 @@ def _run_config(
                 t0 = time.perf_counter()
                 response = generate(ids, sampling)
                 try:
-                    record = _record(response, key, config, fp, q, turn, time.perf_counter() - t0)
+                    record = _record(response, key, config, fp, q, turn, time.perf_counter() - t0, tok_path)
                 except SpecBenchError as exc:
                     raise SpecBenchError(f"config {config.name!r}, question {q.qid} turn {turn + 1}: {exc}") from None
                 cache.append(record)
@@ -296,7 +321,9 @@ def run_bench_levels(
         }
         out[c] = {
             "runs": summarize(configs, questions, records),
-            "parity": parity(configs, questions, records, settings.temperature, pairs),
+            "parity": parity(
+                configs, questions, records, settings.temperature, pairs, _decoder(tokenizers, settings, records)
+            ),
             "device": device_name(),
             "versions": versions(),
             "command": command,
