@@ -21,7 +21,7 @@ from sglang_specvocab.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
-EXPECTED_KEYS = {"runs", "parity", "device", "versions", "command", "concurrency", "temperature"}
+EXPECTED_KEYS = {"runs", "parity", "targets", "device", "versions", "command", "concurrency", "temperature"}
 RUN_KEYS = {"config", "algorithm", "category", "tokens_per_s", "accept_length", "speedup", "n"}
 QUESTIONS = [
     {"question_id": 81, "category": "writing", "turns": ["Write a haiku about rain.", "Now make it rhyme."]},

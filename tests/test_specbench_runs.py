@@ -10,6 +10,7 @@ from test_specbench import QUESTIONS, FakeSGLang, _run, make_tokenizer
 
 from sglang_specvocab.bench.server import git_revision, make_config, versions
 from sglang_specvocab.bench.specbench_report import markdown, parity
+from sglang_specvocab.bench.specbench_targets import targets
 
 
 def test_the_checkout_is_git_describe_else_sv_git_else_unknown(tmp_path, monkeypatch):
@@ -185,3 +186,116 @@ def test_the_turns_record_their_tokens_and_the_report_decodes_the_first_that_dif
     }
     assert diff["token"]["expected_text"] != diff["token"]["got_text"]
     assert f"; token {at}: eagle3-full {want['output_ids'][at]} " in (out / "specbench.md").read_text()
+
+
+# --- verdicts against the targets -----------------------------------------------------------------
+
+
+def _timed_turn(qid, category, tokens, seconds, text="same", ids=None, turn=0):
+    return {
+        "question_id": qid,
+        "category": category,
+        "turn": turn,
+        "completion_tokens": tokens,
+        "time_s": seconds,
+        "text": text,
+        "output_ids": ids,
+    }
+
+
+def _target_setup():
+    from sglang_specvocab.prompts import Question
+
+    configs = [
+        make_config({"name": "eagle3-full", "algorithm": "EAGLE3", "url": "http://x:1"}, "t"),
+        make_config({"name": "dyn", "algorithm": "DYNVOCAB", "url": "http://x:2", "control": "eagle3-full"}, "t"),
+        make_config({"name": "target", "algorithm": "none", "url": "http://x:3"}, "t"),
+    ]
+    questions = [Question("1", "qa", ("a",)), Question("2", "qa", ("b",)), Question("3", "math_reasoning", ("c",))]
+    return configs, questions
+
+
+def _verdicts(dyn_seconds, concurrency=1, dyn_changes=None, temperature=0.0, eagle3=True):
+    """eagle3-full: 100 tokens in 1 s per question; dyn: 100 tokens in ``dyn_seconds[qid]``."""
+    configs, questions = _target_setup()
+    records = {
+        "eagle3-full": [_timed_turn(q.qid, q.category, 100, 1.0, ids=[1, 2, 3]) for q in questions] if eagle3 else [],
+        "dyn": [
+            _timed_turn(q.qid, q.category, 100, dyn_seconds[q.qid], ids=[1, 2, 3])
+            for q in questions
+            if q.qid in dyn_seconds
+        ],
+    }
+    for qid, (text, ids) in (dyn_changes or {}).items():
+        record = next(r for r in records["dyn"] if r["question_id"] == qid)
+        record.update(text=text, output_ids=ids)
+    pairs = {"dyn": "eagle3-full"}
+    section = parity(configs, questions, records, temperature, pairs, decode={1: "a", 2: "b", 3: "c", 9: "z"}.get)
+    found = targets(configs, questions, records, concurrency, pairs, section)
+    assert [(t["target"], t["config"], t["control"]) for t in found] == [
+        ("speed", "dyn", "eagle3-full"),
+        ("greedy parity", "dyn", "eagle3-full"),
+    ]
+    md = markdown({**_result_shell(concurrency), "parity": section, "targets": found})
+    return found[0], found[1], md
+
+
+def test_the_speed_target_is_1_15x_at_concurrency_1_and_names_its_worst_category():
+    met, parity_ok, md = _verdicts({"1": 0.8, "2": 0.8, "3": 0.9})  # 125, 125, 111 tokens/s against 100
+    assert met["met"] is True and met["threshold"] == 1.15 and met["questions"] == 3
+    assert met["value"] == pytest.approx((125 + 125 + 100 / 0.9) / 300)
+    assert met["worst"] == {"category": "math_reasoning", "ratio": pytest.approx(1 / 0.9), "questions": 1}
+    assert parity_ok["met"] is True and parity_ok["worst"] is None and parity_ok["gap_note"] == "gap not measured"
+    assert (
+        "## Targets" in md
+        and "| speed | dyn | eagle3-full | >= 1.15x | 1.204x (3 questions) | yes | math_reasoning 1.111x (1 question) |"
+        in md
+    )
+    assert "| greedy parity | dyn | eagle3-full | every output equal | 3 of 3 turns identical | yes | - |" in md
+
+    missed, _, md = _verdicts({"1": 0.9, "2": 0.88, "3": 0.85})  # 1.14x
+    assert missed["met"] is False and missed["value"] == pytest.approx((100 / 0.9 + 100 / 0.88 + 100 / 0.85) / 300)
+    assert "| 1.141x (3 questions) | **NO** | qa 1.124x (2 questions) |" in md
+
+    at_eight, _, _ = _verdicts({"1": 0.9, "2": 0.9, "3": 0.9}, concurrency=8)  # the same 1.11x: 1.0x is enough
+    assert at_eight["met"] is True and at_eight["threshold"] == 1.0
+    slower, _, _ = _verdicts({"1": 1.1, "2": 1.0, "3": 1.0}, concurrency=8)
+    assert slower["met"] is False and slower["worst"]["category"] == "qa"
+    elsewhere, _, md = _verdicts({"1": 0.5, "2": 0.5, "3": 0.5}, concurrency=4)
+    assert elsewhere["met"] is None and elsewhere["value"] == pytest.approx(2.0)
+    assert "no target at this concurrency" in md
+
+
+def test_the_speed_target_is_judged_on_the_questions_both_finished_and_none_when_not_measured():
+    some, _, _ = _verdicts({"1": 0.5})  # dyn finished question 1 only: 2x on it
+    assert some["met"] is True and some["questions"] == 1 and some["value"] == pytest.approx(2.0)
+    none, parity_none, md = _verdicts({"1": 0.5, "2": 0.5, "3": 0.5}, eagle3=False)
+    assert none["met"] is None and none["why"] == "eagle3-full has no finished question at concurrency 1"
+    assert parity_none["met"] is None and parity_none["why"] == "no turn of both at concurrency 1"
+    assert "not measured: eagle3-full has no finished question at concurrency 1" in md
+    sampled, parity_sampled, _ = _verdicts({"1": 0.5, "2": 0.5, "3": 0.5}, temperature=0.7)
+    assert sampled["met"] is True and parity_sampled["met"] is None and "sampled" in parity_sampled["why"]
+
+    configs, questions = _target_setup()
+    alone = targets(configs, questions, {}, 1, {"dyn": None}, None)
+    assert [(t["met"], t["why"]) for t in alone] == [
+        (None, "no EAGLE3 control"),
+        (None, "sampled (temperature > 0): nothing compared"),
+    ]
+
+
+def test_the_parity_target_names_the_earliest_differing_token():
+    _, differs, md = _verdicts(
+        {"1": 0.5, "2": 0.5, "3": 0.5},
+        dyn_changes={"2": ("different late", [1, 2, 9]), "3": ("different early", [1, 9, 3])},
+    )
+    assert differs["met"] is False
+    assert differs["value"] == {"compared": 3, "identical": 1, "differing": 2, "not_comparable": 0, "missing": 0}
+    worst = differs["worst"]
+    assert (worst["question_id"], worst["turn"]) == ("3", 1)  # parts at token 1, question 2 at token 2
+    assert worst["token"] == {"index": 1, "expected_id": 2, "got_id": 9, "expected_text": "b", "got_text": "z"}
+    assert differs["gap"] is None and differs["gap_note"] == "gap not measured"
+    assert (
+        "| 1 of 3 turns identical | **NO** | question 3 (math_reasoning) turn 1: "
+        "token 1: eagle3-full 2 'b' / dyn 9 'z' (gap not measured) |" in md
+    )

@@ -54,6 +54,7 @@ from .server import (
     versions,
 )
 from .specbench_report import Decode, markdown, parity, parity_failures, summarize, write_report
+from .specbench_targets import targets
 
 PROMPT_FORMATS = ("auto", "chat", "plain")
 _PLAIN = SimpleNamespace(chat_template=None)  # makes format_prompt write its plain Question:/Answer: transcript
@@ -256,6 +257,14 @@ def _run_config(
         bar.close()
 
 
+def _controls_if_clear(configs: list[ServerConfig]) -> dict[str, str | None]:
+    """``controls``, or none where they are ambiguous (sampled: the run is not refused for it)."""
+    try:
+        return controls(configs)
+    except SpecBenchError:
+        return {}
+
+
 def run_bench_levels(
     configs: list[ServerConfig],
     questions: list[Question],
@@ -279,6 +288,7 @@ def run_bench_levels(
             f"prompt format must be one of {', '.join(PROMPT_FORMATS)}, got {settings.prompt_format!r}"
         )
     pairs = controls(configs) if settings.temperature == 0 else {}  # greedy parity; refused before any server
+    control_of = pairs if settings.temperature == 0 else _controls_if_clear(configs)  # the speed targets
     cache = ResultCache(cache_path)
     if cache.skipped_lines:
         print(f"cache {cache_path}: ignored {cache.skipped_lines} unreadable line(s)", file=sys.stderr)
@@ -319,11 +329,13 @@ def run_bench_levels(
             ]
             for cfg in configs
         }
+        section = parity(
+            configs, questions, records, settings.temperature, pairs, _decoder(tokenizers, settings, records)
+        )
         out[c] = {
             "runs": summarize(configs, questions, records),
-            "parity": parity(
-                configs, questions, records, settings.temperature, pairs, _decoder(tokenizers, settings, records)
-            ),
+            "parity": section,
+            "targets": targets(configs, questions, records, c, control_of, section),
             "device": device_name(),
             "versions": versions(),
             "command": command,

@@ -27,6 +27,7 @@ from pathlib import Path
 from ..prompts import Question
 from .lossless import controls
 from .server import TELEMETRY, ServerConfig, fmt
+from .specbench_targets import targets_markdown, token_words
 
 #: Characters of each text shown around the first difference.
 EXCERPT = 40
@@ -124,22 +125,6 @@ def first_token_difference(got: dict, want: dict, decode: Decode | None = None) 
         token = ids[f"{side}_id"]
         out[f"{side}_text"] = decode(token) if decode is not None and token is not None else None
     return out
-
-
-def token_words(token: dict | None, against: str, name: str) -> str:
-    """A difference's first differing token in words, for the reports."""
-    if token is None:
-        return "token ids not recorded"
-    if token["index"] is None:
-        return "the same token ids"
-
-    def side(which: str) -> str:
-        tid, text = token[f"{which}_id"], token[f"{which}_text"]
-        if tid is None:
-            return "(ended)"
-        return f"{tid}" + ("" if text is None else f" {text!r}")
-
-    return f"token {token['index']}: {against} {side('expected')} / {name} {side('got')}"
 
 
 def _compare(
@@ -377,7 +362,8 @@ def markdown(result: dict) -> str:
         + "".join(f" {fmt(r.get(n), ',.0f' if n.endswith('set_size') else '.3f')} |" for n in telemetry)
         for r in runs
     ]
-    return "\n".join(head + body + parity_markdown(result.get("parity"))) + "\n"
+    tail = parity_markdown(result.get("parity")) + targets_markdown(result.get("targets"))
+    return "\n".join(head + body + tail) + "\n"
 
 
 def plot(result: dict, path: Path) -> bool:
