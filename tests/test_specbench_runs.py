@@ -4,6 +4,7 @@ against the targets. Against the fake servers of ``test_specbench`` (no GPU)."""
 
 import json
 import subprocess
+import threading
 
 import pytest
 from test_specbench import QUESTIONS, FakeSGLang, _run, make_tokenizer
@@ -299,3 +300,56 @@ def test_the_parity_target_names_the_earliest_differing_token():
         "| 1 of 3 turns identical | **NO** | question 3 (math_reasoning) turn 1: "
         "token 1: eagle3-full 2 'b' / dyn 9 'z' (gap not measured) |" in md
     )
+
+
+# --- the time budget ------------------------------------------------------------------------------
+
+
+class VirtualClock:
+    """Seconds that pass only when a fake server says so (a start, a turn): the budget's decisions are exact."""
+
+    def __init__(self):
+        self.now = 1000.0
+        self.lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self.lock:
+            return self.now
+
+    def advance(self, seconds: float) -> None:
+        with self.lock:
+            self.now += seconds
+
+
+def test_budget_estimates_are_the_slowest_measured_else_the_defaults():
+    from sglang_specvocab.bench.specbench_budget import Budget
+
+    clock = VirtualClock()
+    said: list[str] = []
+    b = Budget(600, clock(), max_new_tokens=128, clock=clock, say=said.append)
+    assert b.default_turn_s == pytest.approx(2 + 128 / 25)
+    assert (b.start_s(True), b.start_s(False), b.turn_s(1), b.stop_s()) == (
+        (120.0, False),
+        (10.0, False),
+        (pytest.approx(7.12), False),
+        (20.0, False),
+    )
+    assert b.may_start("x", True, 1, 14)  # 120 + 14 x 7.12 + 20 = 240 s <= 600 s
+    clock.advance(500)
+    assert not b.may_start("y", True, 1, 14) and said[-1].startswith("[budget] y: not started (time budget): 100 s")
+    b.started(True, 40.0)
+    b.started(True, 55.0)
+    b.asked(1, 14, 14.0)
+    b.asked(1, 10, 20.0)
+    b.asked(8, 0, 5.0)  # nothing asked: nothing learnt
+    b.stopped(4.0)
+    assert b.start_s(True) == (55.0, True) and b.start_s(False) == (10.0, False)
+    assert b.turn_s(1) == (2.0, True) and b.turn_s(8) == (2.0, True)  # a concurrency not timed: the slowest
+    assert b.stop_s() == (4.0, True)
+    # 100 s left: asking 14 turns at 8 (28 s) and stopping (4 s) leaves 68 s; one more server needs 55 + 28 + 4
+    assert not b.may_ask("x", 8, 14, [("y", True, 1, 14)])
+    assert b.may_ask("x", 8, 14, [("y", False, 1, 14)])  # by url: 10 s to start
+    assert not b.out_of_time()
+    clock.advance(97)
+    assert b.out_of_time()  # 3 s left, a stop takes 4 s
+    assert b.summary()["decisions"] == said and len(said) == 4
