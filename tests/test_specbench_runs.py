@@ -2,12 +2,20 @@
 the run goes (partial, with what is missing and why), servers that fail, a time budget, and the verdicts
 against the targets. Against the fake servers of ``test_specbench`` (no GPU)."""
 
+import contextlib
 import json
+import os
+import re
+import shlex
+import signal
 import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
-from test_specbench import QUESTIONS, FakeSGLang, _run, make_tokenizer
+from test_specbench import QUESTIONS, ROOT, FakeSGLang, _run, make_tokenizer
 
 from sglang_specvocab.bench.server import git_revision, make_config, versions
 from sglang_specvocab.bench.specbench_report import markdown, parity
@@ -302,6 +310,186 @@ def test_the_parity_target_names_the_earliest_differing_token():
     )
 
 
+# --- reports as the run goes ----------------------------------------------------------------------
+
+
+def _reports(out: Path, levels=(1, 8)) -> dict[int, dict]:
+    return {c: json.loads((out / f"specbench-c{c}.json").read_text()) for c in levels}
+
+
+def _missing(result: dict) -> list[tuple[str, str]]:
+    return [(m["config"], m["why"]) for m in result["missing"]]
+
+
+class SnapshotSGLang(FakeSGLang):
+    """FakeSGLang that, on its first /generate, copies what the reports say then (``seen``: concurrency ->
+    report), and may send ``signal`` to process ``pid`` then (answering ``delay`` seconds late)."""
+
+    def __init__(self, tokenizer_path, out: Path, pid=None, sig=None, delay=0.0, **kw):
+        self.out, self.pid, self.sig, self.delay = out, pid, sig, delay
+        self.seen: dict[int, dict] | None = None
+        super().__init__(tokenizer_path, **kw)
+
+    def reply(self, payload):
+        with self.lock:
+            first = self.seen is None
+            if first:
+                self.seen = {}
+                for c in (1, 8):
+                    path = self.out / f"specbench-c{c}.json"
+                    if path.is_file():
+                        self.seen[c] = json.loads(path.read_text())
+        if first and self.sig is not None:
+            os.kill(self.pid, self.sig)
+        if first:
+            time.sleep(self.delay)
+        return super().reply(payload)
+
+
+def _args(out, questions, *configs, extra=()):
+    return [
+        *configs,
+        "--questions",
+        str(questions),
+        "--categories",
+        "translation,qa",
+        "--out",
+        str(out),
+        "--warmup",
+        "0",
+        "--no-progress",
+        "--concurrency",
+        "1,8",
+        *extra,
+    ]
+
+
+def test_the_reports_are_written_after_each_server_with_what_is_missing(tokdir, questions, tmp_path, capsys):
+    out = tmp_path / "out"
+    with (
+        FakeSGLang(tokdir, accept=2.0) as eagle3,
+        SnapshotSGLang(tokdir, out, accept=2.0) as dyn,
+        SnapshotSGLang(tokdir, out) as target,
+    ):
+        rc, cap = _run(
+            _args(
+                out,
+                questions,
+                *_spec("eagle3-full", "EAGLE3", eagle3),
+                *_spec("dynvocab-hybrid", "DYNVOCAB", dyn, control="eagle3-full"),
+                *_spec("target", "none", target),
+            ),
+            capsys,
+        )
+    assert rc == 0, cap.err
+    # when dynvocab-hybrid was first asked: eagle3-full's results at both concurrencies, the rest not reached
+    assert sorted(dyn.seen) == [1, 8]
+    for c, report in dyn.seen.items():
+        assert report["partial"] is True and report["concurrency"] == c
+        assert _missing(report) == [("dynvocab-hybrid", "not reached"), ("target", "not reached")]
+        assert report["missing"][0] == {
+            "config": "dynvocab-hybrid",
+            "concurrency": c,
+            "why": "not reached",
+            "turns_missing": 3,
+            "turns": 3,
+        }
+        assert {r["config"] for r in report["runs"]} == {"eagle3-full"}
+        assert [(t["target"], t["met"]) for t in report["targets"]] == [("speed", None), ("greedy parity", None)]
+    assert [_missing(r) for r in target.seen.values()] == [[("target", "not reached")]] * 2
+    assert {r["config"] for r in target.seen[8]["runs"]} == {"eagle3-full", "dynvocab-hybrid"}
+    final = _reports(out)
+    assert all(r["partial"] is False and r["missing"] == [] for r in final.values())
+    assert not (out / "specbench-c1.md").read_text().startswith("**PARTIAL**")
+    assert [t["met"] for t in final[1]["targets"]] == [False, True]  # the fakes are equally fast; identical
+    assert cap.out.count("reports so far in") == 3 * 2 + 3  # each concurrency, each server
+    assert not list(out.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("sig, rc", [(signal.SIGTERM, 130), (signal.SIGKILL, -signal.SIGKILL)])
+def test_a_run_cut_off_leaves_valid_partial_reports(tokdir, questions, tmp_path, sig, rc):
+    """The command in its own process, cut off when the second server is first asked: by SIGTERM (a timeout:
+    the reports are rewritten, what was in progress 'interrupted'), or by SIGKILL (the lease's end: the
+    reports written after the first server stay)."""
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    with FakeSGLang(tokdir, accept=2.0) as eagle3, SnapshotSGLang(tokdir, out, sig=sig, delay=3.0) as target:
+        args = _args(out, questions, *_spec("eagle3-full", "EAGLE3", eagle3), *_spec("target", "none", target))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sglang_specvocab", "bench", "specbench", *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        target.pid = proc.pid
+        _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == rc, stderr
+    reports = _reports(out)
+    assert all(r["partial"] is True for r in reports.values())
+    assert {r["config"] for r in reports[1]["runs"]} == {"eagle3-full"}
+    assert {r["config"] for r in reports[8]["runs"]} == {"eagle3-full"}
+    why = "interrupted" if sig == signal.SIGTERM else "not reached"
+    assert _missing(reports[1]) == [("target", why)] and _missing(reports[8]) == [("target", "not reached")]
+    for c in (1, 8):
+        md = (out / f"specbench-c{c}.md").read_text()
+        assert (
+            md.splitlines()[0]
+            == f"**PARTIAL** at concurrency {c}: missing target ({'interrupted' if c == 1 and sig == signal.SIGTERM else 'not reached'}; 3 of 3 turns missing)"
+        )
+    if sig == signal.SIGTERM:
+        assert "interrupted; finished turns are cached" in stderr
+    assert not list(out.glob(".*.tmp"))
+
+
+def _failing_launcher() -> str:
+    return shlex.join(
+        [sys.executable, "-c", "import sys; print('torch.OutOfMemoryError: CUDA out of memory'); sys.exit(3)"]
+    )
+
+
+def test_a_server_that_fails_is_recorded_and_the_others_still_run(tokdir, questions, tmp_path, capsys):
+    out = tmp_path / "out"
+    configs = tmp_path / "configs.yaml"
+    with (
+        FakeSGLang(tokdir, accept=2.0) as eagle3,
+        FakeSGLang(tokdir, fail="The input is longer than the model's context length") as broken,
+        FakeSGLang(tokdir) as target,
+    ):
+        configs.write_text(
+            f"- {{name: eagle3-full, algorithm: EAGLE3, url: '{eagle3.url}'}}\n"
+            f"- {{name: dynvocab-hybrid, algorithm: DYNVOCAB, args: --model-path x, control: eagle3-full, "
+            f"launcher: {json.dumps(_failing_launcher())}}}\n"
+            f"- {{name: dynvocab-microspec, algorithm: DYNVOCAB, url: '{broken.url}', control: eagle3-full}}\n"
+            f"- {{name: target, algorithm: none, url: '{target.url}'}}\n"
+        )
+        rc, cap = _run(_args(out, questions, "--configs", str(configs)), capsys)
+    assert rc == 2
+    assert "[dynvocab-hybrid] server failed: server 'dynvocab-hybrid' exited with code 3" in cap.err
+    assert "CUDA out of memory" in cap.err and "[dynvocab-microspec] server failed: " in cap.err
+    assert cap.err.strip().splitlines()[-1].startswith("error: server(s) failed (the reports are partial): ")
+    assert len(target.timed()) == 6  # the last server ran at both concurrencies
+    hybrid = (
+        "server failed: server 'dynvocab-hybrid' exited with code 3 before it became healthy "
+        f"({out / 'logs' / 'dynvocab-hybrid.log'}: torch.OutOfMemoryError: CUDA out of memory)"
+    )
+    for c, report in _reports(out).items():
+        assert report["partial"] is True
+        [(name, why), (name2, why2)] = _missing(report)
+        assert (name, why) == ("dynvocab-hybrid", hybrid)
+        assert name2 == "dynvocab-microspec" and why2.startswith(f"server failed: {broken.url}/generate: HTTP 400")
+        assert "longer than the model's context length" in why2
+        assert {r["config"] for r in report["runs"]} == {"eagle3-full", "target"}
+        md = (out / f"specbench-c{c}.md").read_text()
+        assert md.startswith(f"**PARTIAL** at concurrency {c}: missing dynvocab-hybrid (server failed: ")
+        assert [(t["config"], t["met"]) for t in report["targets"]] == [
+            ("dynvocab-hybrid", None),
+            ("dynvocab-hybrid", None),
+            ("dynvocab-microspec", None),
+            ("dynvocab-microspec", None),
+        ]
+
+
 # --- the time budget ------------------------------------------------------------------------------
 
 
@@ -319,6 +507,116 @@ class VirtualClock:
     def advance(self, seconds: float) -> None:
         with self.lock:
             self.now += seconds
+
+
+class ClockedSGLang(FakeSGLang):
+    """FakeSGLang whose first /health takes ``start_s`` and each /generate ``turn_s`` on ``clock``."""
+
+    def __init__(self, tokenizer_path, clock: VirtualClock, start_s=30.0, turn_s=10.0, **kw):
+        super().__init__(tokenizer_path, **kw)
+        self.clock, self.turn_s, self.started = clock, turn_s, False
+        fake = self
+
+        class Handler(self.httpd.RequestHandlerClass):
+            def do_GET(self):
+                if self.path == "/health" and not fake.started:
+                    fake.started = True
+                    clock.advance(start_s)
+                super().do_GET()
+
+        self.httpd.RequestHandlerClass = Handler
+
+    def reply(self, payload):
+        self.clock.advance(self.turn_s)
+        return super().reply(payload)
+
+
+def _budget_run(tokdir, questions, tmp_path, capsys, monkeypatch, budget, names=("a", "b", "c"), levels="1,8"):
+    from sglang_specvocab.bench import specbench
+
+    clock = VirtualClock()
+    monkeypatch.setattr(specbench, "clock", clock)
+    out = tmp_path / "out"
+    with contextlib.ExitStack() as stack:
+        fakes = {n: stack.enter_context(ClockedSGLang(tokdir, clock)) for n in names}
+        specs = [x for n, f in fakes.items() for x in _spec(n, "none", f)]
+        args = _args(out, questions, *specs, extra=["--max-new-tokens", "64", "--time-budget-s", str(budget)])
+        args[args.index("--concurrency") + 1] = levels
+        rc, cap = _run(args, capsys)
+    assert rc == 0, cap.err
+    lines = [line for line in cap.out.splitlines() if line.startswith("[budget] ")]
+    return out, fakes, lines, cap
+
+
+def test_the_budget_skips_a_later_concurrency_that_would_leave_no_time_for_the_other_servers(
+    tokdir, questions, tmp_path, capsys, monkeypatch
+):
+    # each server: a 30 s start, 3 turns of 10 s at each concurrency; before any measurement a server reached
+    # by url is 10 s to start, a turn 2 + 64 / 25 = 4.56 s and a stop 20 s
+    out, fakes, lines, _ = _budget_run(tokdir, questions, tmp_path, capsys, monkeypatch, 250)
+    assert lines[0] == (
+        "[budget] 250 s from the command's start; before any measurement a start takes 120 s (10 s by url), "
+        "a turn 4.6 s, a stop 20 s"
+    )
+    assert re.fullmatch(
+        r"\[budget\] a: start: 2\d\d s left >= start 10 s \+ concurrency 1: 3 turns x 4.6 s \+ stop 20 s = 44 s; "
+        r"defaults",
+        lines[1],
+    )
+    # after a's concurrency 1 (60 s): 190 s left - 30 s - its stop 20 s = 140 s < b's and c's 30 + 30 + 20 s
+    assert re.fullmatch(
+        r"\[budget\] a concurrency 8: skipped \(time budget\): 1\d\d s left - 3 turns x 10 s - stop 20 s = "
+        r"1\d\d s < 160 s for the first concurrency of the remaining servers \(b, c\)",
+        lines[2],
+    )
+    assert [line.split(":")[0] + ":" + line.split(":")[1] for line in lines[3:]] == [
+        "[budget] b: start",
+        "[budget] b concurrency 8: asked",
+        "[budget] c: start",
+        "[budget] c concurrency 8: asked",
+    ]
+    assert [len(f.timed()) for f in fakes.values()] == [3, 6, 6]
+    one, eight = _reports(out).values()
+    assert one["partial"] is False and _missing(eight) == [("a", "time budget")]
+    assert eight["budget"]["decisions"] == lines[1:] and eight["budget"]["time_budget_s"] == 250
+    assert eight["budget"]["measured"]["url_start_s"] == [pytest.approx(30.0)] * 3
+    assert eight["budget"]["measured"]["turn_s"] == {"1": [pytest.approx(10.0)] * 3, "8": [pytest.approx(10.0)] * 2}
+    md = (out / "specbench-c8.md").read_text()
+    assert md.startswith("**PARTIAL** at concurrency 8: missing a (time budget; 3 of 3 turns missing)")
+    assert "## Time budget (250 s)\n\n- [budget] a: start: " in md
+
+
+def test_the_budget_starts_no_server_it_cannot_cover(tokdir, questions, tmp_path, capsys, monkeypatch):
+    out, fakes, lines, cap = _budget_run(tokdir, questions, tmp_path, capsys, monkeypatch, 150)
+    assert [line.split(":")[0] + ":" + line.split(":")[1] for line in lines[1:]] == [
+        "[budget] a: start",
+        "[budget] a concurrency 8: skipped (time budget)",
+        "[budget] b: start",
+        "[budget] b concurrency 8: skipped (time budget)",
+        "[budget] c: not started (time budget)",
+    ]
+    # c: 150 - 120 s used = 30 s left < its start 30 s (measured) + 3 turns x 10 s + a stop (measured: 0)
+    assert re.fullmatch(
+        r"\[budget\] c: not started \(time budget\): (29|30) s left < start 30 s \+ concurrency 1: 3 turns x 10 s "
+        r"\+ stop 0.0 s = 60 s",
+        lines[-1],
+    )
+    assert "[c] launching" not in cap.out and fakes["c"].requests == [] and not fakes["c"].started
+    one, eight = _reports(out).values()
+    assert _missing(one) == [("c", "time budget")]
+    assert _missing(eight) == [("a", "time budget"), ("b", "time budget"), ("c", "time budget")]
+
+
+def test_the_budget_stops_asking_when_it_runs_out_mid_concurrency(tokdir, questions, tmp_path, capsys, monkeypatch):
+    # 65 s: a starts (44 s by the defaults) at 30 s; a turn at 30 and at 40 s; at 50 s 15 s are left, less than
+    # a stop (20 s by default): no third turn
+    out, fakes, lines, _ = _budget_run(tokdir, questions, tmp_path, capsys, monkeypatch, 65, names=("a",), levels="1")
+    assert lines[-1].startswith("[budget] a concurrency 1: the budget ran out after 2 of 3 turns (1")
+    assert len(fakes["a"].timed()) == 2
+    report = json.loads((out / "specbench.json").read_text())
+    assert report["partial"] is True and report["missing"] == [
+        {"config": "a", "concurrency": 1, "why": "time budget", "turns_missing": 1, "turns": 3}
+    ]
 
 
 def test_budget_estimates_are_the_slowest_measured_else_the_defaults():

@@ -20,6 +20,7 @@ their decoded text.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -337,11 +338,29 @@ def parity_failures(section: dict | None) -> list[str]:
     return [f"{r['config']}: {r['verdict']}" for r in section["configs"] if r.get("ours")]
 
 
+def partial_line(result: dict) -> str | None:
+    """The Markdown's first line when the result is partial: PARTIAL, and what is missing and why."""
+    if not result.get("partial"):
+        return None
+    missing = "; ".join(
+        f"{m['config']} ({m['why']}; {m['turns_missing']} of {m['turns']} turns missing)" for m in result["missing"]
+    )
+    return f"**PARTIAL** at concurrency {result['concurrency']}: missing {missing}"
+
+
+def budget_markdown(budget: dict | None) -> list[str]:
+    if not budget:
+        return []
+    return ["", f"## Time budget ({budget['time_budget_s']:g} s)", "", *(f"- {d}" for d in budget["decisions"])]
+
+
 def markdown(result: dict) -> str:
     runs = result["runs"]
     telemetry = [name for name in TELEMETRY if any(name in r for r in runs)]
     base = runs[0]["config"] if runs else "-"
+    partial = partial_line(result)
     head = [
+        *([partial, ""] if partial else []),
         "# Spec-Bench on SGLang",
         "",
         f"- device: {result['device']}",
@@ -362,7 +381,11 @@ def markdown(result: dict) -> str:
         + "".join(f" {fmt(r.get(n), ',.0f' if n.endswith('set_size') else '.3f')} |" for n in telemetry)
         for r in runs
     ]
-    tail = parity_markdown(result.get("parity")) + targets_markdown(result.get("targets"))
+    tail = (
+        parity_markdown(result.get("parity"))
+        + targets_markdown(result.get("targets"))
+        + budget_markdown(result.get("budget"))
+    )
     return "\n".join(head + body + tail) + "\n"
 
 
@@ -399,17 +422,33 @@ def plot(result: dict, path: Path) -> bool:
     ax.legend(fontsize=7)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format="png")
     plt.close(fig)
     return True
 
 
+def _replace(path: Path, write: Callable[[Path], object]) -> None:
+    """``write(tmp)`` then ``tmp`` renamed over ``path``: a run killed meanwhile leaves the old file whole."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        write(tmp)
+        if tmp.exists():  # (a plot without matplotlib writes nothing)
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_report(result: dict, out_dir: Path, stem: str = "specbench") -> list[Path]:
+    """OUT/STEM.json, .md and .png (without matplotlib or rows, no plot), each replaced atomically."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
-    paths[0].write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    paths[1].write_text(markdown(result), encoding="utf-8")
-    if plot(result, out_dir / f"{stem}.png"):
+    text = json.dumps(result, indent=2) + "\n"
+    _replace(paths[0], lambda p: p.write_text(text, encoding="utf-8"))
+    _replace(paths[1], lambda p: p.write_text(markdown(result), encoding="utf-8"))
+    drawn: list[bool] = []
+    if result["runs"]:
+        _replace(out_dir / f"{stem}.png", lambda p: drawn.append(plot(result, p)))
+    if drawn and drawn[0]:
         paths.append(out_dir / f"{stem}.png")
     return paths
