@@ -21,7 +21,19 @@ from sglang_specvocab.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
-EXPECTED_KEYS = {"runs", "parity", "device", "versions", "command", "concurrency", "temperature"}
+EXPECTED_KEYS = {
+    "partial",
+    "missing",
+    "runs",
+    "parity",
+    "targets",
+    "device",
+    "versions",
+    "command",
+    "concurrency",
+    "temperature",
+    "budget",
+}
 RUN_KEYS = {"config", "algorithm", "category", "tokens_per_s", "accept_length", "speedup", "n"}
 QUESTIONS = [
     {"question_id": 81, "category": "writing", "turns": ["Write a haiku about rain.", "Now make it rhyme."]},
@@ -222,6 +234,7 @@ def test_end_to_end_two_configs(tokdir, questions, tmp_path, capsys):
     assert "| fast | DYNVOCAB | overall |" in cap.out and f"wrote {out / 'specbench.json'}" in cap.out
     result = json.loads((out / "specbench.json").read_text())
     assert set(result) == EXPECTED_KEYS
+    assert result["partial"] is False and result["missing"] == [] and result["budget"] is None
     assert result["concurrency"] == 1 and result["temperature"] == 0.0
     assert (
         result["command"].startswith("sglang-specvocab bench specbench ") and "--max-new-tokens 64" in result["command"]
@@ -732,6 +745,7 @@ def test_parity_equal_to_eagle3_but_not_the_target_is_the_engine():
             "char": 18,  # "Shakespeare wrote " is the common prefix
             "expected": "Shakespeare wrote Hamlet.",
             "got": "Shakespeare wrote it, around 1600.",
+            "token": None,  # these records have no output_ids
         }
     ]
     assert rows["eagle3-full"]["against_reference"]["differing"] == 1
@@ -1106,9 +1120,9 @@ class InterruptingSGLang(FakeSGLang):
 
 
 def test_an_interrupted_run_at_several_concurrencies_resumes(tokdir, questions, tmp_path, capsys):
-    """SIGTERM while the first server is asked at 8 (all its turns at 1 done): exit 130, no result
-    written; the same command then asks only the turns not cached, and writes what an uninterrupted
-    run writes."""
+    """SIGTERM while the first server is asked at 8 (all its turns at 1 done): exit 130, partial results
+    written (what is missing and why); the same command then asks only the turns not cached, and writes
+    what an uninterrupted run writes."""
     out = tmp_path / "out"
     with FakeSGLang(tokdir) as base, InterruptingSGLang(tokdir, kill_at=8, accept=2.0) as spec:
         args = [
@@ -1131,7 +1145,15 @@ def test_an_interrupted_run_at_several_concurrencies_resumes(tokdir, questions, 
         assert rc == 130, cap.err
         assert "interrupted; finished turns are cached, rerun the same command to resume" in cap.err
         assert _events(cap.out) == ["spec concurrency 1", "spec concurrency 8"]
-        assert not list(out.glob("specbench-c[0-9]*"))
+        partial = {c: json.loads((out / f"specbench-c{c}.json").read_text()) for c in (1, 8)}
+        assert all(r["partial"] for r in partial.values()) and not list(out.glob(".*.tmp"))
+        assert [(m["config"], m["why"]) for m in partial[1]["missing"]] == [("base", "not reached")]
+        assert [(m["config"], m["why"]) for m in partial[8]["missing"]] == [
+            ("spec", "interrupted"),
+            ("base", "not reached"),
+        ]
+        assert {r["config"] for r in partial[1]["runs"]} == {"spec"}
+        assert (out / "specbench-c8.md").read_text().startswith("**PARTIAL** at concurrency 8: missing spec ")
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
         records = [json.loads(line) for line in (out / "specbench-cache.jsonl").read_text().splitlines()]
         assert {r["config"] for r in records} == {"spec"} and len(base.requests) == 0

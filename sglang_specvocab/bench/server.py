@@ -565,7 +565,29 @@ def versions() -> dict[str, str]:
             out[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             out[package] = "not installed"
+    out["git"] = git_revision()
     return out
+
+
+def git_revision(root: Path | None = None) -> str:
+    """The package's checkout: ``git describe --always --dirty`` where ``root`` (default: the checkout this
+    package runs from) has a ``.git``; else ``$SV_GIT`` (what scripts/device/ stages with a checkout that has no
+    ``.git``, the same describe); else ``unknown``."""
+    root = Path(__file__).resolve().parents[2] if root is None else Path(root)
+    if (root / ".git").exists():  # a directory, or a worktree's file: never the git of a directory above it
+        try:
+            out = subprocess.run(
+                ["git", "-C", str(root), "describe", "--always", "--dirty"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=False,
+            )
+            if out.returncode == 0 and out.stdout.strip():
+                return out.stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return os.environ.get("SV_GIT") or "unknown"
 
 
 def fmt(value, spec: str) -> str:

@@ -12,22 +12,30 @@ the reference (the first configuration) and a DYNVOCAB configuration's also with
 same question is not comparable (its prompt holds the configuration's own earlier answer). A DYNVOCAB
 turn that equals neither the target nor its control, where comparable (without a control: that
 differs from the target), is ours: ``parity_ok`` is false. At temperature > 0 nothing is compared.
+Each differing turn is named by its first differing character (with the text around it) and, where both
+turns recorded their ``output_ids``, its first differing token: the index in the output, both ids and
+their decoded text.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from ..prompts import Question
 from .lossless import controls
 from .server import TELEMETRY, ServerConfig, fmt
+from .specbench_targets import targets_markdown, token_words
 
 #: Characters of each text shown around the first difference.
 EXCERPT = 40
 #: Differing turns listed in the Markdown per comparison (the JSON lists all).
 SHOWN_DIFFERENCES = 20
+
+Decode = Callable[[int], str | None]  # a token id's text
 
 
 def summarize(configs: list[ServerConfig], questions: list[Question], records: dict[str, list[dict]]) -> list[dict]:
@@ -96,16 +104,40 @@ def summarize(configs: list[ServerConfig], questions: list[Question], records: d
 # --- greedy parity -----------------------------------------------------------------------------
 
 
-def _first_difference(a: str, b: str) -> int:
+def _first_difference(a, b) -> int:
     n = min(len(a), len(b))
     return next((i for i in range(n) if a[i] != b[i]), n)
 
 
+def first_token_difference(got: dict, want: dict, decode: Decode | None = None) -> dict | None:
+    """Where two turns' output token ids first differ: ``index`` in the output, each side's id (None where
+    that output ended first) and its decoded text (None without ``decode``); ``index`` None when the ids are
+    the same (the texts differ in their detokenization); None when a record has no ``output_ids`` (a cache
+    written before they were recorded)."""
+    a, b = got.get("output_ids"), want.get("output_ids")
+    if not isinstance(a, list) or not isinstance(b, list):
+        return None
+    if a == b:
+        return dict.fromkeys(("index", "expected_id", "got_id", "expected_text", "got_text"))
+    at = _first_difference(a, b)
+    ids = {"expected_id": b[at] if at < len(b) else None, "got_id": a[at] if at < len(a) else None}
+    out = {"index": at, **ids}
+    for side in ("expected", "got"):
+        token = ids[f"{side}_id"]
+        out[f"{side}_text"] = decode(token) if decode is not None and token is not None else None
+    return out
+
+
 def _compare(
-    got: dict[tuple[str, int], dict], want: dict[tuple[str, int], dict], against: str, questions: list[Question]
+    got: dict[tuple[str, int], dict],
+    want: dict[tuple[str, int], dict],
+    against: str,
+    questions: list[Question],
+    decode: Decode | None = None,
 ) -> tuple[dict, dict[tuple[str, int], str]]:
-    """One configuration's turns against another's: the counts, the differing turns and each turn's status
-    (identical, differs, not_comparable: an earlier turn of its question differed, missing)."""
+    """One configuration's turns against another's: the counts, the differing turns (the first differing
+    character and token) and each turn's status (identical, differs, not_comparable: an earlier turn of its
+    question differed, missing)."""
     out = {
         "against": against,
         "compared": 0,
@@ -139,6 +171,7 @@ def _compare(
                         "char": at,
                         "expected": b["text"][lo : lo + EXCERPT],  # the text compared with (reference, control)
                         "got": a["text"][lo : lo + EXCERPT],
+                        "token": first_token_difference(a, b, decode),
                     }
                 )
             status[key] = state
@@ -181,8 +214,10 @@ def parity(
     records: dict[str, list[dict]],
     temperature: float,
     pairs: dict[str, str | None] | None = None,
+    decode: Decode | None = None,
 ) -> dict:
-    """Greedy outputs compared across configurations (see the module doc); ``pairs``: ``controls(configs)``."""
+    """Greedy outputs compared across configurations (see the module doc); ``pairs``: ``controls(configs)``;
+    ``decode``: a token id's text (the first differing token of each difference)."""
     if temperature > 0:
         return {"compared": False, "reason": "sampled", "temperature": temperature, "parity_ok": None}
     if pairs is None:
@@ -198,9 +233,9 @@ def parity(
         st_ref: dict = {}
         st_ctl: dict = {}
         if c is not ref:
-            vs_ref, st_ref = _compare(texts[c.name], texts[ref.name], ref.name, questions)
+            vs_ref, st_ref = _compare(texts[c.name], texts[ref.name], ref.name, questions, decode)
         if ctl is not None:
-            vs_ctl, st_ctl = _compare(texts[c.name], texts[ctl], ctl, questions)
+            vs_ctl, st_ctl = _compare(texts[c.name], texts[ctl], ctl, questions, decode)
         row = {
             "config": c.name,
             "algorithm": c.algorithm,
@@ -282,13 +317,14 @@ def parity_markdown(section: dict | None) -> list[str]:
         lines += [
             "",
             f"`{r['config']}` against `{cmp['against']}` ({role}): the first differing character, "
-            + f"{EXCERPT} characters around it:",
+            + f"{EXCERPT} characters around it, and the first differing token (its index in the output, id and text):",
             "",
         ]
         for d in diffs[:SHOWN_DIFFERENCES]:
             lines.append(
                 f"- question {d['question_id']} ({d['category']}) turn {d['turn']}, char {d['char']}: "
-                f"{cmp['against']} {d['expected']!r} / {r['config']} {d['got']!r}"
+                f"{cmp['against']} {d['expected']!r} / {r['config']} {d['got']!r}; "
+                + token_words(d.get("token"), cmp["against"], r["config"])
             )
         if len(diffs) > SHOWN_DIFFERENCES:
             lines.append(f"- and {len(diffs) - SHOWN_DIFFERENCES} more (all in the JSON)")
@@ -302,11 +338,29 @@ def parity_failures(section: dict | None) -> list[str]:
     return [f"{r['config']}: {r['verdict']}" for r in section["configs"] if r.get("ours")]
 
 
+def partial_line(result: dict) -> str | None:
+    """The Markdown's first line when the result is partial: PARTIAL, and what is missing and why."""
+    if not result.get("partial"):
+        return None
+    missing = "; ".join(
+        f"{m['config']} ({m['why']}; {m['turns_missing']} of {m['turns']} turns missing)" for m in result["missing"]
+    )
+    return f"**PARTIAL** at concurrency {result['concurrency']}: missing {missing}"
+
+
+def budget_markdown(budget: dict | None) -> list[str]:
+    if not budget:
+        return []
+    return ["", f"## Time budget ({budget['time_budget_s']:g} s)", "", *(f"- {d}" for d in budget["decisions"])]
+
+
 def markdown(result: dict) -> str:
     runs = result["runs"]
     telemetry = [name for name in TELEMETRY if any(name in r for r in runs)]
     base = runs[0]["config"] if runs else "-"
+    partial = partial_line(result)
     head = [
+        *([partial, ""] if partial else []),
         "# Spec-Bench on SGLang",
         "",
         f"- device: {result['device']}",
@@ -327,7 +381,12 @@ def markdown(result: dict) -> str:
         + "".join(f" {fmt(r.get(n), ',.0f' if n.endswith('set_size') else '.3f')} |" for n in telemetry)
         for r in runs
     ]
-    return "\n".join(head + body + parity_markdown(result.get("parity"))) + "\n"
+    tail = (
+        parity_markdown(result.get("parity"))
+        + targets_markdown(result.get("targets"))
+        + budget_markdown(result.get("budget"))
+    )
+    return "\n".join(head + body + tail) + "\n"
 
 
 def plot(result: dict, path: Path) -> bool:
@@ -363,17 +422,33 @@ def plot(result: dict, path: Path) -> bool:
     ax.legend(fontsize=7)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format="png")
     plt.close(fig)
     return True
 
 
+def _replace(path: Path, write: Callable[[Path], object]) -> None:
+    """``write(tmp)`` then ``tmp`` renamed over ``path``: a run killed meanwhile leaves the old file whole."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        write(tmp)
+        if tmp.exists():  # (a plot without matplotlib writes nothing)
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_report(result: dict, out_dir: Path, stem: str = "specbench") -> list[Path]:
+    """OUT/STEM.json, .md and .png (without matplotlib or rows, no plot), each replaced atomically."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
-    paths[0].write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    paths[1].write_text(markdown(result), encoding="utf-8")
-    if plot(result, out_dir / f"{stem}.png"):
+    text = json.dumps(result, indent=2) + "\n"
+    _replace(paths[0], lambda p: p.write_text(text, encoding="utf-8"))
+    _replace(paths[1], lambda p: p.write_text(markdown(result), encoding="utf-8"))
+    drawn: list[bool] = []
+    if result["runs"]:
+        _replace(out_dir / f"{stem}.png", lambda p: drawn.append(plot(result, p)))
+    if drawn and drawn[0]:
         paths.append(out_dir / f"{stem}.png")
     return paths

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from ..bench.kernels_report import OPS  # torch-free, so --help imports no torch
@@ -315,6 +316,31 @@ Resumable: every finished turn is appended to the cache (default OUT/specbench-c
 by configuration, settings, question and turn; a rerun skips cached turns and starts no server for
 a configuration that is complete. Writes OUT/NAME.json, OUT/NAME.md and OUT/NAME.png.
 
+Results as they happen: the reports are rewritten from the cache after each concurrency and each server
+(and on SIGTERM or Ctrl-C, then exit status 130), each file replaced atomically, so a run cut off,
+even by SIGKILL, leaves valid reports of what finished. A report with something missing says
+"partial": true and lists each missing (config, concurrency) with why: not reached, interrupted,
+time budget, server failed: ... (its Markdown's first line: PARTIAL and what is missing); a complete
+one says "partial": false. A configuration whose server does not start, dies or answers wrongly is
+recorded so and the next still runs; exit status 2 at the end (1 if greedy parity also failed).
+
+Targets (the reports' targets, ## Targets): each DYNVOCAB configuration's output tokens/s over its EAGLE3
+control's (Spec-Bench's mean per-question speed, over the questions both finished; at least 1.15x at
+concurrency 1, 1.0x at 8; the worst category named) and greedy parity against the control (every output
+equal; the worst case is the turn whose outputs part earliest: its first differing token, index, ids and
+text; the logit gap there is not measured). met: true, false, or null when not measured. The reports
+also record the device and versions (the checkout: git describe, or $SV_GIT where there is no .git).
+
+--time-budget-s S (seconds from the command's start): concurrency 1 (the first given) on every server
+comes first. A server is started only if the time left covers its start, its first concurrency and its
+stop; a later concurrency of a running server is asked only if the time left after it and this server's
+stop still covers the start, first concurrency and stop of every server still to run; no new turn is
+asked once the time left is below a stop. Estimates: the slowest start, time per turn (a concurrency's
+wall time / its turns; at a concurrency not yet timed, the slowest at any) and stop measured so far;
+before any, a start 120 s (10 s by url), a turn 2 s + max-new-tokens / 25 tokens/s, a stop 20 s. Each
+decision is printed on one line ([budget] ...) and kept in the reports; what it leaves out is missing
+for "time budget" (exit status 0). Without it, every server and concurrency is asked.
+
 Greedy parity (temperature 0): each configuration's answers are compared as text, turn by turn, with
 the first configuration's and, for a DYNVOCAB configuration, with its EAGLE3 control's (same target,
 draft and tree arguments, or control=NAME); a turn after a differing turn is not comparable. Exit
@@ -418,11 +444,20 @@ def _add_bench_specbench(sub) -> None:
         "--cache", type=Path, metavar="JSONL", help="per-turn result cache (default: OUT/specbench-cache.jsonl)"
     )
     p.add_argument("--name", default="specbench", help="file name stem of the results (default: %(default)s)")
+    p.add_argument(
+        "--time-budget-s",
+        type=NON_NEGATIVE_FLOAT,
+        default=None,
+        metavar="S",
+        help="seconds from the command's start: concurrency 1 on every server first, a server started and a later "
+        "concurrency asked only where the time left allows (see the description); default: no budget",
+    )
     add_server_args(p, warmup=2, request_timeout=1800.0)
     p.set_defaults(run=_run_bench_specbench, on_interrupt="finished turns are cached, rerun the same command to resume")
 
 
 def _run_bench_specbench(args) -> int:
+    args.started = time.monotonic()  # --time-budget-s counts from here
     from ..bench.specbench import run  # heavy: transformers (the prompt tokenizer)
 
     return run(args)
