@@ -285,7 +285,7 @@ def test_package_lists_are_consistent():
 SIZES_RECORD = json.loads(stage.SIZES_FILE.read_text())
 sys.modules.setdefault("stage", stage)  # simulate.py imports stage.py as `stage`: this very module
 sys.path.insert(0, str(ROOT / "scripts" / "device"))
-import simulate  # noqa: E402
+import simulate
 
 
 def test_the_recorded_sizes_cover_every_lease():
@@ -669,7 +669,7 @@ def test_sglang_trim_drops_the_rust_radix_tree_and_server():
     assert not any("rust_extensions/" in f for f in kept_so), kept_so
     assert "export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python" in stage.env_lines()
     assert "export SGLANG_RUST_SERVER=0" in stage.env_lines()
-    import sglang.srt.environ as environ  # the switch is SGLang's own, and off means off
+    from sglang.srt import environ  # the switch is SGLang's own, and off means off
 
     assert environ.envs.SGLANG_RUST_SERVER.default is False
 
@@ -1079,7 +1079,8 @@ def test_background_phases_run_beside_the_rest_and_are_waited_for(tmp_path):
         ("base", False, "passed"), ("kernels", False, "passed"), ("sglang", True, "passed"),
         ("gemma", True, "passed"), ("tests", False, "passed"), ("specbench", False, "passed")]  # fmt: skip
     assert status["complete"] and not status["partial"]
-    assert {f"logs/{p}.log" for p in ("sglang", "gemma")} <= set(tarfile.open(dev.out / "logs.tar.gz").getnames())
+    with tarfile.open(dev.out / "logs.tar.gz") as t:
+        assert {f"logs/{p}.log" for p in ("sglang", "gemma")} <= set(t.getnames())
     rc, out = dev.run("+sglang", "specbench", SV_FORCE=1, SV_DRY_RC_sglang=1)
     assert rc == 2 and "refused: specbench needs 'sglang' first" in out, out
     states = {p["phase"]: p["state"] for p in _status(dev.out)["phases"]}
@@ -1265,7 +1266,7 @@ def test_every_plans_settings_parse_with_the_commands_they_are_for():
             "specbench",
             "--time-budget-s",
             "300",
-        ],  # fmt: skip
+        ],
         "SV_TRAIN_ARGS": ["train-eagle3", "--target", "gemma3-270m", "--head", "full", "--time-budget-s", "400"],
     }
     seen = set()

@@ -106,7 +106,7 @@ def _missing(plan: dict, phase: str, here: set[int]) -> list[str]:
 def _work_call(plan: dict, work: dict, here: set[int], budget: int, cut_in: str | None) -> dict:
     phases = [p for p in work["phases"] if not p.startswith("chunk-")]
     rows: dict[str, dict] = {}
-    t = fg = float(_seconds("import"))
+    fg = float(_seconds("import"))
     bg = 0.0
     stop_at = None  # the device's stop, for cut_in: halfway through that phase
     for p in phases:

@@ -1142,7 +1142,7 @@ def call_status(work: Path, phases: list[str], final: bool = False, now_s: int |
                 "rc": rc,
                 "started_s": start,
                 "seconds": seconds,
-            }  # fmt: skip
+            }
         )
     lease, _, call = os.environ.get("SV_LEASE", "").partition(":")
     return {
@@ -1229,7 +1229,7 @@ def summary_markdown(status: dict, problems: list[str]) -> str:
             f"{r['phase']} {r['state']}"
             for r in status["phases"]
             if r["state"] not in ("passed", "failed", "done earlier")
-        )  # fmt: skip
+        )
         if status.get("partial")
         else "Every phase ended."
     )

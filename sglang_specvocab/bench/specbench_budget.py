@@ -11,12 +11,13 @@ first; each decision is printed in one line and kept in the reports (``budget.de
 - while a concurrency is asked, no new turn is asked once the time left is below this server's stop
   (the turns in flight finish); what it left unasked is missing for "time budget".
 
-Estimates, from what this run measured, each the slowest seen (conservative):
+Estimates, from what this run measured:
 
-- a start (launch to healthy, the prompt tokenizer, the warm-up): the longest start so far of a server
-  launched the same way (by ``args``, or reached at its ``url``); before any, ``DEFAULT_START_S`` (launched)
-  or ``DEFAULT_URL_START_S`` (reached);
-- a turn at a concurrency: the largest wall time per turn (a concurrency's wall time / the turns it asked)
+- a start (launch to healthy, the prompt tokenizer, the warm-up): the latest start of a server launched the
+  same way (by ``args``, or reached at its ``url``), not the longest: the first start on a fresh machine pays
+  SGLang's JIT and Triton compiles, which later starts find cached; before any, ``DEFAULT_START_S``
+  (launched) or ``DEFAULT_URL_START_S`` (reached);
+- (the rest, each the slowest seen: conservative) a turn at a concurrency: the largest wall time per turn (a concurrency's wall time / the turns it asked)
   of any server at that concurrency; before any, the largest at any concurrency (a later concurrency, more
   requests in flight, takes no longer per turn); before any turn at all, ``DEFAULT_TURN_OVERHEAD_S`` +
   max_new_tokens / ``DEFAULT_TOKENS_PER_S`` (128 tokens: 7.1 s);
@@ -73,7 +74,7 @@ class Budget:
         """(the estimate, measured?) of a server's start."""
         seen = self.starts[launched]
         if seen:
-            return max(seen), True
+            return seen[-1], True
         return (DEFAULT_START_S if launched else DEFAULT_URL_START_S), False
 
     def turn_s(self, concurrency: int) -> tuple[float, bool]:
