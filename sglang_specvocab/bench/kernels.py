@@ -468,8 +468,10 @@ class Bench:
         self.check_memory(self.need_bytes(case, sets))
         e = self.head_inputs(case, sets)
         head, hot, k = e["head"], e["hot"], case.rows
-        if case.op == "stock":
-            return [(lambda x=x: hb.eagle3_stock(x, head, k, hot)) for x in e["hiddens"]], sets, None
+        if case.op == "stock":  # EAGLE3's step; its topk-1 kernel advances positions and writes the chain
+            pos = torch.zeros(case.M, dtype=torch.int64, device=self.device)
+            chain = torch.zeros(case.M, 2, dtype=torch.int64, device=self.device)
+            return [(lambda x=x: hb.eagle3_stock(x, head, k, hot, pos, chain)) for x in e["hiddens"]], sets, None
         if case.op == "gemma4_mtp":
             if "mtp" not in e:
                 e["mtp"] = hb.Gemma4MTP(head, case.vocab, self.gen)
