@@ -331,3 +331,22 @@ def test_the_topk1_copy_is_sglangs_kernel():
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
 
+
+def test_a_small_d2t_head_rotates_over_weight_slices_so_replays_read_hbm():
+    """EAGLE3's d2t step and our d2t head read another slice of the weight per input set where the head is smaller
+    than 3x the L2 (as the other ops rotate their inputs), so neither is timed from L2."""
+    args = parser().parse_args(["bench", "kernels", "--tiny", "--device", "cpu", "--ops", "head,stock"])
+    bench.resolve(args)
+    timer = bench.make_timer(torch.device("cpu"), 2, 0, 10.0, graph=False)
+    b = bench.Bench(args, torch.device("cpu"), torch.bfloat16, timer, 200_000, torch.Generator().manual_seed(0))
+    stock = bench.Case("stock", "torch", 48, 32, 1, 1, 2048, kind="d2t", d2t_rows=512)
+    calls, sets, _ = b.fns(stock)
+    assert sets == len(calls) == 12 and bench.weight_rows(args, 32) == 2048  # 32 KiB head, 200 KB of "L2": the most
+    heads = b.data[stock.data_key]["heads"]
+    assert len({h.data_ptr() for h in heads}) == 4  # 2048 // 512 slices, in turn
+    p, i = calls[1]()
+    assert p.shape == i.shape == (1, 1)
+    ours = bench.Case("head", "torch", 48, 32, 1, 1, 2048, mode="per-request", kind="d2t", d2t_rows=512)
+    calls, sets, check = b.fns(ours)
+    assert len(calls) == sets and check() < 1e-2
+    assert len({h.weight.data_ptr() for h in b.data[ours.data_key]["last_heads"]}) == min(sets, 4)

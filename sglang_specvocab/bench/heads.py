@@ -118,7 +118,7 @@ class Gemma4MTP:
 
 
 def head_calls(
-    weight: torch.Tensor,
+    weight: torch.Tensor | list[torch.Tensor],
     tables: list[CandidateTable],
     hiddens: list[torch.Tensor],
     plan: str,
@@ -128,12 +128,14 @@ def head_calls(
     V: int,
     C: int,
 ):
-    """One call per input set: our head in ``plan`` (one head per table) and its top-k with probabilities."""
+    """One call per input set: our head in ``plan`` (one head per table, over ``weight`` or its own of a list) and its
+    top-k with probabilities."""
+    weights = weight if isinstance(weight, list) else [weight] * len(tables)
     heads = [
-        DraftHead(weight, t, kernel=kernel, batch=plan, union_capacity=C, hot_token_id=hot, target_vocab_size=V)
-        for t in tables
+        DraftHead(w, t, kernel=kernel, batch=plan, union_capacity=C, hot_token_id=hot, target_vocab_size=V)
+        for w, t in zip(weights, tables, strict=True)
     ]
-    rows = torch.arange(1, tables[0].num_rows, device=weight.device)
+    rows = torch.arange(1, tables[0].num_rows, device=weights[0].device)
     return heads, [(lambda h=h, x=x: h(x, rows).topk_probs(k)) for h, x in zip(heads, hiddens, strict=True)]
 
 
