@@ -27,9 +27,11 @@ cases of which 169 draft-step heads (d 4096, V 128,256, W 3072, batch up to 128,
 is not in the repository): 0.14 s a case; the full sweep of 2,118
 op cases took 190 s there (``benchmarks/kernels-h100-8a4c739.md``, the device-staging notes): 0.09 s a case. The
 lead's cases are no larger than the quick sweep's heads (rows 1 but 4 points, batch <= 32; Gemma's V 262,144 only
-at d 640), so at 0.14-0.2 s a case the lead takes 18-26 s, plus about 5 s of start-up and weights: 25-31 s on an
-H100, inside the 45 s asked for. The rest of the quick sweep (about 300 cases, 40 s) fills what the time budget
-leaves.
+at d 640), so at 0.14-0.2 s a case the lead takes 18-26 s, plus about 5 s of start-up and weights and 3-8 s of
+Triton compiling EAGLE3's topk-1 kernels on a fresh machine (vocabulary and split count are constexpr: one pair per
+head width, 32,768, 128,256 and 262,144 rows; the old quick sweep had no Triton kernel in it): 28-39 s on an H100,
+inside the 45 s asked for. The rest of the quick sweep (about 300 cases, 40 s; the dense static head first, so
+that ``--fit`` has its measurements early) fills what the time budget leaves.
 """
 
 from __future__ import annotations
@@ -267,8 +269,8 @@ def window_backends(args: argparse.Namespace) -> list[str]:
 
 def expand(args: argparse.Namespace) -> list[Case]:
     """Every case of the sweep, in the order it runs: the lead (the lease preset's), then window updates, top-k, per d
-    (target d first) indexed / packed / index_select for each (W, rows, batch), the dense heads, the draft-step
-    heads; a case already in the lead is not repeated."""
+    (target d first) the dense static head, indexed / packed / index_select for each (W, rows, batch), the dense full
+    heads, then the draft-step heads; a case already in the lead is not repeated."""
     cases = lead_cases(args)
     seen = set(cases)
     cases.extend(c for c in _sweep(args) if c not in seen)
@@ -292,6 +294,10 @@ def _sweep(args: argparse.Namespace) -> list[Case]:
                 cases.append(Case("topk_stock", "torch", W, None, n, 1))
     dims = sorted(args.dims, key=lambda d: (d != args.target_d, d))
     for d in dims:
+        if "dense_static" in sel:  # first: with a few indexed cases, what --fit needs, early in a cut-short run
+            for r in args.rows:
+                for b in args.batches:
+                    cases.append(Case("dense_static", "torch", args.dense_width, d, r, b, args.dense_width))
         for W in args.widths:
             for r in args.rows:
                 for b in args.batches:
@@ -300,10 +306,6 @@ def _sweep(args: argparse.Namespace) -> list[Case]:
                             cases.extend(Case(op, be, W, d, r, b, args.index_vocab) for be in args.backends)
                     if "index_select_matmul" in sel:
                         cases.append(Case("index_select_matmul", "torch", W, d, r, b, args.index_vocab))
-        if "dense_static" in sel:
-            for r in args.rows:
-                for b in args.batches:
-                    cases.append(Case("dense_static", "torch", args.dense_width, d, r, b, args.dense_width))
         if "dense_full" in sel:
             for V in args.full_vocabs:
                 for r in args.rows:

@@ -72,7 +72,7 @@ Presets: --tiny (CPU, seconds), --quick (the headline shapes), --lease (one GPU 
 the head step at d 4096 W 3072 batch 1, then Gemma-3 270M's shape (d 640, V 262144) and d 4096
 (V 128256) at W 1024/2048/3072, batch 1/8/12/16/32, both kinds, rows 1 (rows 10 at W 3072 batch 1),
 per-request and auto's plan, EAGLE3's step; then the window update at batch 64; then the quick sweep while
---time-budget-s lasts; 129-131 cases before the quick sweep, estimated 25-31 s on an H100),
+--time-budget-s lasts; 129-131 cases before the quick sweep, estimated 28-39 s on an H100),
 else the full sweep.
 
 A configuration that does not fit memory, or a backend that is unavailable or raises
