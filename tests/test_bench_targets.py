@@ -241,7 +241,7 @@ def test_sigterm_ends_the_run_with_the_partial_results_saved(tmp_path):
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 143, stderr
     res = json.loads(out.read_text())
-    assert res["partial"] is True and res["progress"]["why"] == "not run: terminated (SIGTERM)"
+    assert res["partial"] is True and res["progress"]["why"] == "terminated (SIGTERM)"
     not_run = [r for r in res["records"] if r.get("not_run")]
     assert not_run and res["progress"]["not_run"] == len(not_run) and len(res["records"]) == res["progress"]["cases"]
     assert res["versions"]["git"] == "abc1234-dirty" and res["versions"]["git_source"] == "SV_GIT"

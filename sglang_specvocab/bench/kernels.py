@@ -676,7 +676,7 @@ def _finish(args: argparse.Namespace, result: dict, cases: list[Case], out: Path
     """The last save: the cases not reached recorded as not run (with ``why``), the plots."""
     if why is not None:
         done = len(result["records"])
-        result["records"].extend(not_run(args, c, f"not run: {why}") for c in cases[done:])
+        result["records"].extend(not_run(args, c, why) for c in cases[done:])
     save_progress(args, result, cases, out, final=True)
 
 
