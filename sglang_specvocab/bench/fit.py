@@ -18,6 +18,7 @@ predicts with, so the fit and the prediction cannot drift apart.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -149,6 +150,9 @@ def _model_key(name: str) -> str:
 
 
 def _git() -> str | None:
+    """The revision that made the fit: ``$SV_GIT`` where a lease set it (its checkout has no .git), else git's."""
+    if os.environ.get("SV_GIT"):
+        return os.environ["SV_GIT"]
     root = Path(__file__).resolve().parents[2]
     try:
         cmd = ["git", "-C", str(root), "rev-parse", "--short", "HEAD"]

@@ -5,12 +5,17 @@ Per (d, V, draft kind, rows per request, batch) the sweep times, on the same inp
 - ``head`` (our ``DraftHead`` call and its top-k with probabilities, what the server runs per draft step), once per
   plan: ``per-request``, ``union-indexed``, ``union-gemm``, ``stock``; the plan ``auto`` picks for the shape (the cost
   model of this device, ``headcost.costs_for``) is recorded on every record as ``auto_mode``;
-- ``stock``: EAGLE3's own draft head step in SGLang: the dense GEMM over the draft's rows, the logits in fp32, softmax,
-  top-k (``torch.max`` for k = 1) and for a d2t draft the ``hot_token_id`` remap;
+- ``stock``: EAGLE3's own draft head step in SGLang 0.5.23 (``EagleDraftWorker.draft_forward``, ``eagle_worker_v2.py``):
+  the dense GEMM over the draft's rows in the weight's dtype, the logits cast to fp32 (``LogitsProcessor._get_logits``),
+  then for topk > 1 ``renorm_draft_probs`` (SGLang's sampling softmax: ``torch.softmax`` on every GPU but SM 10.3) and
+  ``fast_topk`` (``torch.topk``); for topk = 1 on CUDA the Triton split argmax ``draft_topk1_postprocess`` (no
+  softmax; it advances ``positions`` and, for a full draft, writes the chain buffer; copied in ``eagle3_topk1.py``),
+  ``torch.argmax`` on a CPU; for a d2t draft the ``hot_token_id`` remap. Where ``auto`` picks the plan ``stock`` the
+  server runs this code path (``integration/logits.py``), so the reports take auto's time there from this op;
 - ``gemma4_mtp`` (full kind): the Gemma-4 MTP assistant's centroid head as SGLang 0.5.23 describes it, written from
   that description: per hidden row, centroid scores ``[N, 2048]``, their top 32 clusters, the rows of those clusters
   gathered per row (``32 x V/2048`` = 4096 of 262,144 tokens), one batched GEMV, the logits scattered into a
-  full-vocabulary tensor filled with the dtype's minimum / 2, then the same softmax and top-k as the stock step.
+  full-vocabulary tensor filled with the dtype's minimum / 2, then the same draft top-k as the stock step.
 
 Draft kinds: ``d2t`` (a stock EAGLE-3 checkpoint: a 32,768-row head and its d2t map into V) and ``full`` (a head over
 all V ids). Sets are full (``cnt = W``); a batch's sets are W-id subsets of one pool of ``ratio(bs) * W`` ids (the lab's
@@ -52,13 +57,41 @@ def make_tables(
     return out
 
 
-def eagle3_stock(hidden: torch.Tensor, weight: torch.Tensor, k: int, hot: torch.Tensor | None):
-    """EAGLE3's draft head step in SGLang: logits, fp32, softmax (renorm_draft_probs), fast_topk, d2t remap."""
-    probs = torch.softmax((hidden @ weight.T).float(), dim=-1)
-    if k == 1:
-        p, i = probs.max(dim=-1, keepdim=True)
+def eagle3_stock(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    k: int,
+    hot: torch.Tensor | None,
+    positions: torch.Tensor | None = None,
+    chain: torch.Tensor | None = None,
+):
+    """EAGLE3's draft head step in SGLang 0.5.23 (see the module doc): logits, fp32, then softmax + ``torch.topk``
+    (k > 1) or the split argmax (k = 1; ``positions [N]`` int64 advanced, ``chain [N, >= 2]`` int64 written in column 1
+    for a full draft), then the d2t remap."""
+    return eagle3_topk((hidden @ weight.T).float(), k, hot, positions, chain)
+
+
+def eagle3_topk(
+    logits: torch.Tensor,
+    k: int,
+    hot: torch.Tensor | None,
+    positions: torch.Tensor | None = None,
+    chain: torch.Tensor | None = None,
+):
+    """EAGLE3's draft top-k of fp32 logits ``[N, H]`` (``eagle3_stock`` after the GEMM)."""
+    if k > 1:
+        p, i = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
+    elif logits.is_cuda:
+        from .eagle3_topk1 import draft_topk1_postprocess  # Triton: GPU only
+
+        if positions is None:
+            positions = torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device)
+        p, i = draft_topk1_postprocess(logits, positions, chain if hot is None else None, 1)
     else:
-        p, i = probs.topk(k, dim=-1)
+        i = torch.argmax(logits, dim=-1, keepdim=True)
+        p = torch.ones_like(i, dtype=torch.float32)
+        if positions is not None:
+            positions.add_(1)
     return p, (hot[i] if hot is not None else i)
 
 
@@ -81,12 +114,11 @@ class Gemma4MTP:
         idx = self.ordering.view(MTP_CLUSTERS, self.vpc)[top].reshape(N, -1)
         full = torch.full((N, self.V), torch.finfo(logits.dtype).min / 2, dtype=logits.dtype, device=logits.device)
         full.scatter_(1, idx, logits)
-        probs = torch.softmax(full.float(), dim=-1)
-        return probs.max(dim=-1, keepdim=True) if k == 1 else probs.topk(k, dim=-1)
+        return eagle3_topk(full.float(), k, None)
 
 
 def head_calls(
-    weight: torch.Tensor,
+    weight: torch.Tensor | list[torch.Tensor],
     tables: list[CandidateTable],
     hiddens: list[torch.Tensor],
     plan: str,
@@ -96,12 +128,14 @@ def head_calls(
     V: int,
     C: int,
 ):
-    """One call per input set: our head in ``plan`` (one head per table) and its top-k with probabilities."""
+    """One call per input set: our head in ``plan`` (one head per table, over ``weight`` or its own of a list) and its
+    top-k with probabilities."""
+    weights = weight if isinstance(weight, list) else [weight] * len(tables)
     heads = [
-        DraftHead(weight, t, kernel=kernel, batch=plan, union_capacity=C, hot_token_id=hot, target_vocab_size=V)
-        for t in tables
+        DraftHead(w, t, kernel=kernel, batch=plan, union_capacity=C, hot_token_id=hot, target_vocab_size=V)
+        for w, t in zip(weights, tables, strict=True)
     ]
-    rows = torch.arange(1, tables[0].num_rows, device=weight.device)
+    rows = torch.arange(1, tables[0].num_rows, device=weights[0].device)
     return heads, [(lambda h=h, x=x: h(x, rows).topk_probs(k)) for h, x in zip(heads, hiddens, strict=True)]
 
 

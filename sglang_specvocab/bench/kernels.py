@@ -1,9 +1,12 @@
-"""``sglang-specvocab bench kernels``: the head ops (indexed / packed logits, window update) against torch
-and the dense heads, over a grid of shapes (``GRIDS``: data, one preset each).
+"""``sglang-specvocab bench kernels``: the head ops (indexed / packed logits, window update), the draft head step
+against EAGLE3's, over a grid of shapes (``kernels_sweep.GRIDS``: data, one preset each; ``--lease``: the targets'
+cases first).
 
-Each case is checked against an fp32 oracle, timed with ``timing.make_timer`` and rated against the
-bandwidth ideal; ``kernels_report`` writes the JSON, Markdown and plot. The options and the method
-are in ``sglang-specvocab bench kernels --help``.
+Each case is checked against an fp32 oracle, timed with ``timing.make_timer`` and rated against the bandwidth ideal;
+``kernels_report`` writes the JSON, Markdown and plot, ``kernels_targets`` judges the targets. The results are saved
+as the sweep goes (every few seconds, each file written whole), each save with the targets on what was measured so
+far (``partial`` until the sweep ends); SIGTERM ends the run with the results saved. The options and the method are
+in ``sglang-specvocab bench kernels --help``.
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -25,8 +30,20 @@ import torch
 from .. import headcost, ops
 from ..errors import SpecVocabError
 from . import heads as hb
-from .heads import D2T_ROWS, HEAD_PLANS
 from .kernels_report import HEAD_OPS, OURS, TOPK_OPS, bandwidth_fields, default_peak, save
+from .kernels_sweep import (  # noqa: F401 (the sweep's names, also read from here)
+    DTYPES,
+    GRIDS,
+    TOPK_K,
+    Case,
+    auto_plan_of,
+    case_bytes,
+    expand,
+    head_bytes,
+    resolve,
+    union_columns,
+    weight_rows,
+)
 from .timing import Timing, make_timer, summarize
 
 ROOT = Path(__file__).resolve().parents[2]  # the source checkout: its git revision goes into the results
@@ -38,230 +55,9 @@ except ImportError:  # progress bars are a convenience only
 
 SCHEMA = "bench_kernels/1"
 _NOT_CONFIG = ("out", "command", "command_line", "bench")  # argument namespace entries that are not settings
-
-# -- the sweep ---------------------------------------------------------------------------------
-
-TOPK_K = 4  # the draft tree's top-k of the top-k cases
-
-GRIDS = {
-    # the whole sweep: every W, d, rows and batch of interest
-    "full": {
-        "widths": [512, 1024, 2048, 3072, 4096, 8192, 16384, 32768],
-        "dims": [640, 2048, 4096, 5120],
-        "rows": [1, 4, 10],
-        "batches": [1, 8, 32, 64],
-        "full_vocabs": [128256, 151936, 262144],
-        "index_vocab": 128256,
-        "dense_width": 32768,
-        "window_batches": [1, 8, 64],
-        "capacity": 3072,
-        "draft_tokens": 4,
-        "topk_ids": 15,
-        "target_widths": [2048, 3072],
-        "target_d": 4096,
-        "target_window_batch": 64,
-        "copy_mb": 2048,
-        "head_dims": [640, 4096, 5120],
-        "head_batches": [1, 8, 32, 64, 128],
-        "head_width": 3072,
-        "head_kinds": ["d2t", "full"],
-        "d2t_rows": D2T_ROWS,
-        "topk_widths": [3072, 16384, 49152, 262144],
-        "topk_rows": [1, 4, 40, 256],
-    },
-    # a first look: exactly the headline (target) shapes, one full head
-    "quick": {
-        "widths": [2048, 3072],
-        "dims": [4096],
-        "rows": [1, 4, 10],
-        "batches": [1, 8, 32, 64],
-        "full_vocabs": [128256],
-        "window_batches": [1, 8, 64],
-        "head_dims": [4096],
-        "topk_widths": [3072, 49152],
-        "topk_rows": [4, 40],
-    },
-    # seconds on a CPU: for the test and a sanity run
-    "tiny": {
-        "widths": [64, 128],
-        "dims": [32],
-        "rows": [1, 2],
-        "batches": [1, 2],
-        "full_vocabs": [2048],
-        "index_vocab": 1024,
-        "dense_width": 256,
-        "window_batches": [1, 2],
-        "capacity": 64,
-        "draft_tokens": 4,
-        "topk_ids": 6,
-        "target_widths": [64, 128],
-        "target_d": 32,
-        "target_window_batch": 2,
-        "copy_mb": 8,
-        "head_dims": [32],
-        "head_batches": [1, 3],
-        "head_width": 48,
-        "d2t_rows": 512,
-        "topk_widths": [48, 300],
-        "topk_rows": [1, 3],
-    },
-}
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 CHECK_TOL = {"bf16": 5e-3, "fp16": 5e-3, "fp32": 1e-4}  # relative error of our output vs an fp32 oracle
 CHECK_MAX_ELEMENTS = 1 << 27  # skip the oracle where the fp32 gather would exceed this many elements
-
-
-def resolve(args) -> None:
-    """Fill the sweep from the preset (``--tiny``/``--quick``, else the full grid) where no shape option
-    was given, and the device and backends from what this machine has."""
-    preset = "tiny" if args.tiny else "quick" if args.quick else "full"
-    merged = dict(GRIDS["full"])
-    merged.update(GRIDS[preset])
-    for key, value in merged.items():
-        if getattr(args, key, None) is None:
-            setattr(args, key, value)
-    args.preset = preset
-    if args.device is None:
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.backends is None:
-        args.backends = ["cuda", "triton"] if args.device.startswith("cuda") else ["cuda", "triton", "torch"]
-    if getattr(args, "head_kernel", None) is None:
-        args.head_kernel = ops.resolve("auto", torch.device(args.device), "indexed_logits")  # what the server runs
-
-
-@dataclass(frozen=True)
-class Case:
-    """One timing: (op, backend, W, d, rows, batch); ``vocab`` = weight rows the op sees."""
-
-    op: str
-    backend: str
-    W: int
-    d: int | None
-    rows: int | None
-    batch: int
-    vocab: int | None = None
-    block: int | None = None  # window_update: entries per verify block
-    mode: str | None = None  # head: the plan (per-request, union-indexed, union-gemm, stock)
-    kind: str | None = None  # head ops: the draft kind, d2t (a 32k head) or full (V rows)
-    d2t_rows: int = D2T_ROWS  # head ops: the rows of a d2t draft's head
-
-    @property
-    def M(self) -> int | None:
-        return None if self.rows is None else self.rows * self.batch
-
-    @property
-    def H(self) -> int | None:
-        """Head ops: the draft head's rows."""
-        return None if self.kind is None else self.d2t_rows if self.kind == "d2t" else self.vocab
-
-    @property
-    def data_key(self) -> tuple:
-        """Cases with one data key share their inputs (ids, hidden rows, packed rows; a head shape's tables)."""
-        if self.op in HEAD_OPS:
-            return ("head", self.W, self.d, self.rows, self.batch, self.vocab, self.kind)
-        return (self.W, self.d, self.rows, self.batch) if self.op in (*OURS, "index_select_matmul") else (self.op, self)
-
-
-def expand(args: argparse.Namespace) -> list[Case]:
-    """Every case of the sweep, in the order it runs: window updates, then per d (target d first)
-    indexed / packed / index_select for each (W, rows, batch), then the dense heads."""
-    cases: list[Case] = []
-    sel = set(args.ops)
-    if "window_update" in sel:
-        n = args.draft_tokens + args.topk_ids
-        for b in args.window_batches:
-            for be in args.backends:
-                cases.append(Case("window_update", be, args.capacity, None, None, b, args.index_vocab, n))
-    for W in args.topk_widths if sel & set(TOPK_OPS) else ():
-        for n in args.topk_rows:
-            if "topk" in sel:
-                backends = dict.fromkeys(b for b in (*args.backends, "torch") if b != "triton")  # no Triton top-k
-                cases.extend(Case("topk", be, W, None, n, 1) for be in backends)
-            if "topk_stock" in sel:
-                cases.append(Case("topk_stock", "torch", W, None, n, 1))
-    dims = sorted(args.dims, key=lambda d: (d != args.target_d, d))
-    for d in dims:
-        for W in args.widths:
-            for r in args.rows:
-                for b in args.batches:
-                    for op in OURS:
-                        if op in sel:
-                            cases.extend(Case(op, be, W, d, r, b, args.index_vocab) for be in args.backends)
-                    if "index_select_matmul" in sel:
-                        cases.append(Case("index_select_matmul", "torch", W, d, r, b, args.index_vocab))
-        if "dense_static" in sel:
-            for r in args.rows:
-                for b in args.batches:
-                    cases.append(Case("dense_static", "torch", args.dense_width, d, r, b, args.dense_width))
-        if "dense_full" in sel:
-            for V in args.full_vocabs:
-                for r in args.rows:
-                    for b in args.batches:
-                        cases.append(Case("dense_full", "torch", V, d, r, b, V))
-    if sel & set(HEAD_OPS):
-        for d in sorted(args.head_dims, key=lambda d: (d != args.target_d, d)):
-            for V in args.full_vocabs:
-                for kind in args.head_kinds:
-                    for r in args.rows:
-                        for b in args.head_batches:
-                            W, H2 = args.head_width, args.d2t_rows
-                            if "stock" in sel:
-                                cases.append(Case("stock", "torch", W, d, r, b, V, kind=kind, d2t_rows=H2))
-                            if "head" in sel:
-                                cases.extend(
-                                    Case("head", args.head_kernel, W, d, r, b, V, mode=m, kind=kind, d2t_rows=H2)
-                                    for m in HEAD_PLANS
-                                )
-                            if "gemma4_mtp" in sel and kind == "full":
-                                cases.append(Case("gemma4_mtp", "torch", W, d, r, b, V, kind=kind, d2t_rows=H2))
-    return cases
-
-
-def weight_rows(args: argparse.Namespace) -> int:
-    """Rows of the one weight allocated per d: every op's vocabulary is a prefix of it."""
-    need = [args.index_vocab] if set(args.ops) & {*OURS, "index_select_matmul"} else []
-    if set(args.ops) & set(HEAD_OPS):
-        need.extend(args.full_vocabs)
-    if "dense_static" in args.ops:
-        need.append(args.dense_width)
-    if "dense_full" in args.ops:
-        need.extend(args.full_vocabs)
-    return max(need, default=0)
-
-
-# -- bandwidth math ----------------------------------------------------------------------------
-
-
-def case_bytes(case: Case, elem: int) -> int:
-    """The bytes the op must move at the least (rows read once)."""
-    if case.op == "window_update":
-        # ring row read, table row written, the block read (int32 each)
-        return case.batch * ((case.W + 1) * 4 + case.W * 4 + (case.block or 0) * 4)
-    if case.op in ("dense_static", "dense_full"):
-        return case.W * case.d * elem
-    if case.op in HEAD_OPS:
-        return head_bytes(case, elem)
-    if case.op in TOPK_OPS:
-        return case.M * case.W * 4  # the fp32 logits read once
-    return case.batch * case.W * case.d * elem
-
-
-def union_columns(case: Case) -> int:
-    """The union head's columns for a head case: the config's default (16 sets, at most the head's rows)."""
-    return min(max(case.W, 16 * case.W), case.H)
-
-
-def head_bytes(case: Case, elem: int) -> int:
-    """Head rows a head op must read at the least: per plan (the expected union for a union), the stock head's H,
-    the Gemma-4 MTP head's gathered rows."""
-    if case.op == "stock":
-        return case.H * case.d * elem
-    if case.op == "gemma4_mtp":
-        per = case.vocab // hb.MTP_CLUSTERS
-        return case.M * hb.MTP_TOP * per * case.d * elem + hb.MTP_CLUSTERS * case.d * elem
-    U = hb.pool_size(case.batch, case.W, case.H, headcost.shipped_union_sizes())
-    return int(hb.expected_bytes(case.mode, case.batch, case.W, case.d, case.H, U, union_columns(case), elem))
+SAVE_EVERY_S = 5.0  # a save at least this often while the sweep runs (and at every change of d)
 
 
 # -- inputs ------------------------------------------------------------------------------------
@@ -297,6 +93,8 @@ class Bench:
     timer: Callable[[list[Callable[[], object]]], Timing]
     l2_bytes: int | None
     gen: torch.Generator
+    avail: list[str] | None = None  # ops.available_backends here (None: see avail_err)
+    avail_err: str | None = None
     weights: dict = field(default_factory=dict)  # d -> [Vmax, d] weight
     data: dict = field(default_factory=dict)  # the current data key -> its inputs
 
@@ -348,7 +146,7 @@ class Bench:
             self.data.clear()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-            V = weight_rows(self.args)
+            V = weight_rows(self.args, d)
             w = torch.randn(V, d, generator=self.gen, device=self.device, dtype=torch.float32).to(self.dtype)
             self.weights[d] = w.mul_(0.05)
         return self.weights[d]
@@ -397,7 +195,9 @@ class Bench:
         if case.op in ("dense_static", "dense_full"):
             sets = 1
             if case.op == "dense_static":
-                sets = min(cold_sets(nbytes, self.l2_bytes, self.args.hot), max(1, weight_rows(self.args) // case.W))
+                sets = min(
+                    cold_sets(nbytes, self.l2_bytes, self.args.hot), max(1, weight_rows(self.args, case.d) // case.W)
+                )
             self.check_memory(self.need_bytes(case, sets))
             w = self.weight(case.d)
             hidden = torch.randn(sets, case.M, case.d, generator=self.gen, device=self.device).to(self.dtype)
@@ -450,14 +250,17 @@ class Bench:
         w = self.weight(case.d)
         H, V, dev = case.H, case.vocab, self.device
         if case.kind == "d2t":
+            # a d2t head is small (42 MB at d 640): the sets rotate over other row slices of the weight as well, so
+            # a replay reads it from HBM, not L2 (EAGLE3's step and ours alike)
             hot = torch.randperm(V, generator=self.gen, device=dev)[:H]
-            head, space = w[:H], hot
+            n = max(1, min(sets, w.shape[0] // H))
+            heads, space = [w[(i % n) * H : (i % n + 1) * H] for i in range(sets)], hot
         else:
-            hot, head, space = None, w[:V], torch.arange(V, device=dev)
+            hot, heads, space = None, [w[:V]] * sets, torch.arange(V, device=dev)
         pool = hb.pool_size(case.batch, case.W, H, headcost.shipped_union_sizes())
         tables = hb.make_tables(case.batch, case.W, space, pool, sets, self.gen, dev)
         hidden = torch.randn(sets, case.M, case.d, generator=self.gen, device=dev).to(self.dtype)
-        entry = {"head": head, "hot": hot, "tables": tables, "hiddens": list(hidden), "pool": pool}
+        entry = {"head": heads[0], "heads": heads, "hot": hot, "tables": tables, "hiddens": list(hidden), "pool": pool}
         self.data = {key: entry}
         return entry
 
@@ -468,17 +271,21 @@ class Bench:
         self.check_memory(self.need_bytes(case, sets))
         e = self.head_inputs(case, sets)
         head, hot, k = e["head"], e["hot"], case.rows
-        if case.op == "stock":
-            return [(lambda x=x: hb.eagle3_stock(x, head, k, hot)) for x in e["hiddens"]], sets, None
+        heads, hiddens = e["heads"][:sets], e["hiddens"][:sets]
+        if case.op == "stock":  # EAGLE3's step; its topk-1 kernel advances positions and writes the chain
+            pos = torch.zeros(case.M, dtype=torch.int64, device=self.device)
+            chain = torch.zeros(case.M, 2, dtype=torch.int64, device=self.device)
+            calls = [(lambda x=x, h=h: hb.eagle3_stock(x, h, k, hot, pos, chain)) for x, h in zip(hiddens, heads)]
+            return calls, sets, None
         if case.op == "gemma4_mtp":
             if "mtp" not in e:
                 e["mtp"] = hb.Gemma4MTP(head, case.vocab, self.gen)
             mtp = e["mtp"]
             return [(lambda x=x: mtp(x, k)) for x in e["hiddens"]], sets, None
-        heads, calls = hb.head_calls(
-            head, e["tables"], e["hiddens"], case.mode, k, case.backend, hot, case.vocab, union_columns(case)
+        ours, calls = hb.head_calls(
+            heads, e["tables"][:sets], hiddens, case.mode, k, case.backend, hot, case.vocab, union_columns(case)
         )
-        e["last_heads"] = heads
+        e["last_heads"] = ours
 
         def check() -> float | None:
             """Relative error of the top-k probabilities against the torch head of the same plan."""
@@ -486,7 +293,7 @@ class Bench:
                 return None
             got = calls[0]()[0]
             ref = hb.head_calls(
-                head, e["tables"][:1], e["hiddens"][:1], case.mode, k, "torch", hot, case.vocab, union_columns(case)
+                heads[:1], e["tables"][:1], hiddens[:1], case.mode, k, "torch", hot, case.vocab, union_columns(case)
             )[1][0]()[0]
             return float((got - ref).norm() / ref.norm().clamp_min(1e-30))
 
@@ -507,7 +314,7 @@ class Bench:
     def window_fns(self, case: Case) -> tuple[list[Callable[[], object]], int, None]:
         fn = _op("window_update")
         cap, B, n, V = case.W, case.batch, case.block, case.vocab
-        R = max(self.args.window_batches)
+        R = max(B, *self.args.window_batches)
         dev = self.device
         # Steady state: a full ring (the stream has wrapped), a published table.
         ring = torch.randint(0, V, (R, cap + 1), generator=self.gen, device=dev, dtype=torch.int32)
@@ -556,12 +363,14 @@ def _run_text(cmd: list[str]) -> str | None:
         return None
 
 
-def environment(device: torch.device) -> dict:
+def environment(device: torch.device, git: str | None = None) -> dict:
+    """The device (its name as ``torch.cuda.get_device_name`` gives it: what ``headcost.costs_for`` matches) and the
+    versions; the checkout's revision from ``git_revision``."""
     dev: dict = {"type": device.type}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         dev.update(
-            name=props.name,
+            name=torch.cuda.get_device_name(device),
             capability=f"{props.major}.{props.minor}",
             sm_count=props.multi_processor_count,
             memory_bytes=props.total_memory,
@@ -579,16 +388,31 @@ def environment(device: torch.device) -> dict:
         triton_version = triton.__version__
     except Exception:  # noqa: BLE001 (absent or broken: recorded as unknown)
         triton_version = None
-    git = _run_text(["git", "-C", str(ROOT), "rev-parse", "HEAD"])
-    dirty = _run_text(["git", "-C", str(ROOT), "status", "--porcelain"])
+    rev, source = git_revision(git)
     versions = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "triton": triton_version,
-        "git": None if git is None else git + ("+dirty" if dirty else ""),
+        "git": rev,
+        "git_source": source,
     }
     return {"device": dev, "versions": versions}
+
+
+def git_revision(option: str | None = None) -> tuple[str | None, str]:
+    """The checkout's revision and where it came from: ``--git REV``, else ``$SV_GIT`` (a lease's command sets it to
+    ``git describe --always --dirty`` of the checkout it staged: the GPU machine's copy has no .git), else git itself
+    (``rev-parse HEAD``, ``+dirty`` with uncommitted changes), else None."""
+    if option:
+        return option, "--git"
+    if os.environ.get("SV_GIT"):
+        return os.environ["SV_GIT"], "SV_GIT"
+    git = _run_text(["git", "-C", str(ROOT), "rev-parse", "HEAD"])
+    if git is None:
+        return None, "unknown: no --git, no SV_GIT, no git checkout"
+    dirty = _run_text(["git", "-C", str(ROOT), "status", "--porcelain"])
+    return git + ("+dirty" if dirty else ""), "git rev-parse"
 
 
 def device_slug(env: dict) -> str:
@@ -629,16 +453,22 @@ def record_of(case: Case, **extra) -> dict:
     return rec
 
 
+def head_fields(args: argparse.Namespace, case: Case) -> dict:
+    """A head op's plan ``auto`` picks for its shape on this device and the pool its sets are drawn from."""
+    if case.op not in HEAD_OPS:
+        return {}
+    return {
+        "auto_mode": auto_plan_of(args, case.W, case.d, case.rows, case.batch, case.vocab, case.kind),
+        "pool": hb.pool_size(case.batch, case.W, case.H, headcost.shipped_union_sizes()),
+    }
+
+
 def run_case(bench: Bench, case: Case, avail: list[str] | None, avail_err: str | None, result: dict) -> dict:
     rec = _run_case(bench, case, avail, avail_err, result)
-    if case.op in HEAD_OPS:
-        rec["auto_mode"] = hb.auto_plan(
-            case.batch, case.rows, case.W, case.d, case.H, case.vocab, union_columns(case), bench.elem, bench.device
-        )
-        rec["pool"] = hb.pool_size(case.batch, case.W, case.H, headcost.shipped_union_sizes())
-        heads = bench.data.get(case.data_key, {}).get("last_heads")
-        if case.op == "head" and case.mode.startswith("union") and heads and heads[0].union_ids is not None:
-            rec["union"] = int((heads[0].union_ids >= 0).sum())  # measured after timing: one host read
+    rec.update(head_fields(bench.args, case))
+    heads = bench.data.get(case.data_key, {}).get("last_heads")
+    if case.op == "head" and case.mode.startswith("union") and heads and heads[0].union_ids is not None:
+        rec["union"] = int((heads[0].union_ids >= 0).sum())  # measured after timing: one host read
     return rec
 
 
@@ -688,9 +518,52 @@ def _run_case(bench: Bench, case: Case, avail: list[str] | None, avail_err: str 
     return rec
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived: the sweep stops where it is and the run ends with its results saved."""
+
+
+def _terminate(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: the save that follows must finish
+    raise Terminated
+
+
 def run(args) -> int:
-    """``sglang-specvocab bench kernels``: the sweep, saved as it goes; 1 if an output check failed."""
+    """``sglang-specvocab bench kernels``: the sweep, saved as it goes; 1 if an output check failed, 143 after a
+    SIGTERM, 130 after Ctrl-C (the results saved either way)."""
     started = time.perf_counter()
+    bench, result, cases, out = _setup(args)
+    try:
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not the main thread: no handler, SIGTERM keeps its default
+        previous = None
+    why = None
+    try:
+        _sweep(bench, result, cases, out, started)
+    except Terminated:
+        why = "terminated (SIGTERM)"
+    except KeyboardInterrupt:
+        why = "interrupted (Ctrl-C)"
+    except BaseException as exc:
+        why = f"stopped by {type(exc).__name__}: {exc}"[:200]
+        raise
+    finally:
+        _finish(args, result, cases, out, why)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    if args.fit:
+        _fit(result, out)
+    md = out.with_suffix(".md").read_text()
+    print(md.split("## Skipped")[0].rstrip())
+    print(f"\nwrote {out} and {out.with_suffix('.md').name}" + (f", {result['plot']}" if result.get("plot") else ""))
+    if why is not None:
+        print(f"bench_kernels: {why}; the results above hold what was measured", file=sys.stderr)
+        return 143 if why.startswith("terminated") else 130
+    wrong = [r for r in result["records"] if r.get("check", "").startswith("FAILED")]
+    return 1 if wrong else 0
+
+
+def _setup(args) -> tuple[Bench, dict, list[Case], Path]:
+    """The device, the environment, the bandwidth and launch measurements, the result's skeleton and the cases."""
     resolve(args)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -701,7 +574,7 @@ def run(args) -> int:
         torch.cuda.set_device(device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    env = environment(device)
+    env = environment(device, getattr(args, "git", None))
     out = args.out or Path("benchmarks") / f"kernels-{device_slug(env)}.json"
     torch.manual_seed(args.seed)
     gen = torch.Generator(device=device)
@@ -717,6 +590,7 @@ def run(args) -> int:
     copy = measure_copy(bench)
     launch = measure_launch(bench)
     config = {k: v for k, v in vars(args).items() if k not in _NOT_CONFIG and not callable(v)}
+    cases = expand(args)
     result = {
         "schema": SCHEMA,
         "cpu": device.type == "cpu",
@@ -730,26 +604,34 @@ def run(args) -> int:
         if device.type == "cuda"
         else headcost.fallback_costs(device.type).to_json(),
         "union_sizes": headcost.shipped_union_sizes().to_json(),
+        "partial": True,
+        "progress": {"cases": len(cases), "done": 0, "not_run": len(cases), "why": None},
         "records": [],
         "targets": [],
     }
     avail, avail_err = available_backends(device)
-    result["available_backends"] = avail
-    cases = expand(args)
+    result["available_backends"] = bench.avail = avail
+    bench.avail_err = avail_err
     print(
         f"bench_kernels: {len(cases)} cases on {env['device'].get('name')} ({args.preset} sweep); "
         f"backends available: {avail if avail is not None else avail_err}; "
         f"copy {copy['copy_Bps'] / 1e9:.0f} GB/s; peak {peak and peak / 1e9} GB/s ({source}); out {out}",
         flush=True,
     )
+    return bench, result, cases, out
+
+
+def _sweep(bench: Bench, result: dict, cases: list[Case], out: Path, started: float) -> None:
+    """Run the cases in order, one record each; save every ``SAVE_EVERY_S`` seconds and at every change of d."""
+    args = bench.args
     bar = None
     if tqdm is not None and not args.no_progress:
         bar = tqdm(total=len(cases), unit="case", desc="bench", mininterval=2.0, file=sys.stderr)
     last_d, last_save = object(), time.perf_counter()
     try:
-        for case in cases:
-            if result["records"] and (case.d != last_d or time.perf_counter() - last_save > 60):
-                save(result, out, with_plot=False)  # a run cut short keeps what it measured
+        for i, case in enumerate(cases):
+            if result["records"] and (case.d != last_d or time.perf_counter() - last_save > SAVE_EVERY_S):
+                save_progress(args, result, cases, out)  # a run cut short keeps what it measured
                 last_save = time.perf_counter()
             last_d = case.d
             if bar is not None:
@@ -758,25 +640,56 @@ def run(args) -> int:
                 )
             if args.time_budget_s is not None and time.perf_counter() - started > args.time_budget_s:
                 why = f"time budget reached (--time-budget-s {args.time_budget_s:g})"
-                result["records"].append(record_of(case, status="skipped", reason=why))
-            else:
-                result["records"].append(run_case(bench, case, avail, avail_err, result))
+                result["records"].extend(not_run(args, c, why) for c in cases[i:])
+                break
+            result["records"].append(run_case(bench, case, bench.avail, bench.avail_err, result))
             if bar is not None:
                 bar.update()
     finally:
         if bar is not None:
             bar.close()
-        save(result, out, with_plot=not args.no_plot)
-        out.write_text(json.dumps(result, indent=1, allow_nan=False) + "\n")  # with the plot's name
-    if args.fit:
-        from .fit import fit  # the fit of this run's measurements
 
+
+def not_run(args: argparse.Namespace, case: Case, why: str) -> dict:
+    """The record of a case the run did not reach (time budget, SIGTERM): skipped, ``not_run``."""
+    return record_of(case, status="skipped", reason=why, not_run=True, **head_fields(args, case))
+
+
+def save_progress(args: argparse.Namespace, result: dict, cases: list[Case], out: Path, final: bool = False) -> None:
+    """Save what was measured: the targets on it and on the cases still to run (``pending``), ``partial`` while
+    any case has no record or was not run; the plots with the ``final`` save."""
+    done = len(result["records"])
+    skipped = sum(bool(r.get("not_run")) for r in result["records"])
+    pending = [record_of(c, status="pending", **head_fields(args, c)) for c in cases[done:]]
+    stopped = next((r["reason"] for r in result["records"] if r.get("not_run")), None)
+    result["partial"] = bool(pending or skipped)
+    result["progress"] = {
+        "cases": len(cases),
+        "done": done - skipped,
+        "not_run": len(pending) + skipped,
+        "why": stopped if result["partial"] else None,
+    }
+    save(result, out, with_plot=final and not args.no_plot, pending=pending)
+
+
+def _finish(args: argparse.Namespace, result: dict, cases: list[Case], out: Path, why: str | None) -> None:
+    """The last save: the cases not reached recorded as not run (with ``why``), the plots."""
+    if why is not None:
+        done = len(result["records"])
+        result["records"].extend(not_run(args, c, why) for c in cases[done:])
+    save_progress(args, result, cases, out, final=True)
+
+
+def _fit(result: dict, out: Path) -> None:
+    from .fit import fit  # the fit of this run's measurements
+
+    try:
         costs = fit(result, str(out))
-        path = out.with_name(out.stem + ".costs.json")
-        path.write_text(json.dumps(costs.to_json(), indent=1) + "\n")
-        print(f"wrote {path} (ship it as configs/data/head-costs-<device>.json for auto to use it)")
-    md = out.with_suffix(".md").read_text()
-    print(md.split("## Skipped")[0].rstrip())
-    print(f"\nwrote {out} and {out.with_suffix('.md').name}" + (f", {result['plot']}" if result.get("plot") else ""))
-    wrong = [r for r in result["records"] if r.get("check", "").startswith("FAILED")]
-    return 1 if wrong else 0
+    except SpecVocabError as exc:
+        if not result.get("partial"):
+            raise
+        print(f"bench_kernels: no cost fit: {exc} (the run was cut short)", file=sys.stderr)
+        return
+    path = out.with_name(out.stem + ".costs.json")
+    path.write_text(json.dumps(costs.to_json(), indent=1) + "\n")
+    print(f"wrote {path} (ship it as configs/data/head-costs-<device>.json for auto to use it)")

@@ -1,23 +1,19 @@
-"""The kernel sweep's results: its case names, the bandwidth rating, speedups, the targets met or not, Markdown,
-a plot, the files. Free of torch (the CLI's --help reads the case names).
+"""The kernel sweep's results: its case names, the bandwidth rating, speedups, Markdown, a plot, the files (each
+written whole: a temporary file, then ``os.replace``). Free of torch (the CLI's --help reads the case names).
 
-Targets (for the GPU): our ops within ``TARGET_IDEAL_RATIO`` of the bandwidth ideal for up to
-``TARGET_MAX_ROWS`` rows per request, at least ``TARGET_SPEEDUP`` times faster than index_select +
-matmul, and the window update within ``TARGET_WINDOW_US`` per round at the target batch. A case
-whose output check failed meets no target.
+The targets and the head step they judge are ``kernels_targets``'s (its module doc states them as the lease issue
+does); every save evaluates them on what was measured so far, and a save made before the sweep ended is marked
+``partial`` with the cases not run counted.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
-# Issue targets.
-TARGET_IDEAL_RATIO = 1.5  # time <= 1.5 x bandwidth ideal ...
-TARGET_MAX_ROWS = 16  # ... for up to 16 rows per request
-TARGET_SPEEDUP = 4.0  # >= 4x faster than index_select + matmul
-TARGET_WINDOW_US = 10.0  # window update <= 10 us per round at batch 64
+from .kernels_targets import evaluate_targets, head_table, targets_markdown, verdict, where
 
 # The sweep's case names (``bench kernels --ops``), here rather than in ``kernels`` so that the CLI's --help
 # lists them without importing torch.
@@ -37,8 +33,6 @@ OPS = (
 HEAD_OPS = ("head", "stock", "gemma4_mtp")  # one draft step's head per batch mode (bench/heads.py)
 TOPK_OPS = ("topk", "topk_stock")  # a draft step's top-k alone: ours (cuda: compact_topk; torch: unfused), EAGLE3's
 OURS = ("indexed", "packed")  # ops with a backend choice that compute compact logits
-TARGET_HEAD_SPEEDUP = 8.0  # bs 1, W 3072, d 4096: auto at least 8x faster than the stock 32k head
-TARGET_HEAD_BATCH = 1
 
 # Peak HBM bandwidth (B/s) by device name, first match wins; datasheet figures (H200.md of the
 # device docs: H200 4.8 TB/s, H100 SXM 3.35 TB/s).
@@ -90,158 +84,6 @@ def add_speedups(records: list[dict]) -> None:
             r["speedup_vs_dense_static"] = None if s is None else s / r["median_us"]
 
 
-def evaluate_targets(result: dict) -> list[dict]:
-    a = result["config"]
-    # a wrong output meets no target
-    recs = [r for r in result["records"] if r["status"] == "ok" and not r.get("check", "").startswith("FAILED")]
-    shape = [
-        r
-        for r in recs
-        if r["op"] in OURS and r["W"] in a["target_widths"] and r["d"] == a["target_d"] and r["rows"] <= TARGET_MAX_ROWS
-    ]
-    out = []
-    for op, be in sorted({(r["op"], r["backend"]) for r in shape}):
-        mine = [r for r in shape if (r["op"], r["backend"]) == (op, be)]
-        for ref, key in (("peak", "ideal_us_peak"), ("copy", "ideal_us_copy")):
-            rated = [r for r in mine if r.get(key)]
-            worst = max(rated, key=lambda r: r["median_us"] / r[key], default=None)
-            ratio = None if worst is None else worst["median_us"] / worst[key]
-            out.append(
-                {
-                    "target": f"within {TARGET_IDEAL_RATIO}x of the bandwidth ideal ({ref})",
-                    "op": op,
-                    "backend": be,
-                    "cases": len(rated),
-                    "worst": ratio,
-                    "worst_case": _where(worst),
-                    "met": None if ratio is None else ratio <= TARGET_IDEAL_RATIO,
-                    "unit": "x ideal time",
-                }
-            )
-        sp = [r for r in mine if r.get("speedup_vs_index_select")]
-        worst = min(sp, key=lambda r: r["speedup_vs_index_select"], default=None)
-        val = None if worst is None else worst["speedup_vs_index_select"]
-        out.append(
-            {
-                "target": f"at least {TARGET_SPEEDUP:g}x faster than index_select + matmul",
-                "op": op,
-                "backend": be,
-                "cases": len(sp),
-                "worst": val,
-                "worst_case": _where(worst),
-                "met": None if val is None else val >= TARGET_SPEEDUP,
-                "unit": "x speedup",
-            }
-        )
-    if any(r["op"] == "head" for r in recs):
-        out += head_targets(result)
-    win = [r for r in recs if r["op"] == "window_update" and r["batch"] == a["target_window_batch"]]
-    for r in win:
-        out.append(
-            {
-                "target": f"window update at most {TARGET_WINDOW_US:g} us per round at batch {a['target_window_batch']}",
-                "op": "window_update",
-                "backend": r["backend"],
-                "cases": 1,
-                "worst": r["median_us"],
-                "worst_case": _where(r),
-                "met": r["median_us"] <= TARGET_WINDOW_US,
-                "unit": "us",
-            }
-        )
-    return out
-
-
-def _where(r: dict | None) -> str | None:
-    if r is None:
-        return None
-    if r["op"] == "window_update":
-        return f"batch {r['batch']}, capacity {r['W']}, block {r.get('block')}"
-    return f"W {r['W']}, d {r['d']}, rows {r['rows']}, batch {r['batch']}"
-
-
-# -- the draft-step heads (bench/heads.py) -------------------------------------------------------------
-
-
-def head_table(records: list[dict]) -> dict[tuple, dict]:
-    """Per (d, V, kind, rows, batch): the EAGLE3 stock time, each plan's time, the auto plan and its time."""
-    out: dict[tuple, dict] = {}
-    for r in records:
-        if r["op"] not in ("head", "stock", "gemma4_mtp"):
-            continue
-        key = (r["d"], r["vocab"], r["kind"], r["rows"], r["batch"])
-        e = out.setdefault(key, {"auto_mode": r.get("auto_mode"), "plans": {}, "pool": r.get("pool")})
-        ok = r["status"] == "ok" and not str(r.get("check", "")).startswith("FAILED")
-        t = r["median_us"] if ok else None
-        if r["op"] == "stock":
-            e["stock"] = t
-        elif r["op"] == "gemma4_mtp":
-            e["gemma4_mtp"] = t
-        else:
-            e["plans"][r["mode"]] = t
-            if r.get("union") is not None:
-                e["union"] = r["union"]
-    for e in out.values():
-        e["auto"] = e["plans"].get(e["auto_mode"])
-        e["ratio"] = None if e["auto"] is None or not e.get("stock") else e["auto"] / e["stock"]
-    return out
-
-
-def verdict(records: list[dict]) -> list[dict]:
-    """Per (d, V, batch), per draft kind: the worst over rows per request of auto's time over the stock head's."""
-    table = head_table(records)
-    rows = {}
-    for (d, V, kind, n, bs), e in table.items():
-        v = rows.setdefault((d, V, bs), {"d": d, "V": V, "batch": bs})
-        if e["ratio"] is None:
-            v.setdefault(kind, None)
-            continue
-        worst = v.get(kind)
-        if worst is None or e["ratio"] > worst["ratio"]:
-            v[kind] = {"ratio": e["ratio"], "rows": n, "mode": e["auto_mode"], "auto": e["auto"], "stock": e["stock"]}
-    return [rows[k] for k in sorted(rows)]
-
-
-def head_targets(result: dict) -> list[dict]:
-    table = head_table(result["records"])
-    a = result["config"]
-    out = []
-    first = [
-        e["ratio"]
-        for (d, _, kind, _, bs), e in table.items()
-        if kind == "d2t" and bs == TARGET_HEAD_BATCH and d == a["target_d"] and e["ratio"]
-    ]
-    worst = max(first, default=None)
-    out.append(
-        {
-            "target": f"auto at least {TARGET_HEAD_SPEEDUP:g}x faster than the stock 32k head at batch 1, "
-            f"W {a.get('head_width')}, d {a['target_d']} (every V and rows)",
-            "op": "head",
-            "backend": a.get("head_kernel"),
-            "cases": len(first),
-            "worst": None if worst is None else 1 / worst,
-            "worst_case": None,
-            "met": None if worst is None else 1 / worst >= TARGET_HEAD_SPEEDUP,
-            "unit": "x speedup",
-        }
-    )
-    ratios = [e["ratio"] for e in table.values() if e["ratio"]]
-    worst = max(ratios, default=None)
-    out.append(
-        {
-            "target": "auto at most the stock head's time at every batch (d2t and full, each against its own kind)",
-            "op": "head",
-            "backend": a.get("head_kernel"),
-            "cases": len(ratios),
-            "worst": worst,
-            "worst_case": None,
-            "met": None if worst is None else worst <= 1.0,
-            "unit": "x stock time",
-        }
-    )
-    return out
-
-
 def heads_markdown(result: dict) -> list[str]:
     table = head_table(result["records"])
     if not table:
@@ -251,45 +93,50 @@ def heads_markdown(result: dict) -> list[str]:
     sizes = result.get("union_sizes", {})
     lines = [
         "",
-        "## Draft-step heads: each batch mode against the stock heads",
+        "## Draft-step heads: each batch mode against EAGLE3's step",
         "",
         (
-            f"One draft step's head and its top-k (k = rows per request) in microseconds (median), W "
-            f"{a.get('head_width')}, "
-            f"full sets; a batch's sets share a pool of the lab's measured union size (`pool`). `stock` = EAGLE3's step "
-            "(GEMM, fp32 logits, softmax, top-k, d2t remap) over the draft kind's head: d2t = "
-            f"{a.get('d2t_rows')} rows, full = V rows. Ours (kernel {a.get('head_kernel')}): per-request, union "
-            "(indexed: one pass over the live union; gemm: gathered + one GEMM), our stock. `auto` is the plan the cost "
-            f"model picks for the shape (constants: {costs.get('device')}, {costs.get('provenance', {}).get('source')}; "
-            f"union sizes: {sizes.get('provenance', {}).get('source')}). Gemma-4 MTP: its centroid head (full kind)."
+            "One draft step's head and its top-k (k = rows per request) in microseconds (median), full sets; a "
+            "batch's sets share a pool of the lab's measured union size (`pool`). `EAGLE3` = EAGLE3's own step in "
+            "SGLang 0.5.23 (GEMM, fp32 logits, then softmax + top-k, or for rows 1 its Triton split argmax; the d2t "
+            f"remap) over the draft kind's head: d2t = {a.get('d2t_rows')} rows, full = V rows. Ours (kernel "
+            f"{a.get('head_kernel')}): per-request, union (indexed: one pass over the live union; gemm: gathered + one "
+            "GEMM), our stock plan. `auto` is the plan the cost model picks for the shape (constants: "
+            f"{costs.get('device')}, {costs.get('provenance', {}).get('source')}; union sizes: "
+            f"{sizes.get('provenance', {}).get('source')}) and its time: where auto picks `stock` the server runs "
+            "EAGLE3's own code path (`integration/logits.py`), so auto's time there is EAGLE3's (marked *), not our "
+            "stock plan's. Gemma-4 MTP: its centroid head (full kind). `-`: not timed (the lease preset times "
+            "per-request and auto's plan only)."
         ),
         "",
         (
-            "| d | V | kind | rows | batch | pool / union | stock | per-request | union-indexed | union-gemm | our stock "
-            "| auto | auto / stock | Gemma-4 MTP |"
+            "| d | V | kind | W | rows | batch | pool / union | EAGLE3 | per-request | union-indexed | union-gemm "
+            "| our stock | auto | auto / EAGLE3 | Gemma-4 MTP |"
         ),
-        "|" + "---|" * 14,
+        "|" + "---|" * 15,
     ]
-    for (d, V, kind, n, bs), e in sorted(table.items()):
-        p = e["plans"]
+    for (d, V, kind, W, n, bs), e in sorted(table.items()):
+        p = {m: _t(r) for m, r in e["plans"].items()}
         ratio = "-" if e["ratio"] is None else f"{e['ratio']:.2f}"
+        star = "*" if e["auto_mode"] == "stock" else ""
         lines.append(
-            f"| {d} | {V} | {kind} | {n} | {bs} | {e.get('pool') or '-'} / {e.get('union') or '-'} | "
-            f"{_us(e.get('stock'))} | {_us(p.get('per-request'))} | {_us(p.get('union-indexed'))} | "
-            f"{_us(p.get('union-gemm'))} | {_us(p.get('stock'))} | {e['auto_mode']} {_us(e['auto'])} | {ratio} | "
-            f"{_us(e.get('gemma4_mtp')) if kind == 'full' else ''} |"
+            f"| {d} | {V} | {kind} | {W} | {n} | {bs} | {e.get('pool') or '-'} / {e.get('union') or '-'} | "
+            f"{_t(e.get('stock'))} | {p.get('per-request', '-')} | {p.get('union-indexed', '-')} | "
+            f"{p.get('union-gemm', '-')} | {p.get('stock', '-')} | {e['auto_mode']} {_t(e['step'])}{star} | {ratio} | "
+            f"{_t(e.get('gemma4_mtp')) if kind == 'full' else ''} |"
         )
     lines += [
         "",
-        "## Verdict: the chosen head's time over the stock head's",
+        "## Verdict: the head step's time over EAGLE3's step",
         "",
         (
-            "Per (d, V, batch), for each draft kind against its own stock head: the worst over rows per request of "
-            "auto's time / the stock time (<= 1.00: auto is never slower), with the plan auto chose there."
+            "Per (d, V, W, batch), for each draft kind against EAGLE3's step of its own kind: the worst over rows per "
+            "request of the head step's time (auto's plan; EAGLE3's where auto picks stock) / EAGLE3's time "
+            "(<= 1.00: auto is never slower), with the plan auto chose there."
         ),
         "",
-        "| d | V | batch | d2t: auto / stock 32k | full: auto / stock V | met |",
-        "|---|---|---|---|---|---|",
+        "| d | V | W | batch | d2t: auto / EAGLE3 32k | full: auto / EAGLE3 V | met |",
+        "|---|---|---|---|---|---|---|",
     ]
     for v in verdict(result["records"]):
         cells, met = [], True
@@ -299,16 +146,23 @@ def heads_markdown(result: dict) -> list[str]:
                 cells.append("-")
                 met = None if met is not False else met
                 continue
-            cells.append(f"{w['ratio']:.2f} ({w['mode']}, rows {w['rows']})")
-            met = met and w["ratio"] <= 1.0 if met is not None else met
+            cells.append(f"{w['ratio']:.2f} ({w['mode']}, rows {w['rows']})" + (" WRONG" if w["failed"] else ""))
+            met = met and w["ratio"] <= 1.0 and not w["failed"] if met is not None else met
         flag = "no data" if met is None else "**yes**" if met else "no"
-        lines.append(f"| {v['d']} | {v['V']} | {v['batch']} | {cells[0]} | {cells[1]} | {flag} |")
+        lines.append(f"| {v['d']} | {v['V']} | {v['W']} | {v['batch']} | {cells[0]} | {cells[1]} | {flag} |")
     return lines
 
 
+def _t(r: dict | None) -> str:
+    """A head-op record's time: ``-`` where not measured, WRONG after a failed check."""
+    if r is None or r.get("status") != "ok":
+        return "-"
+    return _us(r["median_us"]) + (" WRONG" if str(r.get("check", "")).startswith("FAILED") else "")
+
+
 def plot_heads(result: dict, path: Path) -> bool:
-    """Time per draft step against batch: the stock heads, auto and each plan (full kind), Gemma-4 MTP; one panel
-    per rows per request, at the headline d and the first V."""
+    """Time per draft step against batch: EAGLE3's steps, auto and each plan (full kind), Gemma-4 MTP; one panel
+    per rows per request, at the headline d and W and the first V."""
     table = head_table(result["records"])
     if not table:
         return False
@@ -319,27 +173,31 @@ def plot_heads(result: dict, path: Path) -> bool:
         import matplotlib.pyplot as plt  # optional: the plot needs matplotlib
     except ImportError:
         return False
+    a = result["config"]
     ds = {k[0] for k in table}
-    d = result["config"]["target_d"] if result["config"]["target_d"] in ds else min(ds)
+    d = a["target_d"] if a["target_d"] in ds else min(ds)
     V = min(k[1] for k in table if k[0] == d)
-    rows = sorted({k[3] for k in table if k[:2] == (d, V)})
+    Ws = {k[3] for k in table if k[:2] == (d, V)}
+    W = a.get("target_head_width") if a.get("target_head_width") in Ws else max(Ws)
+    rows = sorted({k[4] for k in table if (k[0], k[1], k[3]) == (d, V, W)})
     fig, axes = plt.subplots(1, len(rows), figsize=(4.2 * len(rows), 3.4), squeeze=False)
     for ax, n in zip(axes[0], rows, strict=True):
-        keys = sorted(k for k in table if k[:2] == (d, V) and k[3] == n)
+        keys = sorted(k for k in table if (k[0], k[1], k[3], k[4]) == (d, V, W, n))
+        full = [k for k in keys if k[2] == "full"]
         series = {
-            "stock d2t": [(k[4], table[k].get("stock")) for k in keys if k[2] == "d2t"],
-            "stock full": [(k[4], table[k].get("stock")) for k in keys if k[2] == "full"],
-            "auto d2t": [(k[4], table[k]["auto"]) for k in keys if k[2] == "d2t"],
-            "auto full": [(k[4], table[k]["auto"]) for k in keys if k[2] == "full"],
-            "per-request": [(k[4], table[k]["plans"].get("per-request")) for k in keys if k[2] == "full"],
-            "union-indexed": [(k[4], table[k]["plans"].get("union-indexed")) for k in keys if k[2] == "full"],
-            "Gemma-4 MTP": [(k[4], table[k].get("gemma4_mtp")) for k in keys if k[2] == "full"],
+            "EAGLE3 d2t": [(k[5], _time(table[k].get("stock"))) for k in keys if k[2] == "d2t"],
+            "EAGLE3 full": [(k[5], _time(table[k].get("stock"))) for k in full],
+            "auto d2t": [(k[5], table[k]["auto"]) for k in keys if k[2] == "d2t"],
+            "auto full": [(k[5], table[k]["auto"]) for k in full],
+            "per-request": [(k[5], _time(table[k]["plans"].get("per-request"))) for k in full],
+            "union-indexed": [(k[5], _time(table[k]["plans"].get("union-indexed"))) for k in full],
+            "Gemma-4 MTP": [(k[5], _time(table[k].get("gemma4_mtp"))) for k in full],
         }
         for name, pts in series.items():
             pts = [(x, y) for x, y in pts if y]
             if pts:
                 x, y = zip(*pts, strict=True)
-                style = "--" if name.startswith("stock") else "-" if name.startswith("auto") else ":"
+                style = "--" if name.startswith("EAGLE3") else "-" if name.startswith("auto") else ":"
                 ax.plot(x, y, style, marker="o", ms=3, label=name)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -349,11 +207,15 @@ def plot_heads(result: dict, path: Path) -> bool:
     axes[0][0].set_ylabel("us per draft step (head + top-k)", fontsize=8)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=7)
-    fig.suptitle(f"{result['device'].get('name')}: draft-step heads, d = {d}, V = {V}", fontsize=10)
+    fig.suptitle(f"{result['device'].get('name')}: draft-step heads, d = {d}, V = {V}, W = {W}", fontsize=10)
     fig.tight_layout(rect=(0, 0.12, 1, 0.94))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def _time(r: dict | None) -> float | None:
+    return r["median_us"] if r is not None and r.get("status") == "ok" else None
 
 
 # -- outputs -----------------------------------------------------------------------------------
@@ -401,6 +263,16 @@ def topk_markdown(result: dict) -> list[str]:
     return lines
 
 
+def _progress(result: dict) -> str:
+    p = result.get("progress") or {}
+    if not p:
+        return "progress not recorded"
+    line = f"{p.get('done')} of {p.get('cases')} cases run"
+    if result.get("partial"):
+        line += f", **partial**: {p.get('not_run')} not run ({p.get('why') or 'the run is still going'})"
+    return line
+
+
 def markdown(result: dict) -> str:
     a, dev, bw = result["config"], result["device"], result["bandwidth"]
     recs = result["records"]
@@ -411,13 +283,18 @@ def markdown(result: dict) -> str:
         "",
         f"- command: `{result['command']}`",
         f"- device: {dev.get('name')}, driver {dev.get('driver')}; "
-        + ", ".join(f"{k} {v}" for k, v in result["versions"].items()),
+        + ", ".join(f"{k} {v}" for k, v in result["versions"].items() if k != "git_source")
+        + f" (git from {result['versions'].get('git_source', 'git rev-parse')})",
         f"- dtype {a['dtype']}; timing: {result['timing']['method']}; "
         + ("L2-hot (no rotation)" if a["hot"] or cpu else "inputs rotated so a replay reads >= 3x L2"),
         (
             f"- peak bandwidth: {_f(bw['peak_Bps'] and bw['peak_Bps'] / 1e12, '.3f')} TB/s ({bw['peak_source']}); "
             f"measured copy: {_f(bw['copy_Bps'] / 1e12, '.3f')} TB/s (read + write of {bw['copy_bytes'] / 2**20:.0f} MiB)"
         ),
+        f"- preset {a.get('preset')}; " + _progress(result),
+    ]
+    lines += targets_markdown(result)
+    lines += [
         "",
         f"## Headline: W {', '.join(map(str, a['target_widths']))}, d {a['target_d']}",
         "",
@@ -466,21 +343,11 @@ def markdown(result: dict) -> str:
                 lines.append(f"| {r['backend']} | {r['batch']} | {r['status']} | {r['reason']} |")
     lines += topk_markdown(result)
     lines += heads_markdown(result)
-    lines += ["", "## Targets" + (" (CPU run: the targets are for the GPU)" if cpu else ""), ""]
-    lines += ["| target | op | backend | cases | worst | where | met |", "|---|---|---|---|---|---|---|"]
-    for t in result["targets"]:
-        met = "no data" if t["met"] is None else "**met**" if t["met"] else "not met"
-        worst = "-" if t["worst"] is None else f"{_f(t['worst'])} {t['unit']}"
-        lines.append(
-            f"| {t['target']} | {t['op']} | {t['backend']} | {t['cases']} | {worst} | {t['worst_case'] or '-'} | {met} |"
-        )
-    if not result["targets"]:
-        lines.append("| (no data) | | | | | | |")
     bad = [r for r in recs if r.get("check", "ok").startswith("FAILED") or r["status"] == "error"]
     if bad:
         lines += ["", "## Failures", ""]
         for r in bad[:40]:
-            lines.append(f"- {r['op']} {r['backend']} ({_where(r)}): {r.get('reason') or r.get('check')}")
+            lines.append(f"- {r['op']} {r['backend']} ({where(r)}): {r.get('reason') or r.get('check')}")
     skipped = Counter(r["reason"] for r in recs if r["status"] == "skipped")
     if skipped:
         lines += ["", "## Skipped", ""]
@@ -555,14 +422,38 @@ def plot(result: dict, path: Path) -> bool:
     return True
 
 
-def save(result: dict, out: Path, with_plot: bool) -> None:
+def save(result: dict, out: Path, with_plot: bool, pending: list[dict] = ()) -> None:
+    """Write the JSON and Markdown (and with ``with_plot`` the plots) of ``result``, its targets evaluated on what was
+    measured so far and ``pending``, the records of the cases not run yet; each file whole (``write_atomic``)."""
     add_speedups(result["records"])
-    result["targets"] = evaluate_targets(result)
+    result["targets"] = evaluate_targets(result, list(pending))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, allow_nan=False) + "\n")
-    out.with_suffix(".md").write_text(markdown(result))
     if with_plot:
         png = out.with_suffix(".png")
-        result["plot"] = png.name if plot(result, png) else None
+        result["plot"] = png.name if _plot_atomic(plot, result, png) else None
         heads_png = out.with_name(out.stem + "-heads.png")
-        result["plot_heads"] = heads_png.name if plot_heads(result, heads_png) else None
+        result["plot_heads"] = heads_png.name if _plot_atomic(plot_heads, result, heads_png) else None
+    write_atomic(out, json.dumps(result, indent=1, allow_nan=False) + "\n")
+    write_atomic(out.with_suffix(".md"), markdown(result))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """``path`` gets ``text`` whole or keeps what it had: a temporary file beside it, then ``os.replace`` (a kill
+    mid-write leaves the temporary file, never a truncated ``path``)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _plot_atomic(fn, result: dict, path: Path) -> bool:
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
+    try:
+        made = fn(result, tmp)
+        if made:
+            os.replace(tmp, path)
+        return made
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -55,10 +55,34 @@ bytes / median time; ideal = bytes / peak, reported against the datasheet peak (
 default by device name) and against a measured device-to-device copy (bytes read + written).
 frac_ideal = ideal time / median time (1.0 = at the bandwidth limit).
 
+Draft head step (ops head, stock, gemma4_mtp): per (d, V, draft kind, W, rows, batch) our head and
+its top-k in each plan, with the plan auto picks recorded; `stock` is EAGLE3's own step in SGLang
+0.5.23 (GEMM, fp32 logits, softmax + top-k or, for rows 1, its Triton split argmax; the d2t map).
+Where auto picks stock the server runs EAGLE3's code path, so the reports take auto's time there
+from EAGLE3's step.
+
+Targets (the lease issue's; JSON "targets", Markdown "## Targets", each with its worst case):
+  1. head step at batch 1, d 4096, W 3072 >= 8x faster than EAGLE3's d2t-32k step (every V, rows, kind)
+  2. that head step <= 1.5 x (bandwidth ideal + 2.5 us) (ideal: the head rows it must read / peak)
+  3. rows 10 <= 1.3 x rows 1 (head step, same d, V, kind, W, batch)
+  4. auto never slower than EAGLE3's step of its own kind, at any batch
+  5. window update <= 10 us at batch 64
+A case whose output check failed meets nothing.
+
+Presets: --tiny (CPU, seconds), --quick (the headline shapes), --lease (one GPU lease's call: first
+the head step at d 4096 W 3072 batch 1, then Gemma-3 270M's shape (d 640, V 262144) and d 4096
+(V 128256) at W 1024/2048/3072, batch 1/8/12/16/32, both kinds, rows 1 (rows 10 at W 3072 batch 1),
+per-request and auto's plan, EAGLE3's step; then the window update at batch 64; then the quick sweep while
+--time-budget-s lasts; 129-131 cases before the quick sweep, estimated 28-39 s on an H100),
+else the full sweep.
+
 A configuration that does not fit memory, or a backend that is unavailable or raises
 NotImplementedError, is recorded as skipped with the reason; other errors are recorded too.
-Results are saved after every d and every minute, so a run cut short keeps what it measured;
---time-budget-s starts no case past a deadline (the rest are recorded as skipped).
+Results are saved every few seconds and at every change of d, each file written whole (a temporary
+file, then a rename), each save with the targets on what was measured so far ("partial": true and
+the cases not run counted until the sweep ends); --time-budget-s starts no case past a deadline
+(the rest are recorded as not run); SIGTERM stops the sweep and saves (exit 143).
+Provenance: the git revision from --git, else $SV_GIT, else git itself.
 """
 
 
@@ -72,7 +96,20 @@ def _add_bench_kernels(sub) -> None:
     preset = p.add_mutually_exclusive_group()
     preset.add_argument("--quick", action="store_true", help="headline shapes only (W 2048/3072, d 4096): a first look")
     preset.add_argument("--tiny", action="store_true", help="tiny shapes that run in seconds on a CPU (tests)")
+    preset.add_argument(
+        "--lease",
+        action="store_true",
+        help="one GPU lease's call: the targets' head steps first (d 4096 W 3072 batch 1, then Gemma-3 270M's shape "
+        "and d 4096 at W 1024-3072, batch 1-32), the window update at batch 64, then the quick sweep while "
+        "--time-budget-s lasts",
+    )
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available)")
+    p.add_argument(
+        "--git",
+        default=None,
+        metavar="REV",
+        help="the checkout's revision for the results (default: $SV_GIT, else git rev-parse HEAD)",
+    )
     p.add_argument(
         "--ops",
         type=choices_csv(OPS),
@@ -128,6 +165,11 @@ def _add_bench_kernels(sub) -> None:
     )
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--no-progress", action="store_true")
+    _add_kernels_shapes(p)
+    p.set_defaults(run=_run_bench_kernels)
+
+
+def _add_kernels_shapes(p) -> None:
     g = p.add_argument_group("shapes (override the preset's)")
     g.add_argument("--widths", type=int_csv, help="W: candidate set sizes")
     g.add_argument("--dims", type=int_csv, help="d: hidden sizes")
@@ -146,11 +188,12 @@ def _add_bench_kernels(sub) -> None:
     g.add_argument("--copy-mb", type=POSITIVE, help="MiB copied to measure bandwidth (default 2048; tiny 8)")
     g.add_argument("--head-dims", type=int_csv, help="d of the head ops (default 640,4096,5120; quick 4096)")
     g.add_argument("--head-batches", type=int_csv, help="batches of the head ops (default 1,8,32,64,128)")
-    g.add_argument("--head-width", type=POSITIVE, help="set capacity W of the head ops (default 3072)")
+    g.add_argument("--head-widths", type=int_csv, help="set capacities W of the head ops (default 3072)")
+    g.add_argument("--target-head-width", type=POSITIVE, help="W of the head-step targets (default 3072; tiny 48)")
+    g.add_argument("--target-rows", type=POSITIVE, help="rows per request the rows target compares with rows 1 (10)")
     g.add_argument(
         "--head-kinds", type=choices_csv(("d2t", "full")), help="draft kinds of the head ops (default d2t,full)"
     )
-    p.set_defaults(run=_run_bench_kernels)
 
 
 def _add_bench_plans(sub) -> None:
