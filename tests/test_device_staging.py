@@ -325,7 +325,7 @@ def test_every_lease_plan_fits_the_lending(lease):
         assert work["phases"][1:] == ["base", "kernels", "+sglang", "+gemma", "tests", "bench", "specbench", "debug"]
         assert plan["chunk_files"]["base.tar.xz"] == [len(calls)]  # whole, in the working call's own chunk
         assert len(calls) <= 7 and work["timeout_s"] >= 580
-        assert "SV_BENCH_ARGS='--lease --no-progress'" in work["command"]
+        assert "SV_BENCH_ARGS='--lease --iters 100 --fit --no-progress'" in work["command"]
         assert "SV_SPECBENCH_CONFIGS='eagle3-full dynvocab-hybrid target dynvocab-microspec'" in work["command"]
         assert "--limit-per-category 2 --max-new-tokens 128 --temperature 0" in work["command"]
 
@@ -448,7 +448,7 @@ def test_every_lease_plan_runs_in_order_on_a_dry_device(tmp_path, lease):
         draft = f"--speculative-draft-model-path {work}/src/{stage.DRAFT_IN_TREE}"
         assert all(draft in c["args"] for c in configs if c["name"] != "target")
         assert "--name specbench --concurrency 1\\,8 " in text  # each server started once for both
-        assert "bench kernels --lease --no-progress --time-budget-s" in text
+        assert "bench kernels --lease --iters 100 --fit --no-progress --time-budget-s" in text
         for name in ("tests", "bench", "specbench", "debug"):  # every result phase's archive, whole
             with tarfile.open(out / f"{name}.tar.gz") as t:
                 assert f"{name}/dry-run.txt" in t.getnames()
@@ -1048,7 +1048,7 @@ def test_setup_then_the_work_phases_print_their_commands(tmp_path):
         f"--junitxml {work}/results/tests/pass-1.xml"
     ) in out
     assert f"pytest -v -rfEs -p no:cacheprovider --rootdir {work}/src -m not\\ slow tests/test_packed.py::x " in out
-    assert re.search(rf"-m sglang_specvocab bench kernels --lease --no-progress --time-budget-s \d+ --out "
+    assert re.search(rf"-m sglang_specvocab bench kernels --lease --iters 100 --fit --no-progress --time-budget-s \d+ --out "
                      rf"{work}/results/bench/kernels-cpu.json", out)  # fmt: skip
     assert f"-m sglang_specvocab convert-gemma3 --out {work}/cache/gemma/gemma3-270m --chat-template gemma" in out
     assert "no test crashed the process: nothing to debug" in out

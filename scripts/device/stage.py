@@ -743,7 +743,7 @@ LEASES = {
         ("sglang", "questions", "gguf", "base"),
         {
             "tests": {"SV_TESTS": KERNEL_TESTS, "SV_TESTS_CRASHES": KNOWN_CRASHES, "SV_BUDGET_tests": "75"},
-            "bench": {"SV_BENCH_ARGS": "--lease --no-progress", "SV_BUDGET_bench": "60"},
+            "bench": {"SV_BENCH_ARGS": "--lease --iters 100 --fit --no-progress", "SV_BUDGET_bench": "60"},
             "specbench": {
                 "SV_SPECBENCH_ARGS": "--limit-per-category 2 --max-new-tokens 128 --temperature 0 "
                 "--server-timeout 150 --no-progress",
@@ -804,7 +804,7 @@ PHASE_S = {
     "sglang": (35, "install.sh on an H100 (2026-11-24): 60-75 s with the 28-39 s kernel build"),
     "gemma": (70, "convert-gemma3 on this 2-core CPU machine: 64 s (2026-11-28); the GGUF unpacked: a few s"),
     "tests": (75, "the tests' own budget (SV_BUDGET_tests); lease T ran the 8 files, 4 crashes among them, in 90 s"),
-    "bench": (60, "the bench's own budget (SV_BUDGET_bench); bench kernels --lease's estimate"),
+    "bench": (60, "its own budget (SV_BUDGET_bench); --lease's target cases: 28-39 s on an H100 (estimated)"),
     "server_first": (90, "a tiny server with CUDA graphs started in 30-60 s (H100, 2026-11-24); the first pays JIT"),
     "server": (60, "the same, with the Triton and JIT caches warm"),
     "turns_c1": (15, "14 turns, 1,792 tokens one at a time at 150 tokens/s (Gemma-3 270M: estimated, never run)"),

@@ -28,7 +28,7 @@ The gate (``--check``: exit status 1 where a case misses it) is what a GPU host 
 decode round beyond EAGLE3, counted exactly (``LaunchCounter``): at most ``--max-added-launches`` (2) kernel
 launches in the phases that stay eager (verify, the extend's top-k after its graph replay) and no host sync.
 The times stay as information against ``--target-us`` (50 us): on a shared CPU they move by hundreds of
-microseconds between runs, and microseconds per round are the GPU's to measure (lease K, graphs on).
+microseconds between runs, and microseconds per round are the GPU's to measure (graphs on; in no lease yet).
 """
 
 from __future__ import annotations
