@@ -310,7 +310,7 @@ def test_the_topk1_copy_is_sglangs_kernel():
             out[name] = ast.dump(node)
         return out
 
-    mine = trees((REPO / "sglang_specvocab" / "bench" / "eagle3_topk1.py").read_text())
+    mine = trees((REPO / "sglang_specvocab" / "copies" / "sglang-0.5.23" / "eagle3_topk1.py").read_text())
     names = ["_DRAFT_TOPK1_BLOCK", "_draft_topk1_partial_argmax_kernel", "_draft_topk1_finalize_kernel"]
     names.append("draft_topk1_postprocess")
     spec = importlib.util.find_spec("sglang")
@@ -321,7 +321,8 @@ def test_the_topk1_copy_is_sglangs_kernel():
     if interpreter_broken():
         pytest.skip(interpreter_broken())
     code = (
-        "import torch; from sglang_specvocab.bench.eagle3_topk1 import draft_topk1_postprocess as f\n"
+        "import torch; from sglang_specvocab.copies import load_copy\n"
+        "f = load_copy('eagle3_topk1', '0.5.23').draft_topk1_postprocess\n"
         "x = torch.randn(3, 20000, generator=torch.Generator().manual_seed(1)); pos = torch.zeros(3, dtype=torch.long)\n"
         "chain = torch.zeros(3, 2, dtype=torch.long); p, i = f(x, pos, chain, 1)\n"
         "assert torch.equal(i.view(-1), x.argmax(1)) and torch.equal(chain[:, 1], i.view(-1)), (i, x.argmax(1))\n"

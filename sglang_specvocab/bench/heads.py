@@ -9,7 +9,7 @@ Per (d, V, draft kind, rows per request, batch) the sweep times, on the same inp
   the dense GEMM over the draft's rows in the weight's dtype, the logits cast to fp32 (``LogitsProcessor._get_logits``),
   then for topk > 1 ``renorm_draft_probs`` (SGLang's sampling softmax: ``torch.softmax`` on every GPU but SM 10.3) and
   ``fast_topk`` (``torch.topk``); for topk = 1 on CUDA the Triton split argmax ``draft_topk1_postprocess`` (no
-  softmax; it advances ``positions`` and, for a full draft, writes the chain buffer; copied in ``eagle3_topk1.py``),
+  softmax; it advances ``positions`` and, for a full draft, writes the chain buffer; copied in ``copies/sglang-0.5.23/eagle3_topk1.py``),
   ``torch.argmax`` on a CPU; for a d2t draft the ``hot_token_id`` remap. Where ``auto`` picks the plan ``stock`` the
   server runs this code path (``integration/logits.py``), so the reports take auto's time there from this op;
 - ``gemma4_mtp`` (full kind): the Gemma-4 MTP assistant's centroid head as SGLang 0.5.23 describes it, written from
@@ -82,8 +82,11 @@ def eagle3_topk(
     if k > 1:
         p, i = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
     elif logits.is_cuda:
-        from .eagle3_topk1 import draft_topk1_postprocess  # Triton: GPU only
+        from ..copies import installed_sglang_version, load_copy, supported_versions
 
+        # SGLang's own kernel, copied: the installed version's, else the newest supported (Triton: GPU only)
+        topk1 = load_copy("eagle3_topk1", installed_sglang_version() or supported_versions()[-1])
+        draft_topk1_postprocess = topk1.draft_topk1_postprocess
         if positions is None:
             positions = torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device)
         p, i = draft_topk1_postprocess(logits, positions, chain if hot is None else None, 1)
