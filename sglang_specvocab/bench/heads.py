@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from .. import headcost
+from ..copies import installed_sglang_version, load_copy, supported_versions
 from ..head import DraftHead
 from ..table import CandidateTable
 
@@ -82,8 +83,6 @@ def eagle3_topk(
     if k > 1:
         p, i = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
     elif logits.is_cuda:
-        from ..copies import installed_sglang_version, load_copy, supported_versions
-
         # SGLang's own kernel, copied: the installed version's, else the newest supported (Triton: GPU only)
         topk1 = load_copy("eagle3_topk1", installed_sglang_version() or supported_versions()[-1])
         draft_topk1_postprocess = topk1.draft_topk1_postprocess

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import headcost
+from .. import headcost, ops
 from . import heads as hb
 from .heads import D2T_ROWS, HEAD_PLANS
 from .kernels_report import HEAD_OPS, OURS, TOPK_OPS
@@ -158,8 +158,6 @@ def resolve(args) -> None:
     if args.backends is None:
         args.backends = ["cuda", "triton"] if args.device.startswith("cuda") else ["cuda", "triton", "torch"]
     if getattr(args, "head_kernel", None) is None:
-        from .. import ops
-
         args.head_kernel = ops.resolve("auto", torch.device(args.device), "indexed_logits")  # what the server runs
 
 
