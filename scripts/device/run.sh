@@ -132,11 +132,16 @@ mark_done() { mkdir -p "$WORK/done" && echo "$2" >"$WORK/done/$1"; }
 # -- what comes back: status.json and the archives, whole at every moment ----------------------
 
 # set_state PHASE STATE [RC]: WORK/state/PHASE (state, exit code, start and end second), then status.json.
+# "running" starts the clock; any other state ends it (a phase that never ran starts and ends there).
 set_state() {
   local start end=""
-  start=$(cut -f3 "$WORK/state/$1" 2>/dev/null)
-  case "$2" in running) start=$(elapsed) ;; pending) start="" ;; *) end=$(elapsed) ;; esac
-  [ -n "$start" ] || [ "$2" = pending ] || start=$(elapsed)
+  if [ "$2" = running ]; then
+    start=$(elapsed)
+  else
+    end=$(elapsed)
+    start=$(cut -f3 "$WORK/state/$1" 2>/dev/null)
+    start=${start:-$end}
+  fi
   mkdir -p "$WORK/state"
   printf '%s\t%s\t%s\t%s\n' "$2" "${3:-}" "$start" "$end" >"$WORK/state/.$1.$$" && mv "$WORK/state/.$1.$$" "$WORK/state/$1"
   write_status
@@ -186,12 +191,15 @@ stop_packer() {
 BG_PID=""
 BG_PHASES=" "
 
-# need PHASE WHY: refuse unless PHASE passed; a background phase of this call is waited for first.
+# in_flight PHASE: not yet ended in this call (no record, or running).
+in_flight() { case "$(cut -f1 "$WORK/state/$1" 2>/dev/null)" in "" | running) return 0 ;; *) return 1 ;; esac }
+
+# need PHASE WHY: refuse unless PHASE passed; a background phase of this call is waited for until it ends.
 need() {
   local rc
-  if [ -z "$(done_rc "$1")" ] && [[ "$BG_PHASES" == *" $1 "* ]] && [ -n "$BG_PID" ]; then
+  if [[ "$BG_PHASES" == *" $1 "* ]] && [ -n "$BG_PID" ] && in_flight "$1"; then
     say "$CUR: waiting for '$1' (in the background)"
-    while kill -0 "$BG_PID" 2>/dev/null && [ -z "$(done_rc "$1")" ] && [ "$(phase_limit)" -gt 0 ]; do sleep 1; done
+    while kill -0 "$BG_PID" 2>/dev/null && in_flight "$1" && [ "$(phase_limit)" -gt 0 ]; do sleep 1; done
   fi
   rc=$(done_rc "$1")
   if [ -z "$rc" ]; then

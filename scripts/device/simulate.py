@@ -43,7 +43,7 @@ def _budget(call: dict, phase: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def specbench(seconds: float, configs: list[str], levels: list[int]) -> tuple[list[str], list[str], float]:
+def specbench(seconds: float, configs: list[str], levels: list[str]) -> tuple[list[str], list[str], float]:
     """Spec-Bench in ``seconds``: (servers asked at the first concurrency, servers asked at a later one, seconds
     used). A server starts only when its start and first concurrency fit; a later concurrency only when the time
     left after it covers the first concurrency of every server still to start."""
@@ -65,23 +65,17 @@ def specbench(seconds: float, configs: list[str], levels: list[int]) -> tuple[li
     return done1, done8, t
 
 
-def play(plan: dict, lost_before: int | None = None, cut_in: str | None = None, start_s: int | None = None) -> dict:
+def play(plan: dict, lost_before: int | None = None, cut_in: str | None = None) -> dict:
     """One scenario: the device seconds spent and the working call's phases (state, start, end)."""
-    start_s = stage.START_S if start_s is None else start_s
-    calls = plan["calls"]
-    used = start_s
+    *chunk_calls, work = plan["calls"]
+    used = stage.START_S
     here: set[int] = set()  # the chunks on the machine
-    for c in calls[:-1]:
-        if lost_before == c["n"]:
-            used += start_s
+    for c in plan["calls"]:
+        if lost_before == c["n"]:  # a new machine: a start, and nothing of the calls before
+            used += stage.START_S
             here = set()
-        used += c["planned_s"]
+        used += c["planned_s"] if c in chunk_calls else 0  # the working call's own seconds: below
         here |= {int(p.split("-")[1]) for p in c["phases"] if p.startswith("chunk-")}
-    work = calls[-1]
-    if lost_before == work["n"]:
-        used += start_s
-        here = set()
-    here |= {int(p.split("-")[1]) for p in work["phases"] if p.startswith("chunk-")}
     limit = min(work["timeout_s"], stage.LENT_S - used - stage.WORK_TRANSFER_S)  # the device's limit_s
     out = _work_call(plan, work, here, min(work["budget_s"], limit), cut_in)
     out["device_s"] = used + min(limit, out["ended_s"] + stage.MARGIN_S) + stage.WORK_TRANSFER_S
@@ -129,17 +123,14 @@ def _work_call(plan: dict, work: dict, here: set[int], budget: int, cut_in: str 
         elif budget - now < (1 if name in STARTS_ON_LESS else NOT_STARTED_BELOW_S):
             row["state"] = "not started"
         else:
-            left = budget - now
-            own = _budget(work, name)
-            if name == "specbench":
+            left, ok = budget - now, True
+            if name == "specbench":  # it ends itself within its time budget, with the servers that fit
                 configs = re.search(r"SV_SPECBENCH_CONFIGS='([^']*)'", work["command"]).group(1).split()
                 levels = re.search(r"SV_SPECBENCH_CONCURRENCY=([\d,]+)", work["command"]).group(1).split(",")
                 row["c1"], row["c8"], d = specbench(left, configs, levels)
                 row["servers"] = configs
-                ok = True  # it ends itself within its time budget, with the servers that fit
             else:
-                d = min(_seconds(name), own or _seconds(name))
-                ok = True
+                d = min(_seconds(name), _budget(work, name) or _seconds(name))
             if d > left:
                 d, ok = left, False
             row["end"] = now + d

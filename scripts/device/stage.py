@@ -65,9 +65,8 @@ CALL_MAX_MIB = 62
 CHUNK_TARGET = 61 * MIB  # chunks are cut so a call sends at most this at staging time (1 MiB for growth)
 COMMAND_MAX = 2000  # characters of one device command
 LENT_S = 900  # device seconds a session is lent, the start and every idle wait included
-START_S = (
-    120  # planned: the machine's start (about 30 s on an H200 on 2026-11-27, about 1 min on an H100 on 2026-11-24)
-)
+# Planned: the machine's start (about 30 s on an H200 on 2026-11-27, about 1 min on an H100 on 2026-11-24).
+START_S = 120
 # Planned between two calls: none. A lease's calls go out back to back in one message and run one after another on
 # the held machine (lease T, 2026-11-27: a call written after the last returned came 30 s late, to a new machine).
 GAP_S = 0
@@ -1111,6 +1110,7 @@ def rehearse(plan: dict, repo: Path, work: Path) -> list[tuple[int, int, str]]:
 STATUS_SCHEMA = "specvocab-device-status/1"
 # A phase's state as run.sh records it (WORK/state/PHASE: state, exit code, start and end second of the call).
 STATES = ("pending", "running", "passed", "failed", "refused", "cut off", "not started", "done earlier")
+ENDED = ("passed", "failed", "done earlier")  # the states of a phase whose result is whole
 
 
 def device_slug(name: str | None) -> str:
@@ -1153,7 +1153,7 @@ def call_status(work: Path, phases: list[str], final: bool = False, now_s: int |
         "device": os.environ.get("SV_DEVICE_NAME") or None,
         "call_elapsed_s": now_s,
         "complete": final,
-        "partial": not final or any(r["state"] not in ("passed", "failed", "done earlier") for r in rows),
+        "partial": not final or any(r["state"] not in ENDED for r in rows),
         "phases": rows,
     }
 
@@ -1224,12 +1224,7 @@ def summary_markdown(status: dict, problems: list[str]) -> str:
         return "# No status.json came back\n\nThe call ended before run.sh wrote its first record.\n"
     head = f"# Lease {status.get('lease')}, call {status.get('call')}: {status.get('device')}, checkout {status.get('git')}"
     verdict = (
-        "**PARTIAL**: "
-        + "; ".join(
-            f"{r['phase']} {r['state']}"
-            for r in status["phases"]
-            if r["state"] not in ("passed", "failed", "done earlier")
-        )
+        "**PARTIAL**: " + "; ".join(f"{r['phase']} {r['state']}" for r in status["phases"] if r["state"] not in ENDED)
         if status.get("partial")
         else "Every phase ended."
     )
