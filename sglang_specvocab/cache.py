@@ -13,6 +13,28 @@ if TYPE_CHECKING:  # annotations only: cache_dir is read by the model registry, 
     import torch
 
 
+def write_whole(path: str | Path, write: Callable[[Path], object]) -> object:
+    """``write(tmp)`` into a temporary file beside ``path`` (its suffix kept, for writers that read it), then renamed
+    over ``path``: readers, and a process killed meanwhile, never see half a file, and no temporary file stays. A
+    ``write`` that returns False (it wrote nothing: a plot without matplotlib) leaves ``path`` as it was. Returns
+    what ``write`` returned."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}", dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        result = write(tmp)
+        if result is not False:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; give it a normal file's mode
+            os.replace(tmp, path)
+        return result
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("SGLANG_SPECVOCAB_CACHE", Path.home() / ".cache" / "sglang_specvocab"))
 
@@ -41,13 +63,5 @@ def cached(kind: str, key: str, build: Callable[[], dict[str, torch.Tensor]], ro
         except Exception:  # noqa: BLE001, S110  (a damaged entry is rebuilt, never trusted)
             pass
     data = build()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(data, tmp)
-        os.replace(tmp, path)  # atomic: readers never see half a file
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    write_whole(path, lambda tmp: torch.save(data, tmp))
     return data

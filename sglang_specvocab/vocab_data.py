@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import tempfile
 import zipfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -26,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .cache import write_whole
 from .errors import ConfigError, SpecVocabError
 from .prompts import format_prompt
 
@@ -170,19 +169,12 @@ def _top_successors(keys: np.ndarray, counts: np.ndarray, vocab_size: int, width
 
 def _write_npz(path: str | Path, **arrays: np.ndarray) -> None:
     """Write a compressed archive through a temporary file, so readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
+
+    def save(tmp: Path) -> None:
+        with open(tmp, "wb") as f:  # a file object: savez would add ".npz" to a name without it
             np.savez_compressed(f, **arrays)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; give it a normal file's mode
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+
+    write_whole(path, save)
 
 
 def _read_npz(path: str | Path, kind: str, required: tuple[str, ...], vocab_size: int) -> dict[str, np.ndarray]:

@@ -225,6 +225,24 @@ def test_write_atomic_never_leaves_a_truncated_file(tmp_path, monkeypatch):
     assert json.loads(out.read_text()) == {"a": 1} and sorted(p.name for p in tmp_path.iterdir()) == ["k.json"]
 
 
+def test_write_whole_keeps_the_suffix_a_normal_mode_and_the_old_file_when_nothing_was_written(tmp_path):
+    """cache.write_whole, under every report, cache entry and token table: the writer sees a temporary name with the
+    path's suffix (matplotlib picks the format from it), the file gets a normal mode, a writer that wrote nothing
+    (returns False) leaves the old file, and no temporary file stays."""
+    from sglang_specvocab.cache import write_whole
+
+    out = tmp_path / "plot.png"
+    out.write_bytes(b"old")
+    seen = []
+    assert write_whole(out, lambda p: seen.append(p.name) or False) is False
+    assert out.read_bytes() == b"old" and seen[0].startswith(".plot.png.") and seen[0].endswith(".tmp.png")
+    assert write_whole(out, lambda p: p.write_bytes(b"new")) == 3
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.read_bytes() == b"new" and out.stat().st_mode & 0o777 == 0o666 & ~umask
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plot.png"]
+
+
 def test_sigterm_ends_the_run_with_the_partial_results_saved(tmp_path):
     out = tmp_path / "kernels-cpu.json"
     argv = [sys.executable, "-m", "sglang_specvocab", "bench", "kernels", "--device", "cpu", "--tiny", "--threads", "1"]

@@ -9,11 +9,11 @@ does); every save evaluates them on what was measured so far, and a save made be
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from pathlib import Path
 
-from .kernels_targets import evaluate_targets, head_table, targets_markdown, verdict, where
+from ..cache import write_whole
+from .kernels_targets import _us, evaluate_targets, head_table, targets_markdown, verdict, where
 
 # The sweep's case names (``bench kernels --ops``), here rather than in ``kernels`` so that the CLI's --help
 # lists them without importing torch.
@@ -221,12 +221,6 @@ def _time(r: dict | None) -> float | None:
 # -- outputs -----------------------------------------------------------------------------------
 
 
-def _us(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x:.0f}" if x >= 1000 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
-
-
 def _f(x: float | None, fmt: str = ".2f") -> str:
     return "-" if x is None else format(x, fmt)
 
@@ -430,30 +424,13 @@ def save(result: dict, out: Path, with_plot: bool, pending: list[dict] = ()) -> 
     out.parent.mkdir(parents=True, exist_ok=True)
     if with_plot:
         png = out.with_suffix(".png")
-        result["plot"] = png.name if _plot_atomic(plot, result, png) else None
+        result["plot"] = png.name if write_whole(png, lambda tmp: plot(result, tmp)) else None
         heads_png = out.with_name(out.stem + "-heads.png")
-        result["plot_heads"] = heads_png.name if _plot_atomic(plot_heads, result, heads_png) else None
+        result["plot_heads"] = heads_png.name if write_whole(heads_png, lambda tmp: plot_heads(result, tmp)) else None
     write_atomic(out, json.dumps(result, indent=1, allow_nan=False) + "\n")
     write_atomic(out.with_suffix(".md"), markdown(result))
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """``path`` gets ``text`` whole or keeps what it had: a temporary file beside it, then ``os.replace`` (a kill
-    mid-write leaves the temporary file, never a truncated ``path``)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _plot_atomic(fn, result: dict, path: Path) -> bool:
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
-    try:
-        made = fn(result, tmp)
-        if made:
-            os.replace(tmp, path)
-        return made
-    finally:
-        tmp.unlink(missing_ok=True)
+    """``path`` gets ``text`` whole or keeps what it had (``cache.write_whole``)."""
+    write_whole(path, lambda tmp: tmp.write_text(text))

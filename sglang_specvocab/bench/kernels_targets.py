@@ -322,6 +322,7 @@ def targets_markdown(result: dict) -> list[str]:
 
 
 def _us(x: float | None) -> str:
+    """Microseconds for a table cell (kernels_report's tables too)."""
     if x is None:
         return "-"
     return f"{x:.0f}" if x >= 1000 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"

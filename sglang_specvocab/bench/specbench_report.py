@@ -20,11 +20,11 @@ their decoded text.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from ..cache import write_whole
 from ..prompts import Question
 from .lossless import controls
 from .server import TELEMETRY, ServerConfig, fmt
@@ -427,28 +427,14 @@ def plot(result: dict, path: Path) -> bool:
     return True
 
 
-def _replace(path: Path, write: Callable[[Path], object]) -> None:
-    """``write(tmp)`` then ``tmp`` renamed over ``path``: a run killed meanwhile leaves the old file whole."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        write(tmp)
-        if tmp.exists():  # (a plot without matplotlib writes nothing)
-            os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def write_report(result: dict, out_dir: Path, stem: str = "specbench") -> list[Path]:
     """OUT/STEM.json, .md and .png (without matplotlib or rows, no plot), each replaced atomically."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
     text = json.dumps(result, indent=2) + "\n"
-    _replace(paths[0], lambda p: p.write_text(text, encoding="utf-8"))
-    _replace(paths[1], lambda p: p.write_text(markdown(result), encoding="utf-8"))
-    drawn: list[bool] = []
-    if result["runs"]:
-        _replace(out_dir / f"{stem}.png", lambda p: drawn.append(plot(result, p)))
-    if drawn and drawn[0]:
+    write_whole(paths[0], lambda p: p.write_text(text, encoding="utf-8"))
+    write_whole(paths[1], lambda p: p.write_text(markdown(result), encoding="utf-8"))
+    if result["runs"] and write_whole(out_dir / f"{stem}.png", lambda p: plot(result, p)):
         paths.append(out_dir / f"{stem}.png")
     return paths
