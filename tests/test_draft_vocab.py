@@ -10,6 +10,7 @@ import pytest
 import torch
 from literal import LiteralARC, LiteralRetrieval, LiteralWindow, frequent_set, union_set
 
+from sglang_specvocab.errors import ConfigError
 from sglang_specvocab.integration.telemetry import Telemetry
 from sglang_specvocab.policies import DraftVocabPolicy, ModelContext, build_policy, parse_config
 from sglang_specvocab.vocab_data import save_frequency_table, save_successors
@@ -193,3 +194,79 @@ def test_build_refuses_a_fallback_outside_the_draft_vocabulary(hot):
     cfg = parse_config({"policy": "window", "capacity": 8})
     with pytest.raises(ValueError, match=f"fallback_id {EOS} is not in the draft vocabulary"):
         build_policy(cfg, 4, fallback_id=EOS, model=context(hot))
+
+
+# --- stepwise policies rank the draft head's rows -------------------------------------------------------
+
+
+def d2t_context(hot, weight, **kw):
+    """A d2t draft: head row j scores target id head_ids[j] (a shuffled order: rows are not in id order)."""
+    mask = torch.zeros(V, dtype=torch.bool)
+    mask[hot] = True
+    return ModelContext(weight=weight, vocab_size=V, eos_token_ids=(EOS,), draft_vocab=mask, **kw)
+
+
+def test_lowrank_ranks_head_rows_and_writes_their_target_ids(hot, tmp_path):
+    g = torch.Generator().manual_seed(3)
+    head_ids = torch.tensor(hot)[torch.randperm(len(hot), generator=g)]
+    d, r, topk = 6, 3, 5
+    w_down, w_vocab = torch.randn(r, d, generator=g), torch.randn(len(hot), r, generator=g)
+    torch.save({"w_down": w_down, "w_vocab": w_vocab}, tmp_path / "ranker.pt")
+    cfg = parse_config(
+        {"policy": "lowrank", "lowrank": {"rank": r, "topk": topk, "ranker": str(tmp_path / "ranker.pt")}}
+    )
+    weight = torch.randn(len(hot), d, generator=g)
+    pol = build_policy(cfg, 4, fallback_id=FALLBACK, model=d2t_context(hot, weight, head_ids=head_ids))
+    hidden = torch.randn(2, 3, d, generator=g)  # 2 requests, 3 beams
+    pol.select(ROWS, 1, hidden, torch.full((2, 3), hot[0]))
+    for b, row in enumerate(ROWS.tolist()):
+        scores = [max(float(h @ w_down.T @ w_vocab[j]) for h in hidden[b]) for j in range(len(hot))]
+        best = sorted(range(len(hot)), key=lambda j: -scores[j])[:topk]  # head rows, best first
+        assert sorted(pol.table.row(row)) == sorted(int(head_ids[j]) for j in best)
+
+
+def test_lowrank_refuses_more_ids_a_step_than_head_rows(hot):
+    cfg = parse_config({"policy": "lowrank", "lowrank": {"rank": 2, "topk": len(hot) + 1}})
+    weight = torch.randn(len(hot), 4)
+    with pytest.raises(
+        ConfigError, match=f"lowrank.topk = {len(hot) + 1} is invalid: must be at most the draft head's {len(hot)} rows"
+    ):
+        build_policy(cfg, 2, fallback_id=FALLBACK, model=d2t_context(hot, weight, head_ids=torch.tensor(hot)))
+
+
+def test_cluster_partitions_the_draft_vocabulary_in_target_ids(hot, tmp_path):
+    g = torch.Generator().manual_seed(4)
+    head_ids = torch.tensor(hot)[torch.randperm(len(hot), generator=g)]
+    weight = torch.randn(len(hot), 8, generator=g)
+    cfg = parse_config({"policy": "cluster", "capacity": 12, "cluster": {"clusters": 4, "budget": [2, 1]}})
+    ctx = d2t_context(hot, weight, head_ids=head_ids, cache_dir=tmp_path)
+    pol = build_policy(cfg, 4, fallback_id=FALLBACK, model=ctx)
+    assert sorted(pol.perm.tolist()) == hot  # every head row once, as its target id
+    pol.select(ROWS, 0, torch.randn(2, 2, 8, generator=g), torch.zeros(2, 2, dtype=torch.long))
+    for row in ROWS.tolist():
+        ids = pol.table.row(row)
+        assert ids and set(ids) <= set(hot)
+
+
+def test_a_sharded_head_is_ranked_whole_on_every_rank(tmp_path):
+    """Two ranks, each holding an equal padded slice of a 10-row head (SGLang's ParallelLMHead: 10 -> 12 rows):
+    ``head_weight`` is the whole head without padding on each, so the SVD ranker and its sets are TP 1's."""
+    g = torch.Generator().manual_seed(5)
+    whole = torch.randn(10, 6, generator=g)
+    padded = torch.cat([whole, torch.zeros(2, 6)])
+    shards = padded.chunk(2)
+    cfg = parse_config({"policy": "lowrank", "lowrank": {"rank": 3, "topk": 4}})
+    hidden = torch.randn(2, 2, 6, generator=g)
+    sets = []
+    for weight, gather in (
+        (whole, None),
+        (shards[0], lambda p: torch.cat(shards)),
+        (shards[1], lambda p: torch.cat(shards)),
+    ):
+        ctx = ModelContext(weight=weight, vocab_size=10, gather_weight=gather, cache_dir=tmp_path / str(len(sets)))
+        assert torch.equal(ctx.head_weight(), whole)
+        pol = build_policy(cfg, 4, model=ctx)
+        pol.select(ROWS, 0, hidden, torch.zeros(2, 2, dtype=torch.long))
+        sets.append([pol.table.row(r) for r in ROWS.tolist()])
+        assert all(0 <= i < 10 for s in sets[-1] for i in s)  # never a padding row
+    assert sets[0] == sets[1] == sets[2]

@@ -37,6 +37,7 @@ Refusals (all raised during server-argument resolution, i.e. before any process 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -45,13 +46,17 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+from safetensors import safe_open
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
 from ..config import PolicyConfig
 from ..errors import ConfigError, SpecVocabError
 from ..policies import load_config
-from ..vocab_data import table_vocab_size
+from ..policies.lowrank import read_ranker
+from ..vocab_data import load_frequency_ids, table_vocab_size
 
 logger = logging.getLogger(__name__)
 
@@ -238,6 +243,7 @@ class DraftInfo:
     vocab_size: int  # the target's vocabulary V (the id space of every set)
     head_size: int  # H: rows of the draft's LM head
     d2t: bool  # True when the head is a reduced (draft_vocab_size) head with a d2t map
+    hidden_size: int | None = None  # d, the width of the draft's hidden states (None: not in its config)
 
     def describe(self) -> str:
         kind = f"a d2t draft, draft_vocab_size {self.head_size}" if self.d2t else "a full-vocabulary draft"
@@ -251,7 +257,31 @@ def draft_info(draft_hf_config: Any, draft_path: str, target_vocab_size: int) ->
     tied = bool(getattr(draft_hf_config, "tie_word_embeddings", False))
     d2t = dvs is not None and not tied and int(dvs) != target_vocab_size
     head = int(dvs) if d2t else target_vocab_size
-    return DraftInfo(str(draft_path), archs, int(target_vocab_size), head, d2t)
+    text = getattr(draft_hf_config, "text_config", draft_hf_config)
+    hidden = getattr(text, "hidden_size", getattr(draft_hf_config, "hidden_size", None))
+    hidden = int(hidden) if isinstance(hidden, int) else None
+    return DraftInfo(str(draft_path), archs, int(target_vocab_size), head, d2t, hidden)
+
+
+def checkpoint_hot_ids(draft_path: str):
+    """A d2t draft's hot ids (the target id of each head row: SGLang's ``hot_token_id = d2t + row``), read from a
+    local safetensors checkpoint without its other tensors; None where the draft is not such a directory (a hub id
+    not yet downloaded: the policy checks the same once the weights load)."""
+    root = Path(draft_path)
+    if not root.is_dir():
+        return None
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        name = json.loads(index.read_text()).get("weight_map", {}).get("d2t")
+        files = [root / name] if name else []
+    else:
+        files = sorted(root.glob("*.safetensors"))
+    for file in files:
+        with safe_open(str(file), "pt") as f:
+            if "d2t" in f.keys():  # noqa: SIM118  (safe_open has keys(), not __contains__)
+                d2t = f.get_tensor("d2t").long().flatten()
+                return d2t + torch.arange(d2t.numel())
+    return None
 
 
 def _members(config: PolicyConfig) -> list[PolicyConfig]:
@@ -259,6 +289,32 @@ def _members(config: PolicyConfig) -> list[PolicyConfig]:
 
 
 _TARGET_ID_FILES = (("static", "table"), ("retrieval", "table"), ("retrieval", "graph"))
+_SIZED_TABLES = (("static", "size"), ("retrieval", "static_size"))  # a frequency table and how many ids it gives
+
+
+class _Hot:
+    """A d2t draft's vocabulary as a bool mask over the target ids, read once and only when a check needs it."""
+
+    def __init__(self, draft: DraftInfo) -> None:
+        self.draft, self._mask, self._read = draft, None, False
+
+    def mask(self):
+        if self.draft.d2t and not self._read:
+            self._read = True
+            ids = checkpoint_hot_ids(self.draft.path)
+            if ids is not None:
+                self._mask = np.zeros(self.draft.vocab_size, dtype=bool)
+                self._mask[ids.numpy()] = True
+        return self._mask
+
+
+def _check_sized_tables(cfg: PolicyConfig, draft: DraftInfo, hot: _Hot) -> None:
+    """A frequency table holds the ids a static core asks for (of the d2t draft's vocabulary, where the checkpoint
+    is local): the check the policy makes again when it is built, here before any weights load."""
+    for section, size in _SIZED_TABLES:
+        sec = getattr(cfg, section, None)
+        if sec is not None:
+            load_frequency_ids(cfg.resolve(sec.table), draft.vocab_size, getattr(sec, size), hot.mask())
 
 
 def check_config_for_models(config: PolicyConfig, draft: DraftInfo) -> None:
@@ -274,6 +330,7 @@ def check_config_for_models(config: PolicyConfig, draft: DraftInfo) -> None:
             f"--speculative-draft-model-path {draft.path} has architectures {list(draft.architectures)}"
         )
     config.check_files()  # every named file exists (this config's and its members')
+    hot = _Hot(draft)
     for cfg in _members(config):  # data files first: a file built for another model explains the rest
         for section, key in _TARGET_ID_FILES:
             value = getattr(getattr(cfg, section, None), key, None)
@@ -288,6 +345,10 @@ def check_config_for_models(config: PolicyConfig, draft: DraftInfo) -> None:
                     "build one for this model with sglang-specvocab build-freq"
                 )
         cfg.check_vocab(draft.head_size, draft.describe())
+        _check_sized_tables(cfg, draft, hot)
+        lowrank = getattr(cfg, "lowrank", None)
+        if lowrank is not None and lowrank.ranker != "svd" and draft.hidden_size is not None:
+            read_ranker(cfg.resolve(lowrank.ranker), draft.head_size, draft.hidden_size, lowrank.rank, cfg.source)
         if getattr(cfg, "align", None) is not None:  # lab/align.py runs in the reference decoder only
             raise ConfigError(
                 f"{cfg.source}: align = {dict(cfg.align)!r} is invalid for a server: EvoSpec's online alignment "

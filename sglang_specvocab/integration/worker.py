@@ -29,9 +29,10 @@ before the head (``stepwise_inputs``): step 0 in the draft extends (the row of e
 position: prefill last row, decode ``select_index`` / ``accept_lens - 1``), step ``i + 1`` in the
 ``i``-th forward of ``draft_forward`` (its ``topk`` beams). Everything is static-shaped tensor code
 on the forward batch's ``req_pool_indices`` (the static buffer inside a CUDA graph), so it is
-captured with the draft graphs. Refused at start for a d2t draft (the rankers rank draft-head
-rows, the table holds target ids) and for TP > 1 (each rank holds a head shard: the rankers would
-differ between ranks).
+captured with the draft graphs. With a d2t draft the rankers rank the draft head's rows and write
+their target ids (``ModelContext.head_ids``); at TP > 1 each rank builds its ranker or clusters from
+the whole head (gathered once at start-up, ``ModelContext.head_weight``) and the hidden states are the
+same on every rank, so every rank writes the same set with no collective in the draft step.
 
 Where the installed SGLang has the hooks of the repository's ``patches/sglang-0.5.23-draft-topk-hook.diff``
 (``SGLANG_HOOK``, detected once when this module is imported), none of the copies is used: SGLang's own
@@ -126,6 +127,15 @@ def _forward_mode_name(forward_mode) -> str | None:
     if forward_mode.is_decode():
         return "decode"
     return None
+
+
+def _tp_gather(module):
+    """The all-gather of a vocabulary-parallel module's weight over SGLang's TP group, None for a whole one.
+    Start-up only (a policy builds its ranker or clusters from the whole head, the same on every rank)."""
+    if int(getattr(module, "tp_size", 1)) <= 1:
+        return None
+    group = get_parallel().tp_group
+    return lambda part: group.all_gather(part, dim=0)
 
 
 class StepwiseProcessor(DynVocabLogitsProcessor):
@@ -257,11 +267,15 @@ class DynVocabDraftWorker(EagleDraftWorker):
         inner = getattr(draft, "model", None)
         embed = getattr(inner, "embed_tokens", None)
         eos = tuple(sorted(getattr(target_config, "hf_eos_token_id", None) or ()))
+        hot = self.dynvocab_hot_token_id()
         return ModelContext(
             weight=getattr(head, "weight", None),
             embedding=getattr(embed, "weight", None),
             vocab_size=int(target_config.vocab_size),
             eos_token_ids=eos,
+            head_ids=None if hot is None else hot.flatten().long(),
+            gather_weight=_tp_gather(head),
+            gather_embedding=_tp_gather(embed),
         )
 
     def dynvocab_hot_token_id(self) -> torch.Tensor | None:
@@ -312,14 +326,6 @@ class DynVocabDraftWorker(EagleDraftWorker):
             return
         hot = self.dynvocab_hot_token_id()
         model = self.draft_runner.model
-        tp = int(getattr(getattr(model, "lm_head", None), "tp_size", 1))
-        if policy.stepwise and (hot is not None or tp > 1):
-            why = "a d2t draft (the rankers rank draft-head rows)" if hot is not None else f"TP = {tp}"
-            raise SpecVocabError(
-                f"{NAME}: policy '{self.dynvocab_config.policy}' ({self.dynvocab_config.source}) chooses its set "
-                f"inside each draft step, which is not supported with {why}; use a full-vocabulary EAGLE-3 draft "
-                "at TP 1, or a context policy (window, static, retrieval)"
-            )
         cls = StepwiseProcessor if policy.stepwise else DynVocabLogitsProcessor
         vocab = int(self.target_worker.model_runner.model_config.vocab_size)
         # the head sizes its union: head.union_capacity, else config.default_union_columns over its rows

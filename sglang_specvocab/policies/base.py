@@ -21,6 +21,7 @@ Per-round code is tensor code only: no Python loop over tokens or requests, no `
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +44,37 @@ class ModelContext:
     #: bool ``[vocab_size]`` on the table's device: the target ids a reduced (d2t) draft head has rows for;
     #: None when the head covers the whole vocabulary. See ``DraftVocabPolicy``.
     draft_vocab: torch.Tensor | None = None
+    #: int64 ``[H]``: the target id of each draft head row (a d2t draft's map); None: row i is id i.
+    head_ids: torch.Tensor | None = None
+    #: Tensor parallelism: all-gather along dim 0 over the ranks that shard ``weight`` / ``embedding`` (SGLang's
+    #: vocabulary-parallel layers: equal, padded slices in rank order); None where the tensor is whole.
+    gather_weight: Callable[[torch.Tensor], torch.Tensor] | None = None
+    gather_embedding: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    @property
+    def head_rows(self) -> int | None:
+        """H, the draft head's real rows over all ranks (None without a head)."""
+        if self.head_ids is not None:
+            return int(self.head_ids.numel())
+        if self.vocab_size is not None:
+            return int(self.vocab_size)
+        return None if self.weight is None else int(self.weight.shape[0])
+
+    def head_weight(self) -> torch.Tensor | None:
+        """The draft's whole LM head ``[H, d]``: row j scores the token ``row_ids(j)``. A TP shard is gathered from
+        every rank (a fresh tensor of the whole head: use it at start-up, keep only what is derived from it) and
+        SGLang's padding rows are cut, so a policy built from it is the same on every rank and at every TP size."""
+        return _whole(self.weight, self.gather_weight, self.head_rows)
+
+    def embedding_weight(self) -> torch.Tensor | None:
+        """The draft's whole input embedding ``[V, d]`` (gathered and cut as ``head_weight``)."""
+        return _whole(self.embedding, self.gather_embedding, self.vocab_size)
+
+    def row_ids(self, rows: torch.Tensor) -> torch.Tensor:
+        """The target ids of draft head rows ``rows`` (any shape; a d2t draft's map, else the rows themselves)."""
+        if self.head_ids is None:
+            return rows
+        return self.head_ids.to(rows.device)[rows]
 
     def in_draft_vocab(self, ids: torch.Tensor) -> torch.Tensor:
         """Whether each id (any shape, negative = none) is a live id the draft head can score."""
@@ -51,6 +83,13 @@ class ModelContext:
             return live
         n = self.draft_vocab.shape[0]
         return live & (ids < n) & self.draft_vocab[ids.long().clamp(0, n - 1)]
+
+
+def _whole(part: torch.Tensor | None, gather, rows: int | None) -> torch.Tensor | None:
+    if part is None:
+        return None
+    whole = part if gather is None else gather(part.detach().contiguous())
+    return whole if rows is None or rows >= whole.shape[0] else whole[:rows]
 
 
 class Policy:
@@ -81,8 +120,10 @@ class Policy:
             )
 
     def require(self, what: str) -> torch.Tensor:
-        """The model tensor ``what`` ('weight' or 'embedding'), or a clear error if the caller gave none."""
-        value = getattr(self.model, what)
+        """The model tensor ``what``, whole (``ModelContext.head_weight`` / ``embedding_weight``: over all TP ranks,
+        without padding rows): 'weight' or 'embedding', or a clear error if the caller gave none."""
+        m = self.model
+        value = m.head_weight() if what == "weight" else m.embedding_weight()
         if value is None:
             desc = {"weight": "the draft's LM head", "embedding": "the draft's input embeddings"}[what]
             raise SpecVocabError(

@@ -1,7 +1,8 @@
 """``cluster``: DynaSpec, a router picks clusters of token ids for each draft step.
 
 Offline, the normalised LM-head rows are partitioned by spherical k-means (faiss), cached on
-disk per weights and settings. Within a cluster, ids are kept most-central first.
+disk per weights and settings. Within a cluster, ids are kept most-central first. The rows are the whole
+head's on every tensor-parallel rank (``ModelContext.head_weight``), a d2t draft's mapped to their target ids.
 
 Per draft step t a request's set is the union of its ``budget(t)`` best-scoring clusters, in
 score order, cut at ``capacity`` ids (the last cluster may be cut: its most central ids stay):
@@ -135,8 +136,8 @@ class ClusterPolicy(Policy):
         c = config.cluster
         if c.clusters > weight.shape[0]:
             raise ConfigError(
-                f"{config.source}: cluster.clusters = {c.clusters} is invalid: must be at most the vocabulary "
-                f"size {weight.shape[0]}"
+                f"{config.source}: cluster.clusters = {c.clusters} is invalid: must be at most the draft head's "
+                f"{weight.shape[0]} rows"
             )
         self.clusters_key = weights_key(weight, clusters=c.clusters, iterations=c.iterations, seed=c.seed)
         data = cached(
@@ -146,7 +147,7 @@ class ClusterPolicy(Policy):
             self.model.cache_dir,
         )
         dev = table.device
-        self.perm = data["perm"].to(dev)
+        self.perm = self.model.row_ids(data["perm"]).to(dev)  # head rows -> target ids (a d2t draft's map)
         self.offsets = data["offsets"].to(dev)
         self.centroids = data["centroids"].to(dev)
         self.router = None

@@ -2,7 +2,10 @@
 
 Approximate logits ``(hidden @ W_down.T) @ W_vocab.T`` (``W_down[d', d]``, ``W_vocab[V, d']``)
 rank the whole vocabulary; the ``topk`` best ids become the request's set and the head then
-computes exact logits over them.
+computes exact logits over them. The ranker ranks the draft head's rows: a d2t draft's rows are mapped to their
+target ids (``ModelContext.head_ids``); a tensor-parallel head is ranked whole on every rank (``head_weight``), so
+the set is the same on every rank and at every TP size, with no collective in the draft step (each rank reads the
+whole ranker, ``V x d'``, a step: the head's cost at TP 1).
 
 Rows of one request (its beams) share one set: the top-k of the element-wise **maximum** of
 their approximate logits. That keeps the set exactly ``topk`` ids wide (no cap, no padding)
@@ -81,20 +84,26 @@ def whitened_ranker(weight: torch.Tensor, hidden: torch.Tensor, rank: int) -> tu
     return w_down.contiguous(), (lo @ v).contiguous(), share
 
 
-def load_ranker(path, weight: torch.Tensor, rank: int, where: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """A trained ranker file, checked against the model and the config: (w_down, w_vocab, what it was fit on).
-    A whitened file's ``w_vocab`` is the head ``weight`` times its ``w_proj``."""
-    vocab_size, hidden_size = weight.shape
+def read_ranker(path, head_rows: int, hidden_size: int, rank: int, where: str) -> dict:
+    """A trained ranker file's tensors, their shapes checked against a draft head of ``head_rows`` rows of
+    ``hidden_size`` and the config's ``rank`` (the server's argument resolution runs this before any weights load)."""
     data = load_trained(path, ("w_down",), "ranker", "train-ranker", where, optional=("w_vocab", "w_proj"))
     if ("w_vocab" in data) == ("w_proj" in data):
         raise ConfigError(f"{where}: ranker file {path} must hold exactly one of w_vocab and w_proj (train-ranker)")
-    want = {"w_down": (rank, hidden_size), "w_vocab": (vocab_size, rank), "w_proj": (hidden_size, rank)}
+    want = {"w_down": (rank, hidden_size), "w_vocab": (head_rows, rank), "w_proj": (hidden_size, rank)}
     for name in ("w_down", "w_vocab", "w_proj"):
         if name in data and tuple(data[name].shape) != want[name]:
             raise ConfigError(
                 f"{where}: ranker file {path}: {name} has shape {tuple(data[name].shape)}, the model and rank = "
                 f"{rank} need {want[name]}"
             )
+    return data
+
+
+def load_ranker(path, weight: torch.Tensor, rank: int, where: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """A trained ranker file, checked against the model and the config: (w_down, w_vocab, what it was fit on).
+    A whitened file's ``w_vocab`` is the head ``weight`` times its ``w_proj``."""
+    data = read_ranker(path, weight.shape[0], weight.shape[1], rank, where)
     w_vocab = data["w_vocab"] if "w_vocab" in data else head_times(weight, data["w_proj"])
     return data["w_down"], w_vocab, data["recording"]
 
@@ -116,12 +125,16 @@ class LowRankPolicy(Policy):
 
     def __init__(self, config: LowRankConfig, table: CandidateTable, model: ModelContext | None = None) -> None:
         super().__init__(config, table, model)
-        weight = self.require("weight")
-        hidden = weight.shape[1]
+        weight = self.require("weight")  # the whole head: every rank ranks every row, no collective per step
+        rows, hidden = weight.shape
         c = config.lowrank
         if c.rank > hidden:
             raise ConfigError(
                 f"{config.source}: lowrank.rank = {c.rank} is invalid: must be at most the hidden size {hidden}"
+            )
+        if c.topk > rows:
+            raise ConfigError(
+                f"{config.source}: lowrank.topk = {c.topk} is invalid: must be at most the draft head's {rows} rows"
             )
         if c.ranker == "svd":
             key = weights_key(weight, rank=c.rank)
@@ -139,6 +152,9 @@ class LowRankPolicy(Policy):
         self.w_down = w_down.to(table.device, weight.dtype)
         self.w_vocab = w_vocab.to(table.device, weight.dtype)
         self.topk = c.topk
+        # the ranker ranks head rows; a d2t draft's row j is the target id head_ids[j]
+        ids = self.model.head_ids
+        self.row_ids = None if ids is None else ids.to(table.device, torch.long)
 
     def scores(self, hidden: torch.Tensor) -> torch.Tensor:
         """Approximate logits ``[..., V]`` of hidden states ``[..., d]``."""
@@ -146,4 +162,4 @@ class LowRankPolicy(Policy):
 
     def select(self, rows: torch.Tensor, step: int, hidden: torch.Tensor, tokens: torch.Tensor) -> None:
         best = self.scores(hidden).amax(dim=1).topk(self.topk, dim=-1).indices
-        self.table.assign(rows, best)
+        self.table.assign(rows, best if self.row_ids is None else self.row_ids[best])
