@@ -258,7 +258,9 @@ def test_cluster_config_errors():
 
 def test_cluster_refuses_more_clusters_than_tokens(cache):
     cfg = parse_config({"policy": "cluster", "capacity": 8, "cluster": {"clusters": 600, "budget": [2, 1]}})
-    with pytest.raises(ConfigError, match="cluster.clusters = 600 is invalid: must be at most the draft head.s 512 rows"):
+    with pytest.raises(
+        ConfigError, match="cluster.clusters = 600 is invalid: must be at most the draft head.s 512 rows"
+    ):
         build_policy(cfg, 2, model=model_ctx(torch.randn(V, 16), cache))
 
 
