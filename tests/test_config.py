@@ -207,6 +207,56 @@ def test_cli_subprocess_exit_code_and_single_message(tmp_path):
     assert out.stderr.strip() == f"error: {path}: capacity = 0 is invalid: must be greater than or equal to 1"
 
 
+# A YAML alias inside its own anchor loads as a structure that contains itself (the only way a config can
+# include itself: there is no include key); each case's message names the cycle by key paths.
+CYCLES = [
+    (
+        "&top\npolicy: union\nmembers:\n  - *top\n",
+        (
+            "members[0] is invalid: it is a YAML alias of the mapping at top level, which encloses it, so the "
+            "config contains itself (cycle: top level -> members[0] -> top level)"
+        ),
+    ),
+    (
+        "policy: union\nmembers:\n  - &m\n    policy: union\n    members: [{policy: window, capacity: 8}, *m]\n",
+        (
+            "members[0].members[1] is invalid: it is a YAML alias of the mapping at members[0], which encloses it, "
+            "so the config contains itself (cycle: members[0] -> members[0].members[1] -> members[0])"
+        ),
+    ),
+    (
+        "policy: union\nmembers: &l\n  - {policy: window, capacity: 8}\n  - *l\n",
+        "members[1] is invalid: it is a YAML alias of the list at members, which encloses it",
+    ),
+]
+
+
+@pytest.mark.parametrize("text, piece", CYCLES, ids=["self", "nested", "list"])
+def test_a_config_that_contains_itself_is_one_config_error(tmp_path, text, piece):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: {piece}") and len(message.splitlines()) == 1
+
+
+@pytest.mark.parametrize("text, piece", CYCLES[:2], ids=["self", "nested"])
+def test_cli_refuses_a_config_that_contains_itself_with_one_line(tmp_path, text, piece):
+    path = write(tmp_path, text)
+    out = subprocess.run(
+        [sys.executable, "-m", "sglang_specvocab", "check-config", str(path)], capture_output=True, text=True
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert out.stderr.startswith(f"error: {path}: {piece}")
+
+
+def test_an_alias_used_twice_without_a_cycle_still_loads(tmp_path):
+    path = write(tmp_path, "policy: union\nmembers:\n  - &w {policy: window, capacity: 8}\n  - *w\n")
+    cfg = load_config(path)
+    assert [m.policy for m in cfg.member_configs] == ["window", "window"] and cfg.table_capacity == 16
+
+
 @pytest.mark.parametrize(
     "text, key, rel",
     [

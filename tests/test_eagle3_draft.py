@@ -654,6 +654,35 @@ def test_cli_stopped_by_sigterm_saves_and_the_same_command_continues(target_dir,
     )
 
 
+class _RunsCode:
+    """What a crafted resume file could hold: unpickled in full, it runs code (here: writes ``marker``)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').close()",))
+
+
+def test_a_resume_state_that_would_run_code_is_refused_unrun(target_dir, data, tmp_path, capsys):
+    """A file at --resume-state is loaded as tensors and plain values only: one that names code to run is
+    refused (exit 2, one line naming what it holds) and the code never runs."""
+    marker, state = tmp_path / "ran", tmp_path / "state.pt"
+    torch.save({"format": T.RESUME_FORMAT, "step": 1, "settings": _RunsCode(marker)}, state)
+    data.save(tmp_path / "data.pt")
+    argv = ["--target", str(target_dir), "--out", str(tmp_path / "draft"), "--data", str(tmp_path / "data.pt")]
+    argv += ["--head", "full", "--steps", "2", "--batch-size", "3", "--seq-len", "48", "--ttt-steps", "2"]
+    argv += ["--device", "cpu", "--val", "0", "--resume-state", str(state)]
+    assert _train_eagle3(argv) == 2
+    assert not marker.exists()
+    err = capsys.readouterr().err  # the progress bars of loading the target, then the refusal
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and err.strip().endswith(errors[0]) and "Traceback" not in err
+    assert errors[0].startswith(f"error: --resume-state {state}: refused: not only tensors and plain values")
+    # what the file named, without torch's paragraphs of advice
+    assert "(Unsupported global: GLOBAL exec was not an allowed global by default)" in errors[0]
+
+
 def test_cli_time_budget_records_the_fit_or_stops_in_time(target_dir, data, tmp_path, capsys):
     """A budget that fits the schedule: the run ends as usual and training.json has the probe's rate; a budget
     spent before training starts: the first step ends the run as SIGTERM does (the draft so far, exit 124)."""

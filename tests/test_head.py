@@ -10,7 +10,7 @@ from sglang_specvocab.bench.host import LaunchCounter
 from sglang_specvocab.config import HeadSection, default_union_columns
 from sglang_specvocab.head import DraftHead
 from sglang_specvocab.ops import indexed_logits
-from sglang_specvocab.ops.topk import head_row_map, local_topk, row_slots, vocab_shard
+from sglang_specvocab.ops.topk import local_topk, vocab_shard
 from sglang_specvocab.table import CandidateTable
 
 NEG_INF = float("-inf")
@@ -131,9 +131,13 @@ def test_from_config_takes_the_head_section_whole():
 
 def test_union_overflow_keeps_the_lowest_ids_and_is_counted():
     weight, table, sets, rows, hidden = _case(seed=2)
+    # slot 0 (the batch's second request) gets one id above every other set's: the overflow drops its whole set
+    top = max(set(range(V)) - set().union(*(sets[int(s)] for s in rows if int(s) != 0)))
+    table.assign(torch.tensor([0]), torch.tensor([[top] + [-1] * (W - 1)]))
+    sets[0] = table.row(0)
     union = sorted(set().union(*(sets[int(s)] for s in rows)))
     C = W + 3
-    assert len(union) > C
+    assert len(union) > C and top not in union[:C]
     head = DraftHead(weight, table, batch="union-indexed", union_capacity=C)
     out = head(hidden, rows)
     assert out.col_ids.tolist() == union[:C] and int(head.union_overflow) == 1
@@ -143,6 +147,7 @@ def test_union_overflow_keeps_the_lowest_ids_and_is_counted():
     )
     # a request whose whole set was dropped: -inf entries, the fallback id, probability 0 (never NaN)
     gone = [i for i, s in enumerate(rows.tolist()) if not set(sets[s]) & set(union[:C])]
+    assert gone == [1]
     probs, tokens = out.topk_probs(k)
     assert bool(torch.isfinite(probs).all())
     for i in gone:
@@ -215,10 +220,13 @@ def test_mapped_rows_keep_the_request_slot_and_give_the_previous_logits(kernel, 
     head = DraftHead(local, table, kernel=kernel, batch="per-request", hot_token_id=hot, target_vocab_size=V,
                      shard=shard, tp_size=1)  # fmt: skip
     out = head(hidden, rows)
-    slots = row_slots(rows, hidden.shape[0])
-    row_map = head_row_map(V, hot_token_id=hot, shard=shard)
-    if row_map is None:
-        row_map = torch.arange(V, dtype=torch.int32)
+    # stated here, not by the head's own helpers: each hidden row's slot (request-major, 3 rows a request) and each
+    # target id's local row (its global head row, identity or its index in the d2t map, less this rank's start)
+    slots = rows.repeat_interleave(3)
+    global_row = {t: t for t in range(V)} if hot is None else {t: j for j, t in enumerate(hot.tolist())}
+    row_map = torch.tensor(
+        [global_row[t] - start if start <= global_row.get(t, -1) < end else -1 for t in range(V)], dtype=torch.int32
+    )
     want = _previous_mapped_logits(hidden, local, table.ids, table.cnt, slots, row_map)
     assert torch.equal(out.logits, want)
     assert torch.equal(head(hidden[:3], rows[:1]).logits, want[:3])  # one request's branches on its one slot
@@ -249,7 +257,20 @@ def test_the_per_request_step_is_two_launches(space, n):
     sets = [table.row(s) for s in range(R)]
     want = literal_head_topk(hidden, head_w, sets, rows, 3, FALLBACK, tokens_of=None if hot is None else hot.tolist())
     assert tokens.tolist() == [[t for _, t in row] for row in want]
-    torch.testing.assert_close(probs.sum(1) <= 1.0 + 1e-6, torch.ones(len(want), dtype=torch.bool))
+    # each row's probabilities: a softmax over the live ids of its request's set (those with a head row), the top 3
+    # by (probability, lower id), then probability 0 with the fallback id where the set has fewer live ids
+    head_row = {t: t for t in range(V)} if hot is None else {t: j for j, t in enumerate(hot.tolist())}
+    want_probs, want_tokens, short = torch.zeros(len(hidden), 3, dtype=torch.float64), [], 0
+    for m in range(len(hidden)):
+        live = [t for t in sets[int(rows[m // n])] if t in head_row]
+        p = torch.softmax(hidden[m].double() @ head_w[[head_row[t] for t in live]].double().T, dim=0)
+        top = sorted(range(len(live)), key=lambda j: (-float(p[j]), live[j]))[:3]
+        want_probs[m, : len(top)] = p[top]
+        want_tokens.append([live[j] for j in top] + [FALLBACK] * (3 - len(top)))
+        short += len(top) < 3
+    assert short  # some rows end in the fallback (a set of one id)
+    assert tokens.tolist() == want_tokens
+    torch.testing.assert_close(probs.double(), want_probs, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("plan", ["union-indexed", "union-gemm"])
@@ -280,13 +301,28 @@ def test_auto_plan_runs_on_meta_and_its_logits_are_the_plans_width():
     for batch in ("auto", "per-request", "union-indexed", "union-gemm", "stock"):
         head = DraftHead(weight, table, batch=batch, union_capacity=640)
         width = {"per-request": 64, "union-indexed": 640, "union-gemm": 640, "stock": 5000}
+        # auto on meta (no fitted constants: bandwidth and launches only): at most 8 x 64 set rows against the
+        # head's 5000, and a union's 34 launches, so per request at every shape here
+        want = "per-request" if batch == "auto" else batch
         for bs, n in [(1, 1), (1, 4), (4, 1), (8, 4), (8, 1)]:
             out = head(torch.zeros(bs * n, 32, device="meta"), torch.zeros(bs, dtype=torch.int64, device="meta"))
             assert out.logits.device.type == "meta" and out.topk(3)[1].shape == (bs * n, 3)
-            assert out.plan == (batch if batch != "auto" else out.plan) and head.planned[(bs, n)] == out.plan
-            assert out.logits.shape[1] == width[out.plan]
+            assert out.plan == want and head.planned[(bs, n)] == want
+            assert out.logits.shape[1] == width[want]
             with pytest.raises(ValueError, match="is the key the one of the call that produced them"):
                 head.output(out.logits[:, :63], torch.zeros(bs, dtype=torch.int64, device="meta"), (bs, n))
+
+
+def test_auto_plan_follows_the_bytes_each_plan_reads():
+    """With bandwidth-only constants (meta: no fitted file) auto reads the fewest bytes: one request's 512 set rows
+    (4 MiB of bf16 rows of 4096) beat the head's 1000 rows (8 MiB); 64 requests' sets (256 MiB) lose to them."""
+    table = CandidateTable(64, 512, device="meta")
+    head = DraftHead(torch.zeros(1000, 4096, device="meta", dtype=torch.bfloat16), table)
+    assert head.costs.device == "meta" and not head.costs.match  # headcost.fallback_costs
+    for bs, want, width in [(1, "per-request", 512), (64, "stock", 1000)]:
+        hidden = torch.zeros(bs, 4096, device="meta", dtype=torch.bfloat16)
+        out = head(hidden, torch.zeros(bs, dtype=torch.int64, device="meta"))
+        assert (out.plan, out.logits.shape[1]) == (want, width)
 
 
 def test_auto_picks_what_the_shipped_h100_costs_document():

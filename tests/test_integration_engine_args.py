@@ -130,7 +130,10 @@ def test_bad_config_files_are_refused_with_the_flags_message(sg, tmp_path):
 
     typo = tmp_path / "typo.yaml"
     typo.write_text("policy: window\ncapacity: 8\nwindw: {}\n")
-    for path, part in ((tmp_path / "missing.yaml", "cannot read config file"), (typo, "unknown key 'windw'")):
+    cycle = tmp_path / "cycle.yaml"  # contains itself (an alias inside its anchor): one ConfigError, no recursion
+    cycle.write_text("&top\npolicy: union\nmembers:\n  - *top\n")
+    cases = [(tmp_path / "missing.yaml", "cannot read config file"), (typo, "unknown key 'windw'")]
+    for path, part in [*cases, (cycle, "(cycle: top level -> members[0] -> top level)")]:
         by_keyword = refusal(keyword(sg, str(path)))
         by_flag = refusal(prepare_server_args(flag_args(sg, path)))
         assert by_keyword == by_flag

@@ -569,19 +569,27 @@ def test_plugin_loads_in_spawned_child_through_the_entry_point(sg):
 
 
 @pytest.mark.parametrize(
-    "extra, piece",
+    "extra, piece, config_text",
     [
-        (["--enable-mixed-chunk"], "DYNVOCAB does not support --enable-mixed-chunk"),
-        ([], None),  # accepted: resolves
+        (["--enable-mixed-chunk"], "DYNVOCAB does not support --enable-mixed-chunk", None),
+        ([], None, None),  # accepted: resolves
+        # a config that contains itself (an alias inside its anchor) was a RecursionError traceback, exit 1
+        ([], "(cycle: top level -> members[0] -> top level)", "&top\npolicy: union\nmembers:\n  - *top\n"),
     ],
+    ids=["mixed-chunk", "accepted", "cyclic-config"],
 )
-def test_a_refused_launch_exits_2_with_one_line_and_no_traceback(sg, tmp_path, extra, piece):
+def test_a_refused_launch_exits_2_with_one_line_and_no_traceback(sg, tmp_path, extra, piece, config_text):
     """What ``python -m sglang.launch_server`` does before it starts anything (load the plug-ins, prepare the
     server args), in a child process: a refusal is one ``error:`` line and exit status 2."""
     import subprocess
     import sys
 
     from sglang_specvocab.testing.standins import child_preamble
+
+    config = CONFIGS / "microspec.yaml"
+    if config_text is not None:
+        config = tmp_path / "policy.yaml"
+        config.write_text(config_text)
 
     script = child_preamble() + (
         "import sys\n"
@@ -592,7 +600,7 @@ def test_a_refused_launch_exits_2_with_one_line_and_no_traceback(sg, tmp_path, e
         "print('resolved')\n"
     )
     run = subprocess.run(
-        [sys.executable, "-c", script, *argv(sg, *extra)],
+        [sys.executable, "-c", script, *argv(sg, *extra, config=config)],
         capture_output=True,
         text=True,
         check=False,

@@ -75,6 +75,7 @@ def parse_config(data: Any, source: str = "<config>") -> PolicyConfig:
         raise ConfigError(
             f"{source}: must be a YAML mapping of keys to values, got {type(data).__name__} {short(data)}"
         )
+    _refuse_cycle(data, source)
     if "policy" not in data:
         raise ConfigError(f"{source}: missing required key 'policy' (one of: {valid})")
     name = data["policy"]
@@ -89,6 +90,37 @@ def parse_config(data: Any, source: str = "<config>") -> PolicyConfig:
     cfg.finish(parse_config)
     cfg.check_head()
     return cfg
+
+
+def _refuse_cycle(data: Any, source: str) -> None:
+    """Refuse a mapping or list that contains itself: a YAML alias inside its own anchor (``&a`` ... ``*a``)
+    loads as a cyclic structure, which parsing (a union's members) would follow until Python's recursion
+    limit. The error names the cycle as key paths, enclosing first."""
+    enclosing: dict[int, str] = {}  # id of each container on the current path -> its key path
+    done: set[int] = set()  # containers walked whole: shared (aliased) but acyclic, not walked again
+
+    def walk(node: Any, path: str) -> None:
+        if not isinstance(node, (dict, list)) or id(node) in done:
+            return
+        if id(node) in enclosing:
+            outer = enclosing[id(node)] or "top level"
+            kind = "mapping" if isinstance(node, dict) else "list"
+            raise ConfigError(
+                f"{source}: {path} is invalid: it is a YAML alias of the {kind} at {outer}, which encloses it, so "
+                f"the config contains itself (cycle: {outer} -> {path} -> {outer}); write the nested config out "
+                "instead of aliasing an anchor it is inside"
+            )
+        enclosing[id(node)] = path
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{path}.{key}" if path else str(key))
+        else:
+            for i, value in enumerate(node):
+                walk(value, f"{path}[{i}]")
+        del enclosing[id(node)]
+        done.add(id(node))
+
+    walk(data, "")
 
 
 def build_policy(

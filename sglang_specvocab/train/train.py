@@ -435,8 +435,16 @@ class _TrainState:
         if path is None or not Path(path).is_file():
             return 0
         try:
-            st = torch.load(path, weights_only=False)  # our own file: optimiser state and plain lists
-        except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+            # weights_only: a full unpickle would run whatever code a crafted file names; ours holds only
+            # tensors and plain values (optimiser and schedule state dicts, lists, numbers, strings).
+            st = torch.load(path, weights_only=True)
+        except pickle.UnpicklingError as exc:
+            raise SpecVocabError(
+                f"--resume-state {path}: refused: not only tensors and plain values ({_unpickler_reason(exc)}); "
+                "loading more could run code, and a state written by train-eagle3 holds nothing more: delete it "
+                "to start again"
+            ) from None
+        except (OSError, RuntimeError, EOFError, ValueError) as exc:
             raise SpecVocabError(f"--resume-state {path}: cannot read it ({exc}); delete it to start again") from None
         if not isinstance(st, dict) or st.get("format") != RESUME_FORMAT:
             raise SpecVocabError(f"--resume-state {path}: not a training state written by train-eagle3")
@@ -586,6 +594,14 @@ class _Loop:
 
 
 RESUME_FORMAT = "sglang-specvocab/eagle3-train-state/1"
+
+
+def _unpickler_reason(exc: Exception) -> str:
+    """What torch's weights-only refusal names as refused: the first sentence of the unpickler's own error
+    (torch raises it again inside paragraphs of advice, ``from None``, which keeps it as the context)."""
+    inner = exc.__context__ if isinstance(exc.__context__, Exception) else exc
+    text = str(inner).strip().splitlines()[0] if str(inner).strip() else type(inner).__name__
+    return text.split(". ")[0].rstrip(".")
 
 
 class Stopped(Exception):
