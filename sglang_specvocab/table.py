@@ -55,9 +55,10 @@ def unique_first(values: torch.Tensor) -> torch.Tensor:
 @functools.lru_cache(maxsize=64)
 def _earlier_in_segment(lengths: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """bool ``[n, n]``: ``[i, j]`` when entry j comes before entry i in the same segment (made once per shape)."""
-    seg = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
-    pos = torch.arange(seg.numel())
-    return ((seg[:, None] == seg[None, :]) & (pos[None, :] < pos[:, None])).to(device)
+    # Made on the device from the Python lengths: a host tensor copied over would be a blocking copy (a sync)
+    seg = torch.cat([torch.full((n,), i, device=device) for i, n in enumerate(lengths)])
+    pos = torch.arange(seg.numel(), device=device)
+    return (seg[:, None] == seg[None, :]) & (pos[None, :] < pos[:, None])
 
 
 def distinct_segments(segments: list[torch.Tensor]) -> torch.Tensor:

@@ -9,7 +9,9 @@ read the column map of the call the graph made, never Python state a later captu
 
 Checked for chains and trees, full-vocabulary and d2t drafts: every drafted id is the plain-Python reference's
 for the plan its bucket runs (the request's own set; the draft's whole vocabulary for ``stock``), request by
-request, after captures in SGLang's order and replays of every bucket in a mixed order, eager calls in between.
+request, after captures in SGLang's order and replays of every bucket in a mixed order, eager calls in between,
+the sets rewritten in place between rounds. A replay of the processor's logits sees new sets, slots and hidden
+rows written in place, in every plan; a host sync in the head (the review's probe) fails the captures.
 The issue-23 reproduction (bucket 4 captured as ``stock``, then bucket 1 as ``per-request``, then the top-k of a
 bucket-4 replay) is ``test_extend_replay_reads_its_own_bucket_plan``.
 """
@@ -76,6 +78,17 @@ class GModel(loop.Model):
             target_vocab_size=V,
             hot_token_id=self.hot,
         )
+
+    def rewrite(self, slots: list[int], g: torch.Generator) -> None:
+        """New sets (5 to CAP ids of the pool) for ``slots``, written into the table in place, as a policy does
+        between rounds."""
+        cand = torch.full((len(slots), CAP), -1, dtype=torch.int64)
+        for i, slot in enumerate(slots):
+            size = int(torch.randint(5, CAP + 1, (1,), generator=g))
+            pick = torch.tensor(self.pool)[torch.randperm(len(self.pool), generator=g)[:size]]
+            cand[i, :size] = pick
+            self.sets[slot] = sorted(pick.tolist())
+        self.table.assign(torch.tensor(slots), cand)
 
     def force_plans(self, plans: dict[tuple[int, int], str]) -> None:
         """Pin the head's plan per call shape (bs, n): what ``auto``'s cost model would pick on some device."""
@@ -267,8 +280,9 @@ def test_eager_extend_reads_the_call_over_every_draft_token(ew, draft, monkeypat
 @pytest.mark.parametrize("topk,steps", [(1, 4), (2, 3)])
 def test_server_rounds_over_captured_buckets(ew, draft, monkeypatch, d2t, topk, steps):
     """Both graph runners captured in SGLang's order (decode buckets, then extend buckets, largest first), then
-    rounds of mixed batch sizes: extend replay, its eager top-k, decode replay. Every round's tree equals an eager
-    run of the same plans, and chains equal the plain greedy chain over what each plan scores."""
+    rounds of mixed batch sizes, the policy rewriting some sets in place before each: extend replay, its eager
+    top-k, decode replay. Every round's tree equals an eager run of the same plans, and chains equal the plain
+    greedy chain over what each plan scores (the round's sets)."""
     nd = 6 if topk > 1 else steps + 1
     model = GModel(d2t=d2t, seed=10 + topk)
     if topk > 1:
@@ -279,7 +293,9 @@ def test_server_rounds_over_captured_buckets(ew, draft, monkeypatch, d2t, topk, 
     decode = DecodeGraphs(draft, w, topk, steps)
     w.cuda_graph_runner_for_draft_extend = ExtendGraphs(model, nd)
     plans = dict(model.proc.dv_head._plans)
+    g = torch.Generator().manual_seed(topk)
     for seed, rows in enumerate([[3, 1, 4], [5], [2, 6], [7, 3, 2, 1], [1, 2], [4]]):
+        model.rewrite(sorted(set(torch.randperm(8, generator=g)[:3].tolist()) | {rows[0]}), g)
         rows = torch.tensor(rows)
         raw, bucket = rows.shape[0], bucket_of(rows.shape[0])
         predict, hidden, accept = round_inputs(model, rows, nd, 100 + seed)
@@ -302,6 +318,68 @@ def test_server_rounds_over_captured_buckets(ew, draft, monkeypatch, d2t, topk, 
                 assert tokens[b].tolist() == [first] + model.chain(h, r, decode_plan, steps - 1)
             if decode_plan != "stock" and extend_plan != "stock":
                 assert set(tokens[b].tolist()) <= set(model.sets[r])
+
+
+@pytest.mark.parametrize("d2t", [False, True], ids=["full", "d2t"])
+@pytest.mark.parametrize("plan", ["per-request", "union-indexed", "union-gemm", "stock"])
+def test_a_processor_replay_sees_the_table_slots_and_hidden_rows_written_in_place(ew, plan, d2t):
+    """The compact processor's logits (``_get_logits``, what the draft model's forward calls) captured once for 3
+    requests of 2 rows; then new sets, slots and hidden rows written in place before each replay. The replayed
+    logits equal an eager call's on the new values, and their eager top-k (``draft_topk`` and ``draft_topk1`` with
+    the call's key, as the draft extend reads them) are the plain ranking over each request's new set."""
+    bs, n, k = 3, 2, 2
+    model = GModel(d2t=d2t, seed=20 + d2t)
+    model.force_plans({(bs, n): plan})
+    g = torch.Generator().manual_seed(1)
+    hidden, rows = torch.randn(bs * n, D, generator=g, dtype=torch.float64), torch.tensor([1, 4, 6])
+    graph, logits = capture(lambda: model.compact(hidden, rows))
+    for _ in range(4):
+        slots = torch.randperm(7, generator=g)[:bs] + 1
+        model.rewrite(sorted(set(slots.tolist()) | set(rows.tolist())), g)
+        rows.copy_(slots)
+        hidden.copy_(torch.randn(bs * n, D, generator=g, dtype=torch.float64))
+        graph.replay()
+        got = logits.clone()
+        probs, tokens = model.proc.draft_topk(got, k, rows, head_key=(bs, n))
+        _, top1 = model.proc.draft_topk1(got, rows, head_key=(bs, n))
+        assert torch.equal(got, model.compact(hidden, rows))
+        assert torch.equal(tokens, model.proc.draft_topk(got, k, rows)[1]) and torch.all(probs > 0)
+        for m, r in enumerate(rows.repeat_interleave(n).tolist()):
+            assert tokens[m].tolist() == model.ranked(hidden[m], r, plan)[:k]
+            assert int(top1[m, 0]) == int(tokens[m, 0])
+
+
+@pytest.mark.parametrize(
+    "probe",
+    [
+        (lambda hidden, rows: rows.tolist(), r"torch\.Tensor\.tolist"),
+        (lambda hidden, rows: (rows >= 0).nonzero(), r"aten\.nonzero"),
+        (lambda hidden, rows: hidden[hidden[:, 0] > 0], r"aten\.index\.Tensor indexes with a boolean mask"),
+    ],
+    ids=["tolist", "nonzero", "mask-index"],
+)
+def test_the_reviews_probe_in_the_head_fails_the_graph_runners_captures(ew, draft, monkeypatch, probe):
+    """The review's probe (``rows.tolist(); (rows >= 0).nonzero(); hidden[mask]`` inside ``DraftHead.__call__``)
+    left every test above green; each of its lines now fails both graph runners' captures (the extend's, the
+    decode's), so those tests would fail too."""
+    from sglang_specvocab.head import DraftHead
+
+    read, names = probe
+    real = DraftHead.__call__
+
+    def probed(self, hidden, rows, weight=None):
+        read(hidden, rows)
+        return real(self, hidden, rows, weight)
+
+    model = GModel(d2t=False)
+    w = loop.make_worker(ew, model, compact=True, topk=2, steps=3, nd=6)
+    ExtendGraphs(model, 6)  # without the probe: captured
+    DecodeGraphs(draft, w, 2, 3)
+    monkeypatch.setattr(DraftHead, "__call__", probed)
+    with pytest.raises(HostSyncInCapture, match=names):
+        ExtendGraphs(model, 6)
+    with pytest.raises(HostSyncInCapture, match=names):
+        DecodeGraphs(draft, w, 2, 3)
 
 
 def test_a_host_sync_in_a_captured_head_is_caught(ew, draft):

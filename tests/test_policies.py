@@ -462,3 +462,26 @@ def test_per_step_and_per_round_paths_never_read_tensors_on_the_host(files, cach
                 pol.select(rows, step, torch.zeros(2, 3, 16, **meta), ids(2, 3))
         pol.on_verify(rows, ids(2, 5), ids(2, 4, 8), ids(2, 4))
         assert pol.table.ids.device.type == "meta", name
+
+
+def test_per_step_and_per_round_paths_capture_without_a_host_sync(files, cache):
+    """The same paths on CPU tensors standing for device tensors, each under ``testing.graphs.capture`` (a ranker's
+    ``select`` runs inside SGLang's captured draft graphs), which refuses data-dependent shapes and copies between
+    host and device too, not all of which meta tensors show."""
+    from sglang_specvocab.testing.graphs import capture
+
+    g = torch.Generator().manual_seed(0)
+    rows = torch.tensor([1, 3])
+    ids = lambda *s: torch.randint(0, V, s, generator=g)
+    w = torch.randn(V, 16, generator=g)
+    for name, data in all_configs(files).items():
+        pol = build_policy(parse_config(data), 5, fallback_id=2, model=model_ctx(w, cache))
+        prompt, event = (ids(2, 10), ids(2, 10, 3)), (ids(2, 5), ids(2, 4, 8), ids(2, 4))
+        steps = [(torch.randn(2, 3, 16, generator=g), ids(2, 3)) for _ in range(3)]
+        capture(lambda pol=pol: pol.on_reset(rows))
+        capture(lambda pol=pol, prompt=prompt: pol.on_prefill(rows, *prompt))
+        if pol.stepwise:
+            for step in range(3):
+                capture(lambda pol=pol, step=step, steps=steps: pol.select(rows, step, *steps[step]))
+        capture(lambda pol=pol, event=event: pol.on_verify(rows, *event))
+        assert int(pol.table.cnt[1]) >= 1, name

@@ -11,6 +11,7 @@ outside a draft vocabulary.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -172,6 +173,28 @@ def test_the_fused_round_equals_the_generic_path(kernel, nd, S, compacted, hot, 
         assert torch.equal(fused.table.ids, generic.table.ids) and torch.equal(fused.table.cnt, generic.table.cnt)
         assert torch.equal(fused.ring, generic.ring) and torch.equal(fused.length, generic.length)
         assert torch.equal(tel_fused.acc, tel_generic.acc)
+
+
+@pytest.mark.parametrize("kernel", ["torch", pytest.param("cuda", marks=needs_ext)])
+@pytest.mark.parametrize("hot", [False, True], ids=["full", "d2t"])
+def test_the_fused_round_syncs_nothing(kernel, hot):
+    """The round under ``testing.graphs.capture``: no host read, no data-dependent shape, no copy between host and
+    device, from a cold start (the reference's segment mask, cached per shape, is made on the device)."""
+    from sglang_specvocab.table import _earlier_in_segment
+    from sglang_specvocab.testing.graphs import capture
+
+    V, cap, R, B, k, nd, S = 50, 16, 7, 4, 3, 6, 3
+    g = torch.Generator().manual_seed(3)
+    policy, telemetry = window(kernel, R, cap, k), Telemetry(R)
+    mask = (torch.rand(V, generator=g) < 0.5) if hot else None
+    prompt = torch.randint(0, V, (R, 20), generator=g)
+    policy.on_prefill(torch.arange(R), prompt, prompt[:, :, None].repeat(1, 1, 2))
+    _earlier_in_segment.cache_clear()
+    for compacted in (False, True):
+        rows = torch.randperm(R, generator=g)[:B]
+        draft, index, lens, predict, logits = random_round(g, B, nd, S, V, pad=3, compacted=compacted)
+        round_ = functools.partial(policy.on_verify_round, rows, draft, index, lens, predict, logits)
+        capture(functools.partial(round_, compacted=compacted, vocab_size=V, acc=telemetry.acc, hot=mask))
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("cuda", marks=needs_ext)])
