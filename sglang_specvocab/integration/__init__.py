@@ -1,7 +1,7 @@
 """The only package that imports SGLang (0.5.23): the DYNVOCAB plug-in.
 
 - ``plugin``: the entry point ``register()`` (``sglang.srt.plugins`` group), the
-  ``--speculative-dynvocab-config`` flag;
+  ``--speculative-dynvocab-config`` flag and ``Engine``'s keyword;
 - ``algorithm``: the spec class, EAGLE defaults and every refusal before start;
 - ``worker``: the worker subclasses (imported lazily, in the scheduler);
 - ``logits``, ``events``: the compact logits processor and the verify/prefill events.

@@ -1,0 +1,140 @@
+"""A plain SGLang (no ``--speculative-algorithm DYNVOCAB``) with the package installed behaves as without it.
+
+Each child process below builds the same plain server arguments every way SGLang does (``ServerArgs(...)`` before
+and after the plug-ins load, ``prepare_server_args``, ``Engine.server_args_class`` and a real ``sglang.Engine(...)``
+stopped right after resolution) and reports what SGLang sees: the record's class, its fields, the dict
+``/server_info`` serves (``build_server_info``) and the custom metric labels ``OpenAIServingBase`` keeps. One child
+loads no plug-in (SGLang's switch ``SGLANG_PLUGINS``), one loads this one through its entry point; the reports must
+be equal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.sglang, pytest.mark.usefixtures("no_dynvocab_env")]
+
+CHILD = """
+import json, sys
+from types import SimpleNamespace
+
+import msgspec
+
+mode, fields, argv = json.loads(sys.argv[1])
+
+import sglang
+import sglang.srt.entrypoints.engine as engine_module
+import sglang.srt.server_args as server_args_module
+from sglang.srt.entrypoints.openai import serving_base
+from sglang.srt.plugins import hook_registry, load_plugins
+from sglang.srt.server_args import prepare_server_args
+from sglang.srt.speculative.spec_registry import get_spec
+from sglang.srt.utils.common import build_server_info
+
+# In a dict: HookRegistry rebinds every module global that holds a replaced class, this script's included.
+SGLANG = {"ServerArgs": server_args_module.ServerArgs}
+records = {"before plug-ins": server_args_module.ServerArgs(**fields)}
+load_plugins()
+cls = SGLANG["ServerArgs"]
+records["ServerArgs(...)"] = server_args_module.ServerArgs(**fields)
+records["prepare_server_args"] = prepare_server_args(argv)
+records["Engine.server_args_class"] = engine_module.Engine.server_args_class(**fields)
+
+
+class Resolved(Exception):
+    pass
+
+
+def stop(server_args):  # Engine._launch_subprocesses: resolve_once(), then this; nothing is launched
+    raise Resolved(server_args)
+
+
+engine_module._set_envs_and_config = stop
+try:
+    sglang.Engine(**fields)
+except Resolved as done:
+    records["Engine(...)"] = done.args[0]
+
+serving_base.get_observability = lambda: SimpleNamespace(tokenizer_metrics_allowed_custom_labels=["tenant"])
+
+
+def labels(record):
+    handler = SimpleNamespace()
+    serving_base.OpenAIServingBase.__init__(handler, SimpleNamespace(server_args=record))
+    return sorted(handler.allowed_custom_labels or [])
+
+
+def info(record):
+    return json.loads(json.dumps(msgspec.to_builtins(build_server_info(record, {})), default=str))
+
+
+print("REPORT " + json.dumps({
+    "dynvocab": get_spec("DYNVOCAB") is not None,
+    "hooked": sorted(hook_registry.HookRegistry._hooks),
+    "class": {
+        "sglang.srt.server_args": server_args_module.ServerArgs is cls,
+        "serving_base": serving_base.ServerArgs is cls,
+        "engine": engine_module.ServerArgs is cls,
+        "fields": [f.name for f in msgspec.structs.fields(server_args_module.ServerArgs)],
+    },
+    "type is ServerArgs": {name: type(r) is cls for name, r in records.items()},
+    "server_info": {name: info(r) for name, r in records.items()},
+    "labels": {name: labels(r) for name, r in records.items()},
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def report(sg, tmp_path_factory):
+    """``report(mode, **env)``: the child's report and its stderr (each asked once per module)."""
+    from sglang_specvocab.testing.standins import child_preamble
+
+    # a fixed seed: resolution draws one otherwise
+    fields = dict(model_path=str(sg.target), device="cpu", log_level="error", random_seed=7)
+    argv = ["--model-path", str(sg.target), "--device", "cpu", "--log-level", "error", "--random-seed", "7"]
+    done = {}
+
+    def run_child(mode: str, **env) -> tuple[dict, str]:
+        key = (mode, tuple(sorted(env.items())))
+        if key not in done:
+            run = subprocess.run(
+                [sys.executable, "-c", child_preamble() + CHILD, json.dumps([mode, fields, argv])],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=300,
+                cwd=tmp_path_factory.mktemp("child"),
+                env={**os.environ, **env},
+            )
+            lines = [line for line in run.stdout.splitlines() if line.startswith("REPORT ")]
+            assert run.returncode == 0 and len(lines) == 1, run.stderr[-3000:]
+            done[key] = json.loads(lines[0].removeprefix("REPORT ")), run.stderr
+        return done[key]
+
+    return run_child
+
+
+NO_PLUGINS = {"SGLANG_PLUGINS": "none-of-them"}  # SGLang's switch: load only the plug-ins named
+WAYS = ["before plug-ins", "ServerArgs(...)", "prepare_server_args", "Engine.server_args_class", "Engine(...)"]
+SEEN = ("class", "type is ServerArgs", "server_info", "labels")  # what SGLang sees of the plain server
+
+
+def test_a_plain_server_with_the_plugin_loaded_is_sglangs_own(report):
+    without, _ = report("plain", **NO_PLUGINS)
+    loaded, _ = report("plain")
+    assert not without["dynvocab"] and loaded["dynvocab"]  # the switch worked; the entry point loaded the plug-in
+    for got in (without, loaded):
+        assert list(got["type is ServerArgs"]) == WAYS
+        # the name SGLang binds everywhere is SGLang's class, and every record is of that class, not a subclass
+        assert all(v is True for k, v in got["class"].items() if k != "fields"), got["class"]
+        assert all(got["type is ServerArgs"].values()), got["type is ServerArgs"]
+        # serving_base's isinstance check keeps the custom metric labels, a record from before the plug-ins included
+        assert got["labels"] == {name: ["tenant"] for name in WAYS}
+    assert loaded["class"]["fields"] == without["class"]["fields"]
+    for name in WAYS:  # what /server_info serves, for each way of building the record
+        assert loaded["server_info"][name] == without["server_info"][name], name
