@@ -4,8 +4,8 @@ Each child process below builds the same plain server arguments every way SGLang
 and after the plug-ins load, ``prepare_server_args``, ``Engine.server_args_class`` and a real ``sglang.Engine(...)``
 stopped right after resolution) and reports what SGLang sees: the record's class, its fields, the dict
 ``/server_info`` serves (``build_server_info``) and the custom metric labels ``OpenAIServingBase`` keeps. One child
-loads no plug-in (SGLang's switch ``SGLANG_PLUGINS``), one loads this one through its entry point; the reports must
-be equal.
+loads no plug-in (SGLang's switch ``SGLANG_PLUGINS``), one loads this one through its entry point, one loads it on
+"another SGLang version"; the reports must be equal.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import defaultdict
 
 import pytest
 
@@ -26,6 +27,10 @@ from types import SimpleNamespace
 import msgspec
 
 mode, fields, argv = json.loads(sys.argv[1])
+if mode == "other-version":  # the plug-in's check sees an SGLang it does not support
+    from sglang_specvocab import copies
+
+    copies.installed_sglang_version = lambda: "0.6.0"
 
 import sglang
 import sglang.srt.entrypoints.engine as engine_module
@@ -138,3 +143,57 @@ def test_a_plain_server_with_the_plugin_loaded_is_sglangs_own(report):
     assert loaded["class"]["fields"] == without["class"]["fields"]
     for name in WAYS:  # what /server_info serves, for each way of building the record
         assert loaded["server_info"][name] == without["server_info"][name], name
+
+
+def test_another_sglang_version_is_one_warning_line_and_the_plugin_stays_out(report):
+    without, _ = report("plain", **NO_PLUGINS)
+    other, stderr = report("other-version")
+    assert "Traceback" not in stderr and "Failed to" not in stderr, stderr[-3000:]
+    mentions = [line for line in stderr.splitlines() if "0.6.0" in line]
+    assert len(mentions) == 1, stderr[-3000:]
+    assert "supports SGLang 0.5.23 only, but SGLang 0.6.0 is installed" in mentions[0]
+    assert mentions[0].endswith("; the DYNVOCAB plug-in is not loaded"), mentions[0]
+    # nothing registered: no algorithm, no hook; the plain server is SGLang's own
+    assert other["dynvocab"] is False and other["hooked"] == without["hooked"] == []
+    assert {k: other[k] for k in SEEN} == {k: without[k] for k in SEEN}
+
+
+@pytest.mark.parametrize("failing", ["version", "signatures"])
+def test_register_on_another_sglang_logs_one_line_and_registers_nothing(sg, monkeypatch, caplog, failing):
+    """``register()`` itself (in this process the plug-in is already in: SGLang's registries are swapped for empty
+    ones): one WARNING record, on one line, without a traceback; no algorithm, no hook, no exception."""
+    from sglang.srt.plugins import hook_registry as hr
+    from sglang.srt.speculative import spec_registry
+
+    from sglang_specvocab import copies
+    from sglang_specvocab.integration import plugin
+
+    if failing == "version":
+        monkeypatch.setattr(copies, "installed_sglang_version", lambda: "0.6.0")
+    else:
+
+        def changed(recorded):
+            raise copies.SGLangCompatibilityError("these SGLang callables changed:\n  a.b:\n    recorded  (x)\n")
+
+        monkeypatch.setattr(copies, "check_signatures", changed)
+    monkeypatch.setattr(plugin, "_registered", False)
+    monkeypatch.setattr(spec_registry, "_REGISTRY", {})
+    monkeypatch.setattr(hr.HookRegistry, "_hooks", defaultdict(list))
+    with caplog.at_level("INFO"):
+        plugin.register()
+    assert [(r.name, r.levelname, r.exc_info) for r in caplog.records] == [(plugin.__name__, "WARNING", None)]
+    (message,) = caplog.messages
+    assert "\n" not in message and message.endswith("; the DYNVOCAB plug-in is not loaded")
+    if failing == "signatures":
+        assert message.startswith("these SGLang callables changed (python -m sglang_specvocab.copies lists them)")
+    assert spec_registry._REGISTRY == {} and hr.HookRegistry._hooks == {} and plugin._registered is False
+
+
+def test_the_entry_module_imports_no_sglang_before_its_check():
+    """On another SGLang a moved module must not fail the import of the entry point (a traceback per process)."""
+    code = (
+        "import sys\nimport sglang_specvocab.integration.plugin\n"
+        "print(sorted(m for m in sys.modules if m == 'sglang' or m.startswith('sglang.')))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert run.stdout.strip() == "[]"

@@ -4,7 +4,10 @@ SGLang's ``load_plugins()`` calls ``register()`` in every server process (launch
 detokenizer, each spawned scheduler), possibly more than once; ``register()`` is idempotent. It
 
 1. checks the installed SGLang (``sglang_specvocab.copies.check_sglang``: version 0.5.23 only, and
-   the recorded signatures of everything the plug-in subclasses, overrides or calls privately);
+   the recorded signatures of everything the plug-in subclasses, overrides or calls privately). On any
+   other SGLang it logs one warning line and returns: the plug-in stays out (no algorithm, flag or hook)
+   and the process runs as without it. This module imports no SGLang before that check (``names``
+   holds what it needs), so a moved SGLang module cannot fail the entry point's import either;
 2. registers ``DYNVOCAB`` with ``SpeculativeAlgorithm.register`` (spec class ``DynVocabAlgo``,
    overlap scheduling supported, ``validate_server_args`` = the refusals of ``algorithm.py``); the
    worker factory imports the worker module only when the scheduler asks for the worker class;
@@ -59,12 +62,9 @@ import os
 import sys
 from typing import Any
 
-from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang.srt.speculative.spec_registry import get_spec
-
 from ..copies import SGLangCompatibilityError, check_sglang, check_worker_signatures
 from ..errors import ConfigError, SpecVocabError
-from .algorithm import ATTR, ENV, FLAG, NAME, DynVocabAlgo, validate_server_args
+from .names import ATTR, ENV, FLAG, NAME
 
 logger = logging.getLogger(__name__)
 
@@ -86,18 +86,23 @@ _registered = False
 
 
 def register() -> None:
-    """Register DYNVOCAB, the flag and Engine's keyword (idempotent). Raises if the installed SGLang is unsupported."""
+    """Register DYNVOCAB, the flag and Engine's keyword (idempotent). On an unsupported SGLang: one warning, nothing
+    registered."""
     global _registered
     if _registered:
         return
     try:
         check_sglang()
     except SGLangCompatibilityError as exc:
-        # load_plugins() logs a plug-in's exception and goes on, so a launch with
-        # --speculative-algorithm DYNVOCAB would only say "unknown algorithm". Register a refusing
-        # stand-in (when this SGLang's registry still allows it) so resolution fails with the reason.
-        _register_refusal(exc)
-        raise
+        # Raised, it would be a traceback from load_plugins() in every process; one line says why DYNVOCAB is missing.
+        logger.warning("%s; the %s plug-in is not loaded", _one_line(exc), NAME)
+        return
+    # SGLang's modules: only once the installed SGLang is known to be supported
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_registry import get_spec
+
+    from .algorithm import DynVocabAlgo, validate_server_args
+
     existing = get_spec(NAME)
     if existing is None:
         SpeculativeAlgorithm.register(
@@ -112,6 +117,14 @@ def register() -> None:
     _install_engine_server_args()
     _install_refusal_hook()
     _registered = True
+
+
+def _one_line(exc: Exception) -> str:
+    """The check's message on one line: a signature report lists every change on lines of its own."""
+    first, *rest = str(exc).splitlines()
+    if not rest:
+        return first
+    return f"{first.rstrip(':')} (python -m sglang_specvocab.copies lists them)"
 
 
 def _install_refusal_hook() -> None:
@@ -139,17 +152,6 @@ def worker_factory(server_args):
     from .worker import DynVocabWorkerV2  # SGLang's worker and model code: only in the scheduler, when asked
 
     return DynVocabWorkerV2
-
-
-def _register_refusal(reason: Exception) -> None:
-    def refuse(server_args):
-        raise reason
-
-    try:
-        if get_spec(NAME) is None:
-            SpeculativeAlgorithm.register(NAME, supports_overlap=True, validate_server_args=refuse)(refuse)
-    except Exception:  # an SGLang whose registry differs: the logged reason is all we can give
-        logger.exception("could not register a refusing %s stand-in", NAME)
 
 
 # --- the flag ---------------------------------------------------------------------------------
