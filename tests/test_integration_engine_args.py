@@ -1,7 +1,9 @@
 """The offline API's keyword ``speculative_dynvocab_config`` on CPU (light SGLang environment, tiny checkpoints, no
-model started): ``ServerArgs(...)`` and ``sglang.Engine(...)`` name the DYNVOCAB policy YAML exactly as the server
-flag ``--speculative-dynvocab-config`` does: the same config, the same precedence over ``$SGLANG_DYNVOCAB_CONFIG``,
-the same refusals, and the value travels to spawned processes with the pickled record."""
+model started): ``sglang.Engine(...)`` names the DYNVOCAB policy YAML exactly as the server flag
+``--speculative-dynvocab-config`` does: the same config, the same precedence over ``$SGLANG_DYNVOCAB_CONFIG``, the same
+refusals, SGLang's own ``ServerArgs`` record, and the value travels to spawned processes with the pickled record.
+``ServerArgs(...)`` itself does not take the keyword (that would need a subclass in place of SGLang's class in every
+process); SGLang's ``--config`` YAML names the flag."""
 
 from __future__ import annotations
 
@@ -38,9 +40,7 @@ def flag_args(tiny, config) -> list[str]:
 
 
 def keyword(tiny, config, **extra):
-    from sglang.srt.server_args import ServerArgs  # looked up after register(), as a user's script does
-
-    return ServerArgs(**fields(tiny), speculative_dynvocab_config=config, **extra)
+    return engine_server_args(**{**fields(tiny), **extra}, speculative_dynvocab_config=config)
 
 
 def engine_server_args(**kwargs):
@@ -64,15 +64,13 @@ def refusal(server_args) -> str:
 
 def test_keyword_names_the_same_config_as_the_flag(sg, tmp_path, monkeypatch):
     from sglang.srt.arg_groups.model_override_base import resolving_view
-    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.server_args import ServerArgs, prepare_server_args
 
     from sglang_specvocab.integration.algorithm import FLAG, config_location, load_server_config
-    from sglang_specvocab.integration.plugin import DynVocabServerArgs
 
     kw, cli = keyword(sg, str(FULL)), prepare_server_args(flag_args(sg, FULL))
     assert config_location(kw) == config_location(cli) == (str(FULL), FLAG)
-    assert isinstance(kw, DynVocabServerArgs.__base__)  # still SGLang's ServerArgs to every isinstance check
-    assert kw.speculative_dynvocab_config == cli.speculative_dynvocab_config == str(FULL)  # the record shows it
+    assert type(kw) is type(cli) is ServerArgs  # SGLang's own class: the path is a bookkeeping attribute
     assert load_server_config(kw).policy == load_server_config(cli).policy == "full"
     kw.resolve_once()
     cli.resolve_once()
@@ -117,12 +115,12 @@ def test_keyword_travels_with_the_pickled_record(sg):
 
     sa = keyword(sg, str(FULL))
     copy = pickle.loads(pickle.dumps(sa))
-    assert config_location(copy) == (str(FULL), FLAG) and copy.speculative_dynvocab_config == str(FULL)
+    assert config_location(copy) == (str(FULL), FLAG)
 
     result = spawn_result(_child, sa)
     assert result[0] == "ok", result[2]
-    # unpickling imported the class's module in the fresh child (nothing had loaded the plug-in yet)
-    assert result[1:] == (True, "DynVocabServerArgs", (str(FULL), FLAG))
+    # SGLang's class in the fresh child, which needed nothing of the plug-in to unpickle it
+    assert result[1:] == (False, "ServerArgs", (str(FULL), FLAG))
 
 
 def test_bad_config_files_are_refused_with_the_flags_message(sg, tmp_path):
@@ -151,10 +149,13 @@ def test_a_wrong_keyword_is_refused_when_the_record_is_built(sg):
             f"got {shown}"
         )
     # a misspelt keyword is still SGLang's own refusal, not silently dropped
+    with pytest.raises(TypeError, match="Unexpected keyword argument 'speculative_dynvocab_cfg'"):
+        engine_server_args(**fields(sg), speculative_dynvocab_cfg=str(FULL))
+    # ServerArgs(...) is SGLang's class, which has no such field: its own refusal (README names the ways that work)
     from sglang.srt.server_args import ServerArgs
 
-    with pytest.raises(TypeError, match="Unexpected keyword argument 'speculative_dynvocab_cfg'"):
-        ServerArgs(**fields(sg), speculative_dynvocab_cfg=str(FULL))
+    with pytest.raises(TypeError, match="Unexpected keyword argument 'speculative_dynvocab_config'"):
+        ServerArgs(**fields(sg), speculative_dynvocab_config=str(FULL))
 
 
 def test_keyword_for_another_algorithm_warns_like_the_flag(sg, caplog):
@@ -169,7 +170,7 @@ def test_keyword_for_another_algorithm_warns_like_the_flag(sg, caplog):
     with caplog.at_level("WARNING", logger="sglang_specvocab.integration.plugin"):
         keyword(sg, str(FULL))  # DYNVOCAB: no warning
         assert caplog.messages == []
-        ServerArgs(**{**fields(sg), "speculative_algorithm": "EAGLE3"}, speculative_dynvocab_config=str(FULL))
+        keyword(sg, str(FULL), speculative_algorithm="EAGLE3")
         ServerArgs.from_cli_args(parser.parse_args(args))
     assert caplog.messages == [
         "speculative_dynvocab_config is ignored: the speculative algorithm is EAGLE3, not DYNVOCAB",
@@ -177,27 +178,43 @@ def test_keyword_for_another_algorithm_warns_like_the_flag(sg, caplog):
     ]
 
 
-def test_sglangs_own_class_kept_from_before_the_plugins_still_takes_the_flag(sg):
-    """Code that bound SGLang's class before ``load_plugins()`` (a local, a class attribute: what the class
-    replacement cannot rebind) still parses and keeps the flag: its hooks sit on SGLang's class."""
-    import argparse
+def test_sglangs_config_yaml_names_the_flag(sg, tmp_path):
+    """SGLang's ``--config`` YAML takes the flag by its name, as every other server option."""
+    from sglang.srt.server_args import prepare_server_args
 
     from sglang_specvocab.integration.algorithm import FLAG, config_location
-    from sglang_specvocab.integration.plugin import DynVocabServerArgs
 
-    sglang_cls = DynVocabServerArgs.__base__
-    parser = argparse.ArgumentParser()
-    sglang_cls.add_cli_args(parser)
-    sa = sglang_cls.from_cli_args(parser.parse_args(flag_args(sg, FULL)))
-    assert type(sa) is sglang_cls and config_location(sa) == (str(FULL), FLAG)
+    yaml = tmp_path / "server.yaml"
+    yaml.write_text(
+        f"model-path: {sg.target}\nspeculative-algorithm: DYNVOCAB\n"
+        f"speculative-draft-model-path: {sg.root / 'draft-full'}\ndevice: cpu\n"
+        f"speculative-dynvocab-config: {FULL}\n"
+    )
+    assert config_location(prepare_server_args(["--config", str(yaml)])) == (str(FULL), FLAG)
+
+
+def test_an_engine_module_imported_after_the_plugins_loaded_takes_the_keyword(sg, monkeypatch):
+    """A script that loaded the plug-ins before it imported SGLang's engine module: ``Engine.__init__`` calls
+    ``load_plugins()`` (hooked) before it builds the record, which wraps the class attribute then."""
+    import sglang.srt.entrypoints.engine as engine_module
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_specvocab.integration.algorithm import FLAG, config_location
+
+    monkeypatch.setattr(engine_module.Engine, "server_args_class", ServerArgs)  # as a fresh import binds it
+    assert type(engine_server_args(**fields(sg))) is ServerArgs
+    assert config_location(keyword(sg, str(FULL))) == (str(FULL), FLAG)
+    assert engine_module.Engine.server_args_class.__wrapped__ is ServerArgs
 
 
 def test_engine_builds_its_record_with_the_keyword(sg, monkeypatch):
+    from sglang.srt.server_args import ServerArgs
+
     from sglang_specvocab.integration.algorithm import ENV, FLAG, config_location, load_server_config
 
     monkeypatch.setenv(ENV, str(CONFIGS / "microspec.yaml"))  # the keyword must win over it
     sa = engine_server_args(**fields(sg), speculative_dynvocab_config=str(FULL))
-    assert config_location(sa) == (str(FULL), FLAG)
+    assert config_location(sa) == (str(FULL), FLAG) and type(sa) is ServerArgs
     sa.resolve_once()
     assert load_server_config(sa).policy == "full"
     assert config_location(pickle.loads(pickle.dumps(sa))) == (str(FULL), FLAG)

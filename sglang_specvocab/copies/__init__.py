@@ -12,7 +12,8 @@ not a Python identifier on purpose: nothing imports it by accident; its modules 
 with a message naming the installed and the supported versions, then compares ``PLUGIN`` (and
 ``WORKER`` where the worker modules are already imported; ``integration.plugin`` checks ``WORKER``
 again before it hands out the worker class). A changed signature is refused with the target, the
-recorded and the installed signature: adapt the copies, then re-record.
+recorded and the installed signature: adapt the copies, then re-record. The plug-in logs a refusal as
+one warning line and stays out of that SGLang.
 
 ``python -m sglang_specvocab.copies`` prints the installed signatures in the recorded format.
 

@@ -57,17 +57,9 @@ from ..errors import ConfigError, SpecVocabError
 from ..policies import load_config
 from ..policies.lowrank import read_ranker
 from ..vocab_data import load_frequency_ids, table_vocab_size
+from .names import ATTR, DEFAULT_CONFIG, ENV, FLAG, NAME
 
 logger = logging.getLogger(__name__)
-
-NAME = "DYNVOCAB"
-FLAG = "--speculative-dynvocab-config"
-ENV = "SGLANG_DYNVOCAB_CONFIG"
-#: Where the flag's value (or the keyword ``speculative_dynvocab_config=`` of ``ServerArgs``/``Engine``, see
-#: ``plugin.DynVocabServerArgs``) travels inside ``ServerArgs``: a bookkeeping attribute, which SGLang pickles
-#: with the record's ``__dict__`` to the scheduler processes, and which the flag sets on any record.
-ATTR = "_dynvocab_config"
-DEFAULT_CONFIG = "microspec.yaml"
 
 
 class UnsupportedCombinationError(SpecVocabError):

@@ -4,16 +4,25 @@ SGLang's ``load_plugins()`` calls ``register()`` in every server process (launch
 detokenizer, each spawned scheduler), possibly more than once; ``register()`` is idempotent. It
 
 1. checks the installed SGLang (``sglang_specvocab.copies.check_sglang``: version 0.5.23 only, and
-   the recorded signatures of everything the plug-in subclasses, overrides or calls privately);
+   the recorded signatures of everything the plug-in subclasses, overrides or calls privately). On any
+   other SGLang it logs one warning line and returns: the plug-in stays out (no algorithm, flag or hook)
+   and the process runs as without it. This module imports no SGLang before that check (``names``
+   holds what it needs), so a moved SGLang module cannot fail the entry point's import either;
 2. registers ``DYNVOCAB`` with ``SpeculativeAlgorithm.register`` (spec class ``DynVocabAlgo``,
    overlap scheduling supported, ``validate_server_args`` = the refusals of ``algorithm.py``); the
    worker factory imports the worker module only when the scheduler asks for the worker class;
 3. adds the server flag ``--speculative-dynvocab-config PATH``;
-4. lets SGLang's ``--speculative-adaptive`` run with DYNVOCAB: SGLang's own check
+4. lets ``sglang.Engine(...)`` take the same path as the keyword ``speculative_dynvocab_config``;
+5. lets SGLang's ``--speculative-adaptive`` run with DYNVOCAB: SGLang's own check
    (``adaptive_spec_params.adaptive_unsupported_reason``) accepts the names EAGLE and EAGLE3 only and
    otherwise turns adaptive off with a warning; an ``AROUND`` hook answers "supported" for DYNVOCAB,
    whose ``validate_server_args`` (run before it) already refused every option adaptive cannot run with
    (``algorithm.check_adaptive``). Every other algorithm gets SGLang's answer unchanged.
+
+A process that does not select DYNVOCAB keeps SGLang's own ``ServerArgs``: the plug-in replaces no class,
+so every record, whenever it was built, is of SGLang's class (its ``isinstance`` checks, its fields and
+``/server_info`` are unchanged). The visible additions are the flag in every parser (it does nothing
+unless given) and DYNVOCAB among the algorithms.
 
 How the flag is added (the least fragile way in 0.5.23): ``ServerArgs`` is a ``msgspec`` Struct whose
 fields are collected from the ``arg_groups/fields`` namespaces when ``sglang.srt.server_args`` is
@@ -28,24 +37,22 @@ hooked signatures are recorded and checked. Every launcher that builds its parse
 ``ServerArgs.add_cli_args`` (``sglang serve``, ``python -m sglang.launch_server``,
 ``prepare_server_args``) gets the flag, and SGLang's ``--config`` YAML can name it too.
 
-The keyword ``speculative_dynvocab_config=PATH`` of ``ServerArgs(...)`` and ``sglang.Engine(...)`` (the
-offline API: ``Engine.__init__`` calls ``load_plugins()``, then ``self.server_args_class(**kwargs)``). A
-Struct's constructor is msgspec's C code: it refuses an unknown keyword and calls no Python ``__init__``
-or ``__new__`` a hook could wrap, so the one way in is a class that has the field.
-``DynVocabServerArgs`` is ``ServerArgs`` plus that one optional field, without CLI metadata (the flag
-stays the only CLI spelling); its ``__post_init__`` and the flag's hook both go through ``_keep_config``
-(same normalisation, type check, warning and ``_dynvocab_config``). A ``REPLACE`` hook on
-``sglang.srt.server_args.ServerArgs`` puts it where the class is looked up (the module attribute and
-every module global bound to SGLang's class: ``HookRegistry`` propagates a class replacement), and
-``register`` points ``Engine.server_args_class`` (a class attribute, which the propagation misses) at
-it. The flag's two hooks stay on SGLang's class (``SGLANG_SERVER_ARGS``), which the subclass inherits.
-A subclass keeps ``isinstance(..., ServerArgs)`` true; SGLang's resolution leaves a field outside its
-namespaces out of the runtime namespace bags; the record pickles by reference to this module, which a
-spawned child imports when it unpickles the record, before it loads the plug-ins. A ``ServerArgs``
-built before ``load_plugins()`` ran is SGLang's own class and refuses the keyword (msgspec's
-"Unexpected keyword argument"); ``Engine(...)`` loads the plug-ins itself. Precedence: the flag or the
-keyword, else ``$SGLANG_DYNVOCAB_CONFIG`` (children inherit the environment), else the
-``microspec.yaml`` shipped in ``sglang_specvocab.configs``.
+The keyword of ``sglang.Engine(...)`` (the offline API): ``Engine.__init__`` calls ``load_plugins()``,
+then ``self.server_args_class(**kwargs)``. A Struct's constructor is msgspec's C code: it refuses an
+unknown keyword and calls no Python ``__init__`` or ``__new__`` a hook could wrap, so ``ServerArgs(...)``
+itself could take the keyword only through a subclass with the field put in place of SGLang's class in
+every process (what an earlier version did: ``/server_info`` gained a field, and a record built before
+the plug-ins loaded failed SGLang's ``isinstance`` checks against the rebound name). Instead ``register``
+wraps the class attribute ``Engine.server_args_class`` in ``EngineServerArgs``: it takes the keyword out,
+builds the record with the class that was there (SGLang's) and keeps the path as the flag's hook does
+(``_keep_config``: the same normalisation, type check, warning and ``_dynvocab_config``); without the
+keyword it is that class's own call. The engine module may be imported after the plug-ins loaded (a
+script that called ``load_plugins()`` first); an ``AFTER`` hook on ``load_plugins``, which
+``Engine.__init__`` calls before it builds the record, wraps it then. ``ServerArgs(...)`` does not take
+the keyword (msgspec's "Unexpected keyword argument"): build such a record with
+``prepare_server_args([..., "--speculative-dynvocab-config", PATH])``, or name the config by
+``$SGLANG_DYNVOCAB_CONFIG``. Precedence: the flag or the keyword, else ``$SGLANG_DYNVOCAB_CONFIG``
+(children inherit the environment), else the ``microspec.yaml`` shipped in ``sglang_specvocab.configs``.
 """
 
 from __future__ import annotations
@@ -55,49 +62,47 @@ import os
 import sys
 from typing import Any
 
-from sglang.srt import server_args as _server_args  # the module: HookRegistry rebinds the name ServerArgs
-from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang.srt.speculative.spec_registry import get_spec
-
 from ..copies import SGLangCompatibilityError, check_sglang, check_worker_signatures
 from ..errors import ConfigError, SpecVocabError
-from .algorithm import ATTR, ENV, FLAG, NAME, DynVocabAlgo, validate_server_args
+from .names import ATTR, ENV, FLAG, NAME
 
 logger = logging.getLogger(__name__)
 
-DEST = "speculative_dynvocab_config"  # the keyword (a field of DynVocabServerArgs)
-# The flag's argparse dest: not the field's name, so from_cli_args does not pass the flag's value as the
-# keyword; from_cli_args_hook keeps it, for SGLang's class and the subclass alike, and its messages name the flag.
+DEST = "speculative_dynvocab_config"  # Engine's keyword
+# The flag's argparse dest: not the keyword's name, so nothing mistakes it for a field of ServerArgs;
+# from_cli_args_hook keeps it, and its messages name the flag.
 FLAG_DEST = "dynvocab_config_flag"
 SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
 ENGINE_MODULE = "sglang.srt.entrypoints.engine"
-# SGLang's own class, whatever ``SERVER_ARGS`` names by the time hooks apply (the class REPLACE goes first): the
-# flag's hooks sit on it, so DynVocabServerArgs inherits them and code that kept SGLang's class still gets them.
-# Named through __base__ only: HookRegistry's propagation rebinds every module global that holds SGLang's class.
-SGLANG_SERVER_ARGS = f"{__name__}.DynVocabServerArgs.__base__"
+LOAD_PLUGINS = "sglang.srt.plugins.load_plugins"
 HOOK_TARGETS = (
-    SERVER_ARGS,
-    f"{SGLANG_SERVER_ARGS}.add_cli_args",
-    f"{SGLANG_SERVER_ARGS}.from_cli_args",
+    f"{SERVER_ARGS}.add_cli_args",
+    f"{SERVER_ARGS}.from_cli_args",
     "sglang.srt.speculative.adaptive_spec_params.adaptive_unsupported_reason",
+    LOAD_PLUGINS,
 )
 
 _registered = False
 
 
 def register() -> None:
-    """Register DYNVOCAB and the flag (idempotent). Raises if the installed SGLang is unsupported."""
+    """Register DYNVOCAB, the flag and Engine's keyword (idempotent). On an unsupported SGLang: one warning, nothing
+    registered."""
     global _registered
     if _registered:
         return
     try:
         check_sglang()
     except SGLangCompatibilityError as exc:
-        # load_plugins() logs a plug-in's exception and goes on, so a launch with
-        # --speculative-algorithm DYNVOCAB would only say "unknown algorithm". Register a refusing
-        # stand-in (when this SGLang's registry still allows it) so resolution fails with the reason.
-        _register_refusal(exc)
-        raise
+        # Raised, it would be a traceback from load_plugins() in every process; one line says why DYNVOCAB is missing.
+        logger.warning("%s; the %s plug-in is not loaded", _one_line(exc), NAME)
+        return
+    # SGLang's modules: only once the installed SGLang is known to be supported
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_registry import get_spec
+
+    from .algorithm import DynVocabAlgo, validate_server_args
+
     existing = get_spec(NAME)
     if existing is None:
         SpeculativeAlgorithm.register(
@@ -108,10 +113,18 @@ def register() -> None:
         )(worker_factory)
     elif type(existing).__name__ != DynVocabAlgo.__name__:
         raise RuntimeError(f"speculative algorithm {NAME} is already registered by someone else: {existing!r}")
-    _register_cli_hooks()
+    _register_hooks()
     _install_engine_server_args()
     _install_refusal_hook()
     _registered = True
+
+
+def _one_line(exc: Exception) -> str:
+    """The check's message on one line: a signature report lists every change on lines of its own."""
+    first, *rest = str(exc).splitlines()
+    if not rest:
+        return first
+    return f"{first.rstrip(':')} (python -m sglang_specvocab.copies lists them)"
 
 
 def _install_refusal_hook() -> None:
@@ -141,17 +154,6 @@ def worker_factory(server_args):
     return DynVocabWorkerV2
 
 
-def _register_refusal(reason: Exception) -> None:
-    def refuse(server_args):
-        raise reason
-
-    try:
-        if get_spec(NAME) is None:
-            SpeculativeAlgorithm.register(NAME, supports_overlap=True, validate_server_args=refuse)(refuse)
-    except Exception:  # an SGLang whose registry differs: the logged reason is all we can give
-        logger.exception("could not register a refusing %s stand-in", NAME)
-
-
 # --- the flag ---------------------------------------------------------------------------------
 
 
@@ -175,9 +177,7 @@ def from_cli_args_hook(result, cls, args):
     """AFTER ``ServerArgs.from_cli_args(args)``: keep the flag's value on the record (absolute path)."""
     value = getattr(args, FLAG_DEST, None)
     if value is not None:
-        path = _keep_config(result, value, FLAG)
-        if isinstance(result, DynVocabServerArgs):
-            result.speculative_dynvocab_config = path  # the record shows it as the keyword would
+        _keep_config(result, value, FLAG)
     return result
 
 
@@ -201,33 +201,48 @@ def _keep_config(record: Any, value: Any, given_as: str) -> str:
     return path
 
 
-# --- the keyword (ServerArgs(...), Engine(...)) -----------------------------------------------------
+# --- the keyword of Engine(...) -------------------------------------------------------------------
 
 
-class DynVocabServerArgs(_server_args.ServerArgs):
-    """SGLang's ``ServerArgs`` plus the keyword ``speculative_dynvocab_config`` (installed by ``register``).
+class EngineServerArgs:
+    """``Engine.server_args_class`` while the plug-in is loaded: the class that was there (SGLang's ``ServerArgs``),
+    called without the keyword ``speculative_dynvocab_config``, whose path it keeps on the record as the flag's hook
+    does. Without the keyword it is that class's own call; attribute reads go through to that class."""
 
-    A plain annotation (no ``A[..., Arg]``): SGLang derives no CLI flag from it; ``add_cli_args`` and
-    ``from_cli_args`` are SGLang's, hooked. ``__post_init__`` runs for every construction, an unpickled
-    copy included (the value is then already absolute).
-    """
+    def __init__(self, server_args_class: type) -> None:
+        self.__wrapped__ = server_args_class
 
-    speculative_dynvocab_config: str | None = None
+    def __call__(self, *args, **kwargs):
+        value = kwargs.pop(DEST, None)
+        record = self.__wrapped__(*args, **kwargs)
+        if value is not None:
+            _keep_config(record, value, DEST)
+        return record
 
-    def __post_init__(self):
-        super().__post_init__()
-        if self.speculative_dynvocab_config is not None:
-            self.speculative_dynvocab_config = _keep_config(self, self.speculative_dynvocab_config, DEST)
+    def __getattr__(self, name: str):
+        if name == "__wrapped__":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
+        return getattr(self.__wrapped__, name)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} of {self.__wrapped__!r}>"
 
 
 def _install_engine_server_args() -> None:
-    """``Engine.server_args_class`` was bound to SGLang's class when the engine module was imported (an
-    engine module imported later binds ``DynVocabServerArgs`` through the module attribute). Inside
-    ``Engine(...)`` this runs before ``self.server_args_class(**kwargs)``. A class a fork put there stays."""
+    """Wrap ``Engine.server_args_class`` (once) where the engine module is imported; a later import is wrapped by
+    ``load_plugins_hook``. Inside ``Engine(...)`` both run before ``self.server_args_class(**kwargs)``."""
     engine = sys.modules.get(ENGINE_MODULE)
     cls = getattr(engine, "Engine", None)
-    if cls is not None and cls.__dict__.get("server_args_class") is DynVocabServerArgs.__base__:
-        cls.server_args_class = DynVocabServerArgs
+    current = None if cls is None else cls.__dict__.get("server_args_class")
+    if current is not None and not isinstance(current, EngineServerArgs):
+        cls.server_args_class = EngineServerArgs(current)
+
+
+def load_plugins_hook(result):
+    """AFTER ``load_plugins()``: an engine module imported after the plug-ins loaded gets its keyword here
+    (``Engine.__init__`` calls ``load_plugins()`` first; the module binds the hooked function)."""
+    _install_engine_server_args()
+    return result
 
 
 # --- --speculative-adaptive ------------------------------------------------------------------------
@@ -242,14 +257,14 @@ def adaptive_reason_hook(original, server_args):
     return original(server_args)
 
 
-def _register_cli_hooks() -> None:
+def _register_hooks() -> None:
     from sglang.srt.plugins import hook_registry as hr  # late: keeps the plug-in's import (every server process) light
 
     hooks = (
-        (DynVocabServerArgs, hr.HookType.REPLACE),
         (add_cli_args_hook, hr.HookType.AFTER),
         (from_cli_args_hook, hr.HookType.AFTER),
         (adaptive_reason_hook, hr.HookType.AROUND),
+        (load_plugins_hook, hr.HookType.AFTER),
     )
     for target, (hook, kind) in zip(HOOK_TARGETS, hooks, strict=True):
         if not any(h is hook for _, h, _ in hr.HookRegistry._hooks.get(target, ())):
@@ -265,12 +280,13 @@ __all__ = [
     "ENGINE_MODULE",
     "FLAG_DEST",
     "HOOK_TARGETS",
+    "LOAD_PLUGINS",
     "SERVER_ARGS",
-    "SGLANG_SERVER_ARGS",
-    "DynVocabServerArgs",
+    "EngineServerArgs",
     "adaptive_reason_hook",
     "add_cli_args_hook",
     "from_cli_args_hook",
+    "load_plugins_hook",
     "register",
     "worker_factory",
 ]

@@ -38,6 +38,9 @@ PLUGIN = {
     "sglang.srt.server_args.ServerArgs.from_cli_args": "(args)",
     # --speculative-adaptive for DYNVOCAB (an AROUND hook, integration/plugin.py)
     "sglang.srt.speculative.adaptive_spec_params.adaptive_unsupported_reason": "(server_args)",
+    # Engine's keyword: an AFTER hook that wraps Engine.server_args_class (the engine module itself is not
+    # imported to check it: seconds in processes that never build an Engine)
+    "sglang.srt.plugins.load_plugins": "()",
 }
 
 WORKER = {
