@@ -464,18 +464,28 @@ def test_per_step_and_per_round_paths_never_read_tensors_on_the_host(files, cach
         assert pol.table.ids.device.type == "meta", name
 
 
-def test_per_step_and_per_round_paths_capture_without_a_host_sync(files, cache):
+@pytest.mark.parametrize("space", ["full", "d2t"])
+def test_per_step_and_per_round_paths_capture_without_a_host_sync(files, cache, space):
     """The same paths on CPU tensors standing for device tensors, each under ``testing.graphs.capture`` (a ranker's
     ``select`` runs inside SGLang's captured draft graphs), which refuses data-dependent shapes and copies between
-    host and device too, not all of which meta tensors show."""
+    host and device too, not all of which meta tensors show. ``d2t``: a draft head of 256 of the ids, in shuffled
+    order (the rankers map their rows to target ids inside the step)."""
     from sglang_specvocab.testing.graphs import capture
 
     g = torch.Generator().manual_seed(0)
     rows = torch.tensor([1, 3])
     ids = lambda *s: torch.randint(0, V, s, generator=g)
     w = torch.randn(V, 16, generator=g)
+    model = model_ctx(w, cache)
+    if space == "d2t":
+        hot = torch.cat([torch.tensor([2]), torch.randperm(V - 3, generator=g)[:255] + 3])
+        mask = torch.zeros(V, dtype=torch.bool)
+        mask[hot] = True
+        model = ModelContext(
+            weight=w[hot], vocab_size=V, eos_token_ids=(2,), cache_dir=cache, draft_vocab=mask, head_ids=hot
+        )
     for name, data in all_configs(files).items():
-        pol = build_policy(parse_config(data), 5, fallback_id=2, model=model_ctx(w, cache))
+        pol = build_policy(parse_config(data), 5, fallback_id=2, model=model)
         prompt, event = (ids(2, 10), ids(2, 10, 3)), (ids(2, 5), ids(2, 4, 8), ids(2, 4))
         steps = [(torch.randn(2, 3, 16, generator=g), ids(2, 3)) for _ in range(3)]
         capture(lambda pol=pol: pol.on_reset(rows))
@@ -485,3 +495,5 @@ def test_per_step_and_per_round_paths_capture_without_a_host_sync(files, cache):
                 capture(lambda pol=pol, step=step, steps=steps: pol.select(rows, step, *steps[step]))
         capture(lambda pol=pol, event=event: pol.on_verify(rows, *event))
         assert int(pol.table.cnt[1]) >= 1, name
+        if space == "d2t":
+            assert all(bool(mask[pol.table.row(r)].all()) for r in rows.tolist()), name  # only the draft's ids
