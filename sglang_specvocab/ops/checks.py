@@ -100,10 +100,13 @@ def check_rows(op: str, rows: torch.Tensor, R: int) -> None:
         seen[r] = b
 
 
-def check_table_entries(op: str, ids, cnt, row_to_slot, W: int, V: int, *, rows: int | None = None) -> None:
+def check_table_entries(
+    op: str, ids, cnt, row_to_slot, W: int, V: int, *, rows: int | None = None, slots: str = "row_to_slot"
+) -> None:
     """The debug setting's check of the entries a logits call reads (``table.head_reads``; ``rows``: the hidden
     rows, each slot covering ``rows // len(row_to_slot)``): the first hidden row with a bad one, and in that row its
-    slot, then its count, then its first bad column, named with the value."""
+    slot, then its count, then its first bad column, named with the value. ``slots``: the caller's name of
+    ``row_to_slot`` (the head's is ``rows``)."""
     R = cnt.shape[0]
     reads = head_reads(ids, cnt, row_to_slot, W, V, rows=rows)
     row_bad, id_bad = reads.row_bad, reads.id_bad
@@ -113,7 +116,7 @@ def check_table_entries(op: str, ids, cnt, row_to_slot, W: int, V: int, *, rows:
     m = int(bad[0, 0])
     b = m // ((rows or row_to_slot.shape[0]) // row_to_slot.shape[0])
     s = int(row_to_slot[b])
-    need(0 <= s < R, op, f"row_to_slot must be in [0, R={R}), got row_to_slot[{b}] = {s}")
+    need(0 <= s < R, op, f"{slots} must be in [0, R={R}), got {slots}[{b}] = {s}")
     c = int(cnt[s])
     need(1 <= c <= W, op, f"cnt must be in [1, W={W}], got cnt[{s}] = {c} (the slot of hidden row {m})")
     j = int(id_bad[m].nonzero()[0, 0])
