@@ -22,8 +22,10 @@ module is imported (the C++ ops read the same variable once when the extension l
 reads, so a sync per call on a GPU: for debugging, never for serving. ``ops.set_debug_checks``
 switches both at run time (tests).
 
-The compiled extension keeps its own ``TORCH_CHECK``s with the same rules (``csrc/``);
-``tests/test_op_checks.py`` shows every backend refuses the same bad inputs. ``floats`` (an argument of
+The compiled extension keeps its own ``TORCH_CHECK``s with the same rules (``csrc/``), for direct calls;
+``ops.implementation`` runs the Python check before the compiled op too, so a caller of the package meets only
+these ValueErrors and never a C++ exception (csrc/binding.cpp says why). ``tests/test_op_checks.py`` shows every
+backend refuses the same bad inputs. ``floats`` (an argument of
 the checks) is the backend's float dtypes: the reference also takes fp64 (exact CPU oracles), the kernels
 bf16, fp16 and fp32.
 """

@@ -26,7 +26,7 @@ def check_compact_topk(logits, col_ids, rows, k: int, fallback_id: int, mode: in
         f"logits must be float32 [N, W], got {logits.dtype} {tuple(logits.shape)}",
     )
     N, W = logits.shape
-    need(W >= 1, op, f"logits must have at least one column, got W={W}")
+    need(1 <= W < 2**31 - 1, op, f"logits must have 1 to 2^31 - 2 columns, got W={W}")
     need(1 <= k <= min(TOPK_MAX_K, W), op, f"k = {k} must be in [1, min({TOPK_MAX_K}, W={W})]")
     need(mode in (0, 1, 2), op, f"mode = {mode} must be 0 (values), 1 (log-probabilities) or 2 (probabilities)")
     if col_ids is None:
@@ -94,7 +94,7 @@ def _fake_compact_topk(logits, col_ids, rows, k, fallback_id, mode):
     return logits.new_empty((N, k)), logits.new_empty((N, k), dtype=torch.int64), logits.new_empty((N,))
 
 
-register("compact_topk", reference_compact_topk)
+register("compact_topk", reference_compact_topk, check=check_compact_topk)
 
 
 def compact_topk(logits, col_ids, rows, k: int, *, fallback_id: int, mode: int, backend: str = "auto"):

@@ -16,26 +16,31 @@ from .checks import check_rows, need, one_device, readable
 
 def check_window_update(ring, length, ids, cnt, rows, block, fallback_id: int, vocab_size: int) -> None:
     op = "window_update"
+    # in place: the compiled op writes them through their data pointers, so they must be dense (rows of ring)
     need(
-        ids.dim() == 2 and ids.dtype == torch.int32,
+        ids.dim() == 2 and ids.dtype == torch.int32 and ids.is_contiguous(),
         op,
-        f"ids must be int32 [R, capacity], got {ids.dtype} {tuple(ids.shape)}",
+        f"ids must be a contiguous int32 [R, capacity] table, got {ids.dtype} {tuple(ids.shape)}",
     )
     R, cap = ids.shape
     need(
-        cnt.dim() == 1 and cnt.dtype == torch.int32 and cnt.shape[0] == R,
+        cnt.dim() == 1 and cnt.dtype == torch.int32 and cnt.shape[0] == R and cnt.is_contiguous(),
         op,
-        f"cnt must be int32 [R={R}], got {cnt.dtype} {tuple(cnt.shape)}",
+        f"cnt must be contiguous int32 [R={R}], got {cnt.dtype} {tuple(cnt.shape)}",
     )
     need(
-        ring.dim() == 2 and ring.dtype == torch.int32 and ring.shape[0] == R and ring.shape[1] >= cap,
+        ring.dim() == 2
+        and ring.dtype == torch.int32
+        and ring.shape[0] == R
+        and ring.shape[1] >= cap
+        and ring.stride(1) == 1,
         op,
-        f"ring must be int32 [R={R}, >= capacity={cap}], got {ring.dtype} {tuple(ring.shape)}",
+        f"ring must be int32 [R={R}, >= capacity={cap}] with contiguous rows, got {ring.dtype} {tuple(ring.shape)}",
     )
     need(
-        length.dim() == 1 and length.dtype == torch.int64 and length.shape[0] == R,
+        length.dim() == 1 and length.dtype == torch.int64 and length.shape[0] == R and length.is_contiguous(),
         op,
-        f"length must be int64 [R={R}], got {length.dtype} {tuple(length.shape)}",
+        f"length must be contiguous int64 [R={R}], got {length.dtype} {tuple(length.shape)}",
     )
     need(
         rows.dim() == 1 and rows.dtype == torch.int64,
@@ -108,7 +113,7 @@ def _fake_window_update(ring, length, ids, cnt, rows, block, fallback_id, vocab_
     return None
 
 
-register("window_update", reference_window_update)
+register("window_update", reference_window_update, check=check_window_update)
 
 
 def window_update(ring, length, ids, cnt, rows, block, *, fallback_id: int, vocab_size: int, backend: str = "auto"):

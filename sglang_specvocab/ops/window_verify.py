@@ -54,9 +54,9 @@ def check_window_verify(r: WindowRound) -> None:
     need(r.ids.dim() == 2, op, f"ids must be int32 [R, capacity], got {r.ids.dtype} {tuple(r.ids.shape)}")
     R = r.ids.shape[0]
     need(
-        r.acc.dtype == torch.float64 and tuple(r.acc.shape) == (4, R),
+        r.acc.dtype == torch.float64 and tuple(r.acc.shape) == (4, R) and r.acc.is_contiguous(),
         op,
-        f"acc must be float64 [4, R={R}], got {r.acc.dtype} {tuple(r.acc.shape)}",
+        f"acc must be contiguous float64 [4, R={R}], got {r.acc.dtype} {tuple(r.acc.shape)}",
     )
     need(
         r.rows.dim() == 1 and r.rows.dtype == torch.int64,
@@ -187,7 +187,7 @@ def _fake_window_verify(ring, length, ids, cnt, acc, rows, draft_token, accept_i
     return rows.new_empty(tuple(accept_index.shape), dtype=torch.int64)
 
 
-register("window_verify", reference_window_verify, cuda=_compiled_window_verify)
+register("window_verify", reference_window_verify, check=check_window_verify, cuda=_compiled_window_verify)
 
 
 def window_verify(r: WindowRound, *, backend: str = "auto") -> torch.Tensor:
