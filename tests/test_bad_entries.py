@@ -10,6 +10,7 @@ variable set, so it also shows the variable is read once at import. Run as a scr
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import sys
@@ -658,9 +659,132 @@ def test_broken_rows_are_refused_on_the_cpu_before_anything_is_written(op, rows,
         assert all(torch.equal(a, b) for a, b in zip(before, [t for t in args if isinstance(t, torch.Tensor)]))
 
 
+def _verify_round(rows, state=None):
+    """A window_verify round over ``state`` (a fresh window of R rows by default) for ``rows``."""
+    from sglang_specvocab.ops.window_verify import WindowRound
+
+    g = torch.Generator().manual_seed(11)
+    B, nd, S = len(rows), 4, 3
+    if state is None:
+        ring = torch.full((R, W + 1), -1, dtype=torch.int32)
+        ring[:, :W] = torch.randint(-1, V, (R, W), generator=g).to(torch.int32)
+        ids, cnt, length = torch.zeros(R, W, dtype=torch.int32), torch.ones(R, dtype=torch.int32), torch.zeros(R).long()
+        reference_window_update(ring, length, ids, cnt, torch.arange(R), torch.empty(R, 0, dtype=torch.int32), 0, V)
+        state = {"ring": ring, "length": length, "ids": ids, "cnt": cnt, "acc": torch.zeros(4, R, dtype=torch.float64)}
+    logits = torch.randn(B * nd, V, generator=g)
+    values, top = logits.topk(2, dim=-1)
+    index = torch.arange(B * nd).view(B, nd)[:, :S].to(torch.int32)
+    return WindowRound(
+        **state, rows=torch.tensor(rows), draft_token=torch.randint(0, V, (B * nd,), generator=g),
+        accept_index=index, accept_lens=torch.full((B,), S, dtype=torch.int32),
+        predict=torch.randint(0, V, (B * nd,), generator=g), topk_values=values, topk_ids=top, hot=None, k=2,
+        context=True, compacted=False, fallback_id=0, vocab_size=V,
+    )  # fmt: skip
+
+
+def test_where_rows_are_trusted_a_bad_one_is_skipped(monkeypatch):
+    """Where rows are not read on the host (a GPU without the debug setting: here ``readable`` says so), the torch
+    updates skip a row outside [0, R) as the CUDA kernels do: the other rows get what a call without it gives,
+    nothing else changes (it was an IndexError, a device assert on a GPU, and in the kernels an out-of-bounds
+    write)."""
+    import dataclasses
+
+    window_update_module = importlib.import_module("sglang_specvocab.ops.window_update")  # not ops.window_update
+    from sglang_specvocab.ops.window_verify import reference_window_verify
+
+    monkeypatch.setattr(window_update_module, "readable", lambda t: False)
+    with_bad, clean = _verify_round([1, R + 2, -1, 3]), _verify_round([1, R + 2, -1, 3])
+    want = dataclasses.replace(
+        clean,
+        rows=clean.rows[[0, 3]],
+        accept_index=clean.accept_index[:2],  # node rows: request b's nodes start at b * nd
+        accept_lens=clean.accept_lens[[0, 3]],
+        draft_token=clean.draft_token.view(4, -1)[[0, 3]].flatten(),
+        predict=clean.predict.view(4, -1)[[0, 3]].flatten(),
+        topk_values=clean.topk_values.view(4, -1, 2)[[0, 3]].flatten(0, 1),
+        topk_ids=clean.topk_ids.view(4, -1, 2)[[0, 3]].flatten(0, 1),
+    )
+    got = reference_window_verify(with_bad)
+    assert torch.equal(got[[0, 3]], reference_window_verify(want))  # the committed tokens: every request's
+    for name in ("ring", "length", "ids", "cnt", "acc"):
+        assert torch.equal(getattr(with_bad, name), getattr(want, name)), name
+
+
+def test_a_table_with_bad_rows_skips_them():
+    """``CandidateTable``'s per-round methods with request slots: a slot outside [0, R) is skipped by the writes
+    (``reset``, ``assign``) and holds nothing (``contains``); the listed rows in range are as without it."""
+    from sglang_specvocab.table import CandidateTable
+
+    def table():
+        t = CandidateTable(R, W, fallback_id=2)
+        t.assign(torch.arange(R), torch.arange(R * W).view(R, W) % V)
+        return t
+
+    rows, good = torch.tensor([3, R, -4, 1 << 40, 0]), torch.tensor([3, 0])
+    tokens = torch.tensor([[15, 3, -1]] * 5)
+    got, want = table().contains(rows, tokens), table().contains(good, tokens[:2])
+    assert torch.equal(got[[0, 4]], want) and not got[1:4].any()
+    cands = torch.randint(-1, V, (5, W + 2), generator=torch.Generator().manual_seed(4))
+    for call in ("assign", "reset"):
+        t, u = table(), table()
+        getattr(t, call)(rows, *([cands] if call == "assign" else []))
+        getattr(u, call)(good, *([cands[[0, 4]]] if call == "assign" else []))
+        assert torch.equal(t.ids, u.ids) and torch.equal(t.cnt, u.cnt), call
+
+
+def test_window_verify_never_searches_past_a_bad_count():
+    """A listed row whose count is above its capacity (a broken table) is searched over its own columns only, on
+    every backend (the compiled op's search ran on into the next rows: a wrong hit, out of bounds for the last)."""
+    from sglang_specvocab.ops.window_verify import reference_window_verify
+
+    backends = [reference_window_verify] + (
+        [ops.implementation("cuda", "cpu", "window_verify")] if _ext.available() else []
+    )
+    results = []
+    for fn in backends:
+        r = _verify_round([1, 2])
+        r.ids[1] = torch.arange(W, dtype=torch.int32)  # 0..5
+        r.ids[2] = torch.arange(W, 2 * W, dtype=torch.int32)  # 6..11: past row 1's columns
+        r.cnt[1], r.cnt[2] = 2 * W, -3
+        r.predict[:4] = 7  # request 0 commits 7, which only the next row holds
+        fn(r)
+        results.append(r.acc.clone())
+        assert r.acc[2, 1] == 0 and r.acc[0, 1] == 2 * W and r.acc[0, 2] == -3  # no hit; the counts as they were
+    assert all(torch.equal(a, results[0]) for a in results)
+
+
+@pytest.mark.gpu
+def test_cuda_updates_skip_a_bad_row(monkeypatch):
+    """The CUDA kernels of the in-place updates skip a listed row outside [0, R) (they wrote out of bounds): the
+    other rows as the reference gives them, nothing else touched."""
+    import dataclasses
+
+    window_update_module = importlib.import_module("sglang_specvocab.ops.window_update")  # not ops.window_update
+    from sglang_specvocab.ops.window_verify import reference_window_verify
+
+    if not _ext.has_cuda_kernels():
+        pytest.skip("no CUDA kernels in this build")
+    rows = [1, R + 2, -1, 3]
+    r = _verify_round(rows)
+    on_gpu = {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
+    gpu = type(r)(**{k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in on_gpu.items()})
+    monkeypatch.setattr(window_update_module, "readable", lambda t: False)  # the reference as on a GPU
+    want = reference_window_verify(r)
+    assert torch.equal(ops.window_verify(gpu, backend="cuda").cpu(), want)
+    for name in ("ring", "length", "ids", "cnt", "acc"):
+        assert torch.equal(getattr(gpu, name).cpu(), getattr(r, name)), name
+    args = [t.cuda() for t in _pack_args(rows)]
+    before = [t.clone() for t in args]
+    ops.pack_update(*args, backend="cuda")
+    cpu = _pack_args([1, 3])
+    reference_pack_update(*cpu)
+    assert torch.equal(args[0].cpu(), cpu[0]) and torch.equal(args[1].cpu(), cpu[1])
+    assert all(torch.equal(a, b) for a, b in zip(args[2:], before[2:]))
+
+
 def test_rows_on_meta_are_trusted_even_under_the_debug_setting(debug):
     """Where values cannot be read (meta) nothing is checked and nothing syncs: the documented GPU behaviour without
-    the debug setting (a row listed twice is a data race on that row, one out of range an out-of-bounds access)."""
+    the debug setting (a row listed twice is a data race on that row, one out of range is skipped)."""
     args = [t.to("meta") if isinstance(t, torch.Tensor) else t for t in _window_args([2, 2])]
     reference.window_update(*args)
     if _ext.available():

@@ -7,7 +7,9 @@ under the debug setting below:
 
 - ``rows`` of the in-place updates (``window_update``, ``window_verify``, ``pack_update``): in
   range and distinct. The GPU kernels trust them (one block per listed row: a row listed twice is
-  a data race whose result for that row is unspecified, a row out of range an out-of-bounds access);
+  a data race whose result for that row is unspecified; a row out of range is skipped, never an
+  out-of-bounds access; the window ops' torch reference skips it too, pack_update's (the lab's packed
+  mode) does not);
   SGLang's ``req_pool_indices`` are distinct and in range by construction.
 - the table entries the logits ops read (slots, counts, ids): never refused by default. Every
   backend reads a bad entry the same way, as ``-inf`` logits, and counts it (``table.head_reads``,
