@@ -10,6 +10,7 @@ variable set, so it also shows the variable is read once at import. Run as a scr
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import re
@@ -23,7 +24,9 @@ from helpers import run_interpreted
 from literal import literal_table_reads  # the child finds it too: a script's folder is on sys.path
 
 from sglang_specvocab import ops
+from sglang_specvocab.head import DraftHead
 from sglang_specvocab.ops import _ext, checks
+from sglang_specvocab.ops.compact_topk import reference_compact_topk
 from sglang_specvocab.ops.indexed_logits import (
     reference_indexed_logits,
     reference_packed_logits,
@@ -32,6 +35,8 @@ from sglang_specvocab.ops.indexed_logits import (
 )
 from sglang_specvocab.ops.pack_update import reference_pack_update
 from sglang_specvocab.ops.window_update import reference_window_update
+from sglang_specvocab.ops.window_verify import WindowRound, reference_window_verify
+from sglang_specvocab.table import CandidateTable, head_reads
 
 # the torch and Triton backends of the ops, by op name, as torch.ops.specvocab holds the compiled ones
 reference = SimpleNamespace(
@@ -226,9 +231,6 @@ def test_implementation_counts_into_the_device_counter():
 
 def test_the_head_counts_a_broken_table_row():
     """A policy bug that leaves a slot's count at 0: that request's logits are -inf and the device counter says so."""
-    from sglang_specvocab.head import DraftHead
-    from sglang_specvocab.table import CandidateTable
-
     weight, hidden = case("valid")[1], case("valid")[0][:6]
     table = CandidateTable(R, W, fallback_id=1)
     table.assign(torch.arange(R), torch.arange(R * W).view(R, W) % V)
@@ -303,8 +305,6 @@ HEAD_MESSAGES = {  # under the debug setting, every table plan on every backend
 def head_case(kind: str):
     """(weight, table, rows, hidden) for one kind: the table of ``case`` (sorted sets, so column order is id order
     in every plan) broken as ``HEAD_KINDS`` says; small integers, so every plan's logits agree bitwise."""
-    from sglang_specvocab.table import CandidateTable
-
     _, weight, ids, cnt, _, _ = case("valid")
     table = CandidateTable.over(ids, cnt, fallback_id=FALLBACK)
     rows = torch.tensor(HEAD_ROWS, dtype=torch.int64)  # SGLang's req_pool_indices
@@ -353,8 +353,6 @@ def head_kernels():
 
 def head_message(kind: str, plan: str, kernel: str) -> str | None:
     """The ValueError of one head call under the debug setting, None if it raises none."""
-    from sglang_specvocab.head import DraftHead
-
     weight, table, rows, hidden = head_case(kind)
     try:
         DraftHead(weight, table, kernel=kernel, batch=plan)(hidden, rows).topk(K)
@@ -365,8 +363,6 @@ def head_message(kind: str, plan: str, kernel: str) -> str | None:
 
 def head_run(kind: str, plan: str, kernel: str, fused: bool = True):
     """(top-k as ``[(value, token)]`` rows, probabilities, bad entries counted) of one head call."""
-    from sglang_specvocab.head import DraftHead
-
     weight, table, rows, hidden = head_case(kind)
     head = DraftHead(weight, table, kernel=kernel, batch=plan)
     counter = ops.bad_entries("cpu")
@@ -412,8 +408,6 @@ def test_every_plan_refuses_alike_under_the_debug_setting(kind, plan, debug):
 def test_compact_topk_reads_a_bad_slot_as_no_token_on_every_backend():
     """The top-k's map row of a request with a bad slot (outside [0, R)) is never read: its entries are the fallback
     id, their values as the logits say; on the CPU it was refused, on a GPU read out of bounds."""
-    from sglang_specvocab.ops.compact_topk import reference_compact_topk
-
     logits = torch.tensor([[0.5, 2.0, -1.0], [1.0, float("-inf"), 3.0], [0.0, 1.0, 2.0], [2.0, 1.0, 0.0]])
     col_ids = torch.tensor([[10, 11, 12], [20, 21, 22]], dtype=torch.int32)
     for rows in (torch.tensor([1, 2]), torch.tensor([-1, 0]), torch.tensor([1 << 40, 1])):
@@ -455,9 +449,6 @@ class _Fuzz:
     R, W, V, D = 6, 5, 24, 4
 
     def __init__(self, seed: int):
-        from sglang_specvocab.head import DraftHead
-        from sglang_specvocab.table import CandidateTable
-
         self.g = torch.Generator().manual_seed(seed)
         self.weight = torch.randint(-2, 3, (self.V, self.D), generator=self.g).float()
         self.table = CandidateTable(self.R, self.W, fallback_id=3)
@@ -472,8 +463,6 @@ class _Fuzz:
         """A fresh table (random sets), broken at random; a random batch: (kernel, rows, hidden, k, the reference's
         count of the bad entries a table plan reads, the hidden rows whose read ids ascend: there the table plans'
         tie orders coincide; a count above W also reads the padding, out of order or repeated)."""
-        from sglang_specvocab.table import head_reads
-
         g, t = self.g, self.table
         t.assign(torch.arange(self.R), torch.randint(-1, self.V, (self.R, self.W + 2), generator=g))
         bs, n = (int(x) for x in torch.randint(1, 4, (2,), generator=g))
@@ -661,8 +650,6 @@ def test_broken_rows_are_refused_on_the_cpu_before_anything_is_written(op, rows,
 
 def _verify_round(rows, state=None):
     """A window_verify round over ``state`` (a fresh window of R rows by default) for ``rows``."""
-    from sglang_specvocab.ops.window_verify import WindowRound
-
     g = torch.Generator().manual_seed(11)
     B, nd, S = len(rows), 4, 3
     if state is None:
@@ -687,11 +674,7 @@ def test_where_rows_are_trusted_a_bad_one_is_skipped(monkeypatch):
     updates skip a row outside [0, R) as the CUDA kernels do: the other rows get what a call without it gives,
     nothing else changes (it was an IndexError, a device assert on a GPU, and in the kernels an out-of-bounds
     write)."""
-    import dataclasses
-
     window_update_module = importlib.import_module("sglang_specvocab.ops.window_update")  # not ops.window_update
-    from sglang_specvocab.ops.window_verify import reference_window_verify
-
     monkeypatch.setattr(window_update_module, "readable", lambda t: False)
     with_bad, clean = _verify_round([1, R + 2, -1, 3]), _verify_round([1, R + 2, -1, 3])
     want = dataclasses.replace(
@@ -713,7 +696,6 @@ def test_where_rows_are_trusted_a_bad_one_is_skipped(monkeypatch):
 def test_a_table_with_bad_rows_skips_them():
     """``CandidateTable``'s per-round methods with request slots: a slot outside [0, R) is skipped by the writes
     (``reset``, ``assign``) and holds nothing (``contains``); the listed rows in range are as without it."""
-    from sglang_specvocab.table import CandidateTable
 
     def table():
         t = CandidateTable(R, W, fallback_id=2)
@@ -735,8 +717,6 @@ def test_a_table_with_bad_rows_skips_them():
 def test_window_verify_never_searches_past_a_bad_count():
     """A listed row whose count is above its capacity (a broken table) is searched over its own columns only, on
     every backend (the compiled op's search ran on into the next rows: a wrong hit, out of bounds for the last)."""
-    from sglang_specvocab.ops.window_verify import reference_window_verify
-
     backends = [reference_window_verify] + (
         [ops.implementation("cuda", "cpu", "window_verify")] if _ext.available() else []
     )
@@ -757,11 +737,7 @@ def test_window_verify_never_searches_past_a_bad_count():
 def test_cuda_updates_skip_a_bad_row(monkeypatch):
     """The CUDA kernels of the in-place updates skip a listed row outside [0, R) (they wrote out of bounds): the
     other rows as the reference gives them, nothing else touched."""
-    import dataclasses
-
     window_update_module = importlib.import_module("sglang_specvocab.ops.window_update")  # not ops.window_update
-    from sglang_specvocab.ops.window_verify import reference_window_verify
-
     if not _ext.has_cuda_kernels():
         pytest.skip("no CUDA kernels in this build")
     rows = [1, R + 2, -1, 3]
