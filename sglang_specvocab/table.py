@@ -106,19 +106,25 @@ def set_contains(
     return (sel.gather(1, pos) == tok) & (tokens >= 0)
 
 
-def assign_sets(
-    ids: torch.Tensor, cnt: torch.Tensor, rows: torch.Tensor, candidates: torch.Tensor, fallback_id: int
-) -> None:
-    """``CandidateTable.assign`` on raw table tensors (also the window update's torch reference)."""
-    cap = ids.shape[1]
+def _sets(candidates: torch.Tensor, cap: int, fallback_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each candidates row as a table row: (ids int32 ``[B, cap]``, cnt int32 ``[B]``)."""
     srt, _, first = _sorted_runs(candidates)
     count = first.sum(1)
     packed = compact(srt, first)[:, :cap]
     if packed.shape[1] < cap:
         packed = torch.nn.functional.pad(packed, (0, cap - packed.shape[1]), value=_EMPTY)
     packed = torch.where(packed >= 0, packed, fallback_id)  # an empty row becomes the set {fallback_id}
-    put_rows(ids, rows, packed)  # a bad request slot: nothing written
-    put_rows(cnt, rows, torch.where(count == 0, 1, count.clamp(max=cap)))
+    return packed.to(torch.int32), torch.where(count == 0, 1, count.clamp(max=cap)).to(torch.int32)
+
+
+def assign_sets(
+    ids: torch.Tensor, cnt: torch.Tensor, rows: torch.Tensor, candidates: torch.Tensor, fallback_id: int
+) -> None:
+    """``CandidateTable.assign`` on raw table tensors (also the window update's torch reference); a bad request
+    slot is skipped (``put_rows``)."""
+    new_ids, new_cnt = _sets(candidates, ids.shape[1], fallback_id)
+    put_rows(ids, rows, new_ids)
+    put_rows(cnt, rows, new_cnt)
 
 
 class HeadReads(NamedTuple):
@@ -196,8 +202,11 @@ class CandidateTable:
         if fallback_id < 0:
             raise ValueError(f"CandidateTable: fallback_id = {fallback_id} is invalid: must be a token id >= 0")
         self.fallback_id = fallback_id
-        self.ids = torch.full((num_rows, capacity), fallback_id, dtype=torch.int32, device=device)
-        self.cnt = torch.ones(num_rows, dtype=torch.int32, device=device)
+        # One spare row past the slots, never read: a write sends a bad request slot there (no host sync, no
+        # out-of-bounds access). ids and cnt are views of the slots' rows.
+        self._ids_all = torch.full((num_rows + 1, capacity), fallback_id, dtype=torch.int32, device=device)
+        self._cnt_all = torch.ones(num_rows + 1, dtype=torch.int32, device=device)
+        self.ids, self.cnt = self._ids_all[:num_rows], self._cnt_all[:num_rows]
         self._columns = torch.arange(capacity, device=device)  # made once: contains runs every verify round
 
     @classmethod
@@ -207,6 +216,8 @@ class CandidateTable:
             raise ValueError("CandidateTable.over: ids must be int32 [R, W] and cnt int32 [R]")
         self = cls.__new__(cls)
         self.fallback_id, self.ids, self.cnt = fallback_id, ids, cnt
+        self._ids_all = self._cnt_all = None  # no spare row: writes skip a bad slot with put_rows
+        self._columns = torch.arange(ids.shape[1], device=ids.device)  # contains() needs it as much (was missing)
         return self
 
     @property
@@ -221,10 +232,19 @@ class CandidateTable:
     def device(self) -> torch.device:
         return self.ids.device
 
+    def _spare(self, rows: torch.Tensor) -> torch.Tensor:
+        """``rows``, a bad request slot replaced by the spare row (``num_rows``)."""
+        return torch.where(rows.clamp(0, self.num_rows - 1) == rows, rows, self.num_rows)
+
     def reset(self, rows: torch.Tensor) -> None:
         """Give ``rows`` the fallback set ``{fallback_id}`` (a fresh slot, before its prefill)."""
-        put_rows(self.ids, rows, torch.full((rows.shape[0], self.capacity), self.fallback_id, device=self.device))
-        put_rows(self.cnt, rows, torch.ones(rows.shape[0], dtype=torch.int32, device=self.device))
+        if self._ids_all is None:
+            put_rows(self.ids, rows, torch.full((rows.shape[0], self.capacity), self.fallback_id, device=self.device))
+            put_rows(self.cnt, rows, torch.ones(rows.shape[0], dtype=torch.int32, device=self.device))
+            return
+        target = self._spare(rows)
+        self._ids_all.index_fill_(0, target, self.fallback_id)
+        self._cnt_all.index_fill_(0, target, 1)
 
     def assign(self, rows: torch.Tensor, candidates: torch.Tensor) -> None:
         """Set each row to the distinct non-negative ids of its candidates row.
@@ -233,7 +253,13 @@ class CandidateTable:
         ascending order; a row with no ids gets the fallback set. More than ``capacity``
         distinct ids is the caller's error (policies keep their sets within capacity).
         """
-        assign_sets(self.ids, self.cnt, rows, candidates, self.fallback_id)
+        if self._ids_all is None:
+            assign_sets(self.ids, self.cnt, rows, candidates, self.fallback_id)
+            return
+        new_ids, new_cnt = _sets(candidates, self.capacity, self.fallback_id)
+        target = self._spare(rows)
+        self._ids_all.index_copy_(0, target, new_ids)
+        self._cnt_all.index_copy_(0, target, new_cnt)
 
     def contains(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """``out[b, j]``: whether ``tokens[b, j]`` is in the set of ``rows[b]``."""

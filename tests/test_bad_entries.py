@@ -693,14 +693,16 @@ def test_where_rows_are_trusted_a_bad_one_is_skipped(monkeypatch):
         assert torch.equal(getattr(with_bad, name), getattr(want, name)), name
 
 
-def test_a_table_with_bad_rows_skips_them():
+@pytest.mark.parametrize("made", ["own", "over"])
+def test_a_table_with_bad_rows_skips_them(made):
     """``CandidateTable``'s per-round methods with request slots: a slot outside [0, R) is skipped by the writes
-    (``reset``, ``assign``) and holds nothing (``contains``); the listed rows in range are as without it."""
+    (``reset``, ``assign``) and holds nothing (``contains``); the listed rows in range are as without it. A table
+    of its own writes a bad slot to its spare row, one over given tensors skips it (``table.put_rows``)."""
 
     def table():
         t = CandidateTable(R, W, fallback_id=2)
         t.assign(torch.arange(R), torch.arange(R * W).view(R, W) % V)
-        return t
+        return t if made == "own" else CandidateTable.over(t.ids.clone(), t.cnt.clone(), fallback_id=2)
 
     rows, good = torch.tensor([3, R, -4, 1 << 40, 0]), torch.tensor([3, 0])
     tokens = torch.tensor([[15, 3, -1]] * 5)
