@@ -1,5 +1,17 @@
 // The one TORCH_LIBRARY binding of the specvocab ops: schemas, CPU and CUDA kernels.
 // Fake (meta) kernels are registered from Python (each op's module in sglang_specvocab/ops/, via _ext.py).
+//
+// Refusals. The ops keep TORCH_CHECKs for direct calls, but what the package calls (ops.implementation) runs the
+// op's Python check first, so no refusal leaves this library as a C++ exception. On the GPU machines (H100/H200,
+// torch 2.11, Python 3.12) the first C++ exception the extension threw in a process crashed it with SIGSEGV
+// (four refusal tests in four files, each its file's first throw). Not the cause, with evidence: threads (built
+// without -fopenmp, so at::parallel_for runs inline on the caller: no INTRA_OP_PARALLEL, no GOMP symbol in the
+// library; every crashing check runs before any loop, and faulthandler showed the main thread); -fno-exceptions
+// (not in recipe.py; the library has .gcc_except_table and calls __cxa_throw); a C++11-ABI mismatch (it would
+// fail to load: torchCheckFail's std::string mangles by ABI; it loaded and ran 79 GPU tests); the C++ standard
+// (torch 2.11 builds its extensions as C++17, as this did). Not reproduced on a CPU machine with the same torch.
+// tests/test_kernels.py::test_a_cpp_exception_reaches_python_in_a_fresh_process throws torch's own and this
+// library's exception in fresh children, before and after CUDA ran, with a gdb backtrace of the first crash.
 #include <c10/core/Stream.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>

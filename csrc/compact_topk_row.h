@@ -8,7 +8,8 @@
 //   is -inf and reads as the fallback token);
 // - the logsumexp of the row's live (finite) values, -inf when none;
 // - tokens: column c's target id is c (no map), ids[c] (one map for all rows) or ids[rows[m / per] * W + c]
-//   (a map row per request, `per` logits rows each); a -inf entry or a negative id gives fallback_id;
+//   (a map row per request, `per` logits rows each; a map row outside [0, R), a bad request slot, is never read: no
+//   token); a -inf entry, a negative id or no token gives fallback_id;
 // - values: the raw value (mode 0), the log-probability v - lse (1) or the probability exp(v - lse) (2).
 //
 // Lane t of kTopkLanes scans columns t, t + kTopkLanes, ... in ascending order and keeps its top k sorted
@@ -34,6 +35,7 @@ struct SpecvocabTopkArgs {
   int64_t* tokens;       // [N, k] out
   float* lse;            // [N] out
   int64_t N, W, k, per, fallback_id;
+  int64_t R;     // the map's rows (a 2-D map)
   int32_t mode;  // 0 raw, 1 log-probability, 2 probability
 };
 
@@ -115,12 +117,14 @@ SV_HD void sv_lse_merge(float* am, float* as, float bm, float bs) {
 SV_HD void sv_topk_write(const SpecvocabTopkArgs& a, int64_t m, const float* v, const int32_t* c, float mx, float sum) {
   const float lse = mx > -INFINITY ? mx + logf(sum) : -INFINITY;
   a.lse[m] = lse;
-  const int64_t map_row = a.rows != nullptr ? a.rows[m / a.per] * a.W : 0;
+  const int64_t r = a.rows != nullptr ? a.rows[m / a.per] : 0;
+  const bool mapped = r >= 0 && (a.rows == nullptr || r < a.R);  // a bad slot's row is never read
+  const int64_t map_row = r * a.W;
   for (int64_t i = 0; i < a.k; ++i) {
     const float x = v[i];
     const bool live = x > -INFINITY;
     int64_t token = a.fallback_id;
-    if (live) {
+    if (live && mapped) {
       const int64_t col = c[i];
       token = a.ids32 != nullptr ? a.ids32[map_row + col] : a.ids64 != nullptr ? a.ids64[map_row + col] : col;
       if (token < 0) token = a.fallback_id;

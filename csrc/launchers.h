@@ -35,14 +35,15 @@ int specvocab_indexed_logits_launch(const void* hidden, const void* weight, cons
                                     const void* row_to_slot, int slot64, int64_t B, const int32_t* row_map, int64_t L,
                                     float* out, int64_t* bad, int64_t M, int64_t d, int64_t W, int64_t V, int64_t R,
                                     int dtype, int packed, const SpecvocabLogitsPlan* plan, void* stream);
+// window_update and pack_update skip a listed row outside [0, R) (a bad request slot): no out-of-bounds access.
 int specvocab_window_update_launch(int32_t* ring, int64_t* length, int32_t* ids, int32_t* cnt, const int64_t* rows,
-                                   const int32_t* block, int64_t B, int64_t n, int64_t ring_stride, int64_t capacity,
-                                   int32_t fallback_id, int64_t vocab_size, void* stream);
+                                   const int32_t* block, int64_t B, int64_t R, int64_t n, int64_t ring_stride,
+                                   int64_t capacity, int32_t fallback_id, int64_t vocab_size, void* stream);
 // One thread per request of window_verify (the window update is a separate launch). Returns a cudaError_t.
 int specvocab_window_verify_launch(const struct SpecvocabVerifyArgs* args, int64_t B, void* stream);
 // One block per logits row of compact_topk. Returns a cudaError_t.
 int specvocab_compact_topk_launch(const struct SpecvocabTopkArgs* args, void* stream);
 int specvocab_pack_update_launch(void* packed, int32_t* packed_ids, const void* weight, const int32_t* ids,
-                                 const int32_t* cnt, const int64_t* rows, int32_t* scratch, int64_t B, int64_t W,
-                                 int64_t d, int64_t vocab_size, int dtype, void* stream);
+                                 const int32_t* cnt, const int64_t* rows, int32_t* scratch, int64_t B, int64_t R,
+                                 int64_t W, int64_t d, int64_t vocab_size, int dtype, void* stream);
 }

@@ -13,13 +13,13 @@ int specvocab_indexed_logits_launch(const void*, const void*, const int32_t*, co
   return -1;
 }
 int specvocab_window_update_launch(int32_t*, int64_t*, int32_t*, int32_t*, const int64_t*, const int32_t*, int64_t,
-                                   int64_t, int64_t, int64_t, int32_t, int64_t, void*) {
+                                   int64_t, int64_t, int64_t, int64_t, int32_t, int64_t, void*) {
   return -1;
 }
 int specvocab_window_verify_launch(const SpecvocabVerifyArgs*, int64_t, void*) { return -1; }
 int specvocab_compact_topk_launch(const SpecvocabTopkArgs*, void*) { return -1; }
 int specvocab_pack_update_launch(void*, int32_t*, const void*, const int32_t*, const int32_t*, const int64_t*, int32_t*,
-                                 int64_t, int64_t, int64_t, int64_t, int, void*) {
+                                 int64_t, int64_t, int64_t, int64_t, int64_t, int, void*) {
   return -1;
 }
 }

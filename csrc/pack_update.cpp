@@ -160,8 +160,8 @@ void pack_update_cuda(at::Tensor& packed, at::Tensor& packed_ids, const at::Tens
   TORCH_CHECK(packed.device().is_cuda(), "pack_update_cuda: tensors must be on a CUDA device, got ", packed.device());
   // Values are not checked here (that would cost a host sync): rows must be distinct, cnt in [1, W],
   // ids[s, :cnt] ascending in [0, V), packed_ids[s] a live prefix; the kernel stays in bounds regardless of
-  // these. Not of rows: the launcher is not given R, so a listed row outside [0, R) is the caller's to prevent
-  // (a row listed twice races with itself). The debug setting checks rows on the host.
+  // these, and skips a listed row outside [0, R) (a row listed twice races with itself). The debug setting checks
+  // rows on the host.
   const c10::DeviceGuard guard(packed.device());
   const at::Tensor ids_c = ids.contiguous(), cnt_c = cnt.contiguous(), rows_c = rows.contiguous();
   if (debug_checks()) check_rows("pack_update", rows_c, packed.size(0));
@@ -171,8 +171,8 @@ void pack_update_cuda(at::Tensor& packed, at::Tensor& packed_ids, const at::Tens
   at::Tensor scratch = at::empty({B, W}, packed_ids.options());
   const int err = specvocab_pack_update_launch(
       packed.data_ptr(), packed_ids.data_ptr<int32_t>(), weight.const_data_ptr(), ids_c.const_data_ptr<int32_t>(),
-      cnt_c.const_data_ptr<int32_t>(), rows_c.const_data_ptr<int64_t>(), scratch.data_ptr<int32_t>(), B, W,
-      packed.size(2), weight.size(0), code, current_cuda_stream(packed.device()));
+      cnt_c.const_data_ptr<int32_t>(), rows_c.const_data_ptr<int64_t>(), scratch.data_ptr<int32_t>(), B, packed.size(0),
+      W, packed.size(2), weight.size(0), code, current_cuda_stream(packed.device()));
   check_launch(err, "pack_update");
 }
 

@@ -12,8 +12,8 @@
 //   the i-th free slot gets the i-th filler: its id, and its row (weight[id] if entering, the
 //     survivor's packed row if moved); then packed_ids[s, c:] = -1 (packed[s, c:] is don't care).
 // |N| = c = survivors + entering and free = c - survivors below c, so free and fillers are equally
-// many. The kernel never reads out of bounds even when the inputs break this contract, except for
-// rows[b] itself, which it trusts to lie in [0, R) (R is not passed; the CPU op checks it, this one cannot).
+// many. The kernel never reads out of bounds even when the inputs break this contract; a row outside [0, R) (a
+// bad request slot) is skipped.
 //
 // Phase by phase (block of kThreads threads, slot s = rows[blockIdx.x]):
 //   (a) c_old by a block reduction over packed_ids[s, :]; clear the shared bitmap;
@@ -104,13 +104,14 @@ template <typename Elem, bool kVec>
 __global__ void __launch_bounds__(kThreads)
     pack_update_kernel(Elem* __restrict__ packed, int32_t* __restrict__ packed_ids, const Elem* __restrict__ weight,
                        const int32_t* __restrict__ ids, const int32_t* __restrict__ cnt,
-                       const int64_t* __restrict__ rows, int32_t* __restrict__ scratch, int W, int64_t d,
+                       const int64_t* __restrict__ rows, int32_t* __restrict__ scratch, int64_t R, int W, int64_t d,
                        int64_t vocab_size) {
   extern __shared__ uint32_t old_bits[];  // ceil(vocab_size / 32) words: bit t set iff t is an old live id
   __shared__ Shared sh;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t b = blockIdx.x;
   const int64_t s = rows[b];
+  if (s < 0 || s >= R) return;      // the whole block: before any barrier
   int32_t* P = packed_ids + s * W;  // the slot's packed ids, updated in place
   const int32_t* I = ids + s * W;   // N = I[0, c), ascending
   int32_t* free_list = scratch + b * W;
@@ -197,7 +198,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename Elem, bool kVec>
 int launch(void* packed, int32_t* packed_ids, const void* weight, const int32_t* ids, const int32_t* cnt,
-           const int64_t* rows, int32_t* scratch, int64_t B, int64_t W, int64_t d, int64_t vocab_size,
+           const int64_t* rows, int32_t* scratch, int64_t B, int64_t R, int64_t W, int64_t d, int64_t vocab_size,
            cudaStream_t stream) {
   auto kernel = pack_update_kernel<Elem, kVec>;
   const size_t bitmap_bytes = static_cast<size_t>((vocab_size + 31) / 32) * sizeof(uint32_t);
@@ -217,31 +218,33 @@ int launch(void* packed, int32_t* packed_ids, const void* weight, const int32_t*
   }
   kernel<<<static_cast<unsigned>(B), kThreads, bitmap_bytes, stream>>>(static_cast<Elem*>(packed), packed_ids,
                                                                        static_cast<const Elem*>(weight), ids, cnt, rows,
-                                                                       scratch, static_cast<int>(W), d, vocab_size);
+                                                                       scratch, R, static_cast<int>(W), d, vocab_size);
   return cudaGetLastError();
 }
 
 template <typename Elem>
 int launch_dtype(void* packed, int32_t* packed_ids, const void* weight, const int32_t* ids, const int32_t* cnt,
-                 const int64_t* rows, int32_t* scratch, int64_t B, int64_t W, int64_t d, int64_t vocab_size,
+                 const int64_t* rows, int32_t* scratch, int64_t B, int64_t R, int64_t W, int64_t d, int64_t vocab_size,
                  cudaStream_t stream) {
   // Rows start at multiples of d * sizeof(Elem) bytes from the bases: 16-byte vectors need both aligned.
   const bool vec = (d * static_cast<int64_t>(sizeof(Elem))) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(packed) % 16 == 0 && reinterpret_cast<uintptr_t>(weight) % 16 == 0;
-  if (vec) return launch<Elem, true>(packed, packed_ids, weight, ids, cnt, rows, scratch, B, W, d, vocab_size, stream);
-  return launch<Elem, false>(packed, packed_ids, weight, ids, cnt, rows, scratch, B, W, d, vocab_size, stream);
+  if (vec)
+    return launch<Elem, true>(packed, packed_ids, weight, ids, cnt, rows, scratch, B, R, W, d, vocab_size, stream);
+  return launch<Elem, false>(packed, packed_ids, weight, ids, cnt, rows, scratch, B, R, W, d, vocab_size, stream);
 }
 
 }  // namespace
 
 // packed [R, W, d] and weight [V = vocab_size, d] of `dtype` (SV_F32/SV_F16/SV_BF16), packed_ids and
-// ids [R, W] int32, cnt [R] int32, rows [B] int64 (distinct), scratch [B, W] int32: all contiguous on
-// the current device. Updates the B listed slots on `stream` (a cudaStream_t). Returns a cudaError_t:
+// ids [R, W] int32, cnt [R] int32, rows [B] int64 (distinct; one outside [0, R) is skipped), scratch [B, W] int32: all
+// contiguous on the current device. Updates the B listed slots on `stream` (a cudaStream_t). Returns a cudaError_t:
 // cudaErrorInvalidValue for bad sizes or dtype, or a vocabulary whose bitmap (vocab_size / 8 bytes)
 // exceeds the device's shared memory per block; otherwise the launch's error.
 extern "C" int specvocab_pack_update_launch(void* packed, int32_t* packed_ids, const void* weight, const int32_t* ids,
                                             const int32_t* cnt, const int64_t* rows, int32_t* scratch, int64_t B,
-                                            int64_t W, int64_t d, int64_t vocab_size, int dtype, void* stream) {
+                                            int64_t R, int64_t W, int64_t d, int64_t vocab_size, int dtype,
+                                            void* stream) {
   if (B == 0) return cudaSuccess;
   if (B < 0 || B > INT32_MAX || W < 1 || W > INT32_MAX - kThreads || d < 1 || d > INT32_MAX || vocab_size < 1) {
     return cudaErrorInvalidValue;
@@ -249,10 +252,10 @@ extern "C" int specvocab_pack_update_launch(void* packed, int32_t* packed_ids, c
   const auto st = static_cast<cudaStream_t>(stream);
   switch (dtype) {
     case kF32:
-      return launch_dtype<uint32_t>(packed, packed_ids, weight, ids, cnt, rows, scratch, B, W, d, vocab_size, st);
+      return launch_dtype<uint32_t>(packed, packed_ids, weight, ids, cnt, rows, scratch, B, R, W, d, vocab_size, st);
     case kF16:
     case kBF16:
-      return launch_dtype<uint16_t>(packed, packed_ids, weight, ids, cnt, rows, scratch, B, W, d, vocab_size, st);
+      return launch_dtype<uint16_t>(packed, packed_ids, weight, ids, cnt, rows, scratch, B, R, W, d, vocab_size, st);
     default:
       return cudaErrorInvalidValue;
   }

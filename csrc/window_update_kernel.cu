@@ -10,7 +10,8 @@
 //
 // One block per listed row. The set is built with a bitmap of the vocabulary in shared memory
 // (V / 8 bytes: 32 KB at 262k): ring entries set bits, a block-wide scan of per-thread popcounts
-// gives each id its column, so the row comes out ascending without a sort. Rows must be distinct.
+// gives each id its column, so the row comes out ascending without a sort. Rows must be distinct; a row outside
+// [0, R) (a bad request slot) is skipped: nothing is read or written for it.
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <cub/block/block_reduce.cuh>
@@ -25,7 +26,8 @@ using Reduce = cub::BlockReduce<int, kThreads>;
 __global__ void __launch_bounds__(kThreads)
     window_update_kernel(int32_t* __restrict__ ring, int64_t* __restrict__ length, int32_t* __restrict__ ids,
                          int32_t* __restrict__ cnt, const int64_t* __restrict__ rows, const int32_t* __restrict__ block,
-                         int64_t n, int64_t ring_stride, int64_t capacity, int32_t fallback_id, int64_t vocab_size) {
+                         int64_t num_rows, int64_t n, int64_t ring_stride, int64_t capacity, int32_t fallback_id,
+                         int64_t vocab_size) {
   extern __shared__ uint32_t bitmap[];
   __shared__ union {
     typename Scan::TempStorage scan;
@@ -36,6 +38,7 @@ __global__ void __launch_bounds__(kThreads)
   const int t = threadIdx.x;
   const int64_t b = blockIdx.x;
   const int64_t s = rows[b];
+  if (s < 0 || s >= num_rows) return;  // the whole block: before any barrier
   const int32_t* entries = block + b * n;
   int32_t* my_ring = ring + s * ring_stride;
   const int64_t len0 = length[s];
@@ -103,8 +106,8 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 extern "C" int specvocab_window_update_launch(int32_t* ring, int64_t* length, int32_t* ids, int32_t* cnt,
-                                              const int64_t* rows, const int32_t* block, int64_t B, int64_t n,
-                                              int64_t ring_stride, int64_t capacity, int32_t fallback_id,
+                                              const int64_t* rows, const int32_t* block, int64_t B, int64_t R,
+                                              int64_t n, int64_t ring_stride, int64_t capacity, int32_t fallback_id,
                                               int64_t vocab_size, void* stream) {
   if (B == 0) return 0;
   const size_t smem = static_cast<size_t>((vocab_size + 31) / 32) * sizeof(uint32_t);
@@ -127,6 +130,6 @@ extern "C" int specvocab_window_update_launch(int32_t* ring, int64_t* length, in
     if (err != cudaSuccess) return static_cast<int>(err);
   }
   window_update_kernel<<<static_cast<unsigned>(B), kThreads, smem, static_cast<cudaStream_t>(stream)>>>(
-      ring, length, ids, cnt, rows, block, n, ring_stride, capacity, fallback_id, vocab_size);
+      ring, length, ids, cnt, rows, block, R, n, ring_stride, capacity, fallback_id, vocab_size);
   return static_cast<int>(cudaGetLastError());
 }

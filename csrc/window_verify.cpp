@@ -132,7 +132,7 @@ at::Tensor window_verify_cuda(at::Tensor& ring, at::Tensor& length, at::Tensor& 
   Prepared p = prepare(ring, length, ids, cnt, acc, rows, draft_token, accept_index, accept_lens, predict, topk_values,
                        topk_ids, hot, k, context, compacted, fallback_id, vocab_size);
   // As in window_update: rows are SGLang's req_pool_indices, distinct and in range by construction (a host check
-  // only under the debug setting).
+  // only under the debug setting); a row out of range reads and writes nothing (window_verify_row.h, the update).
   if (debug_checks()) check_rows("window_verify", rows, ids.size(0));
   check_launch(specvocab_window_verify_launch(&p.args, rows.size(0), current_cuda_stream(ids.device())),
                "window_verify");

@@ -70,8 +70,12 @@ SV_HD void sv_verify_row(const SpecvocabVerifyArgs& a, int64_t b) {
   }
   int32_t* seg = out + n_ctx;
   const int64_t row = a.rows[b];
-  const int32_t* table_row = a.ids + row * a.capacity;
-  const int32_t live = a.cnt[row];
+  // A bad request slot reads no table row and adds no telemetry (the CPU op refuses it first); a bad count never
+  // takes the search past its row.
+  const bool row_ok = row >= 0 && row < a.R;
+  const int32_t* table_row = a.ids + (row_ok ? row : 0) * a.capacity;
+  const int32_t live = row_ok ? a.cnt[row] : 0;
+  const int32_t searched = live < 0 ? 0 : (live > a.capacity ? static_cast<int32_t>(a.capacity) : live);
   int64_t committed = 0, hit = 0;
   for (int64_t s = 0; s < a.S; ++s) {
     const int64_t idx = a.accept_index[b * a.S + s];
@@ -83,7 +87,7 @@ SV_HD void sv_verify_row(const SpecvocabVerifyArgs& a, int64_t b) {
       tok = a.predict[a.compacted ? b * a.nd + (s < last ? s : last) : pos];
       if (tok >= 0) {
         ++committed;
-        hit += sv_in_row(table_row, live, tok) ? 1 : 0;
+        hit += sv_in_row(table_row, searched, tok) ? 1 : 0;
       }
     }
     a.accepted[b * a.S + s] = tok;
@@ -97,7 +101,7 @@ SV_HD void sv_verify_row(const SpecvocabVerifyArgs& a, int64_t b) {
       seg[j] = (v >= 0 && sv_seen(seg, j, v)) ? -1 : v;
     }
   }
-  if (a.acc != nullptr) {
+  if (a.acc != nullptr && row_ok) {
     a.acc[row] += static_cast<double>(live);
     a.acc[a.R + row] += 1.0;
     a.acc[2 * a.R + row] += static_cast<double>(hit);

@@ -27,6 +27,17 @@ and ``compact_topk``) and the kernel reads a request's rows once for all its hid
 a dead column. With ``group`` (tp_size > 1) the top-k is a local top-k merged across ranks. The stock plan on one rank
 is EAGLE3's own code path in the server (``integration/logits.py``); here it is the head's dense GEMM.
 
+Bad table entries: one rule on every plan and backend (``table.head_reads``, which the logits ops follow). A request
+whose slot is outside ``[0, R)`` reads nothing; a count is clamped into ``[0, W]`` (so one ``<= 0`` reads nothing:
+``cnt >= 1`` is the table's contract, and 0 breaks it; one above ``W`` reads all ``W`` columns); an id ``>= V``
+inside the count is a dead column; a negative id is a dead column by design, not an error. Whatever a request reads
+nothing of is ``-inf``, so its top-k entries there are the fallback id with probability 0. Each bad entry is added
+to ``ops.bad_entries(device)`` once per hidden row that reads it (a bad slot or count once, a bad id once per
+column), with no host sync; nothing is raised. Under the debug setting (``SGLANG_DYNVOCAB_DEBUG_CHECKS``) every
+table plan refuses the first one instead, before its ops run, with the same ``ValueError("DraftHead: ...")``.
+The stock plan reads no table: nothing to count or refuse. The top-k reads a bad slot's map row as no token
+(``compact_topk``, ``ops.topk.column_tokens``).
+
 CUDA graphs. The server runs the head inside SGLang's captured graphs and, in the draft extend, its top-k eagerly
 after the replay, where no Python of the head ran. So the head keeps no state of its last call: what a call's logits
 mean is a pure function of the call's shape key ``(bs, n)`` (``plan``, cached) plus tensors the call writes in place
@@ -51,6 +62,7 @@ import torch
 
 from . import headcost, ops
 from .config import BATCH_MODES, HEAD_MODES, UNION_VIEWS, HeadSection, default_union_columns
+from .ops import checks
 from .ops.compact_topk import TOPK_MAX_K
 from .ops.topk import NEG_INF, column_tokens, head_row_map, local_topk, merge_topk
 from .table import CandidateTable
@@ -182,6 +194,11 @@ class DraftHead:
         # One rank: rows past the head's own (SGLang pads ParallelLMHead's weight to a multiple of 64) are no tokens.
         self.start, self.end = shard if shard is not None else (0, min(int(weight.shape[0]), self.head_rows))
         self.row_map = head_row_map(self.vocab_size, hot_token_id=hot_token_id, shard=shard, device=dev)
+        if self.row_map is None and self.vocab_size > weight.shape[0]:
+            raise ValueError(
+                f"DraftHead: target_vocab_size = {self.vocab_size} is more than the head's {weight.shape[0]} rows "
+                "(a full-vocabulary head on one rank has a row for every id; a d2t draft passes hot_token_id)"
+            )
         # The logits op reads ids through it (an id past it is a bad entry, counted; -1: no row here, a dead column)
         self._row_map32 = None if self.row_map is None else self.row_map.to(torch.int32)
         self._bad = ops.bad_entries(dev)  # the counter the logits ops add bad table entries to
@@ -327,6 +344,12 @@ class DraftHead:
         key = self.key_of(rows.shape[0], hidden.shape[0])
         mode = self.plan(*key)
         hidden = hidden.to(weight.dtype)
+        if mode != "stock" and checks.debug_checks() and checks.readable(rows):
+            # every table plan refuses a bad entry alike, before its ops run (see "Bad table entries")
+            t = self.table
+            checks.check_table_entries(
+                "DraftHead", t.ids, t.cnt, rows, t.capacity, self.vocab_size, rows=hidden.shape[0], slots="rows"
+            )
         if mode == "stock":
             logits = self._stock(hidden, weight)
         elif mode == "per-request":
@@ -391,16 +414,23 @@ class DraftHead:
         # One launch from the requests' slots to logits: the op expands each request's slot over its N // bs rows
         # and reads the ids through the draft's row map (d2t, a TP shard), so a request's candidate rows are read
         # once for all its hidden rows and no mapped copy of the sets is made.
+        if self.row_map is None and weight.shape[0] > self.vocab_size:
+            # SGLang's padding rows are no tokens: an id past the vocabulary is a bad entry here too, as in a union
+            weight = weight.narrow(0, 0, self.vocab_size)
         return self._logits(hidden, weight, t.ids, t.cnt, rows, row_map=self._row_map32)
 
     def _union(self, hidden: torch.Tensor, weight: torch.Tensor, rows: torch.Tensor, gemm: bool) -> torch.Tensor:
         t, N, dev = self.table, hidden.shape[0], hidden.device
         V, C = self.vocab_size, self.union_capacity
         bs, W = rows.shape[0], t.capacity
-        ids = t.ids.index_select(0, rows).long()
-        live = self._cols < t.cnt.index_select(0, rows)[:, None]
-        bad = live & (ids >= V)  # a bad id (>= V): counted once per hidden row, as the per-request kernel does
-        self._bad.add_(bad.sum(), alpha=N // bs if bs else 0)
+        # The table is read as the per-request op reads it (table.head_reads): a slot outside [0, R) reads nothing,
+        # a count is clamped into [0, W], an id >= V is a bad column; each counted once per hidden row.
+        slot = rows.clamp(0, t.num_rows - 1)
+        raw = t.cnt.index_select(0, slot).masked_fill_(slot != rows, 0)  # a bad slot: count 0
+        ids = t.ids.index_select(0, slot).long()
+        live = self._cols < raw[:, None]
+        bad = live & (ids >= V)
+        self._bad.add_(bad.sum() + (raw.clamp(1, W) != raw).sum(), alpha=N // bs if bs else 0)
         dead = ~(live & (ids >= 0) & ~bad)
         at = ids.masked_fill_(dead, V)  # dead and bad entries mark the sink V
         mark = torch.zeros(V + 1, dtype=torch.int32, device=dev).index_fill_(0, at.view(-1), 1)[:V]

@@ -6,7 +6,9 @@ a valid id to gather. Tensors are allocated once and only mutated in place, so a
 that captured them sees every update. Row 0 is SGLang's padding row: it, like every row,
 always holds at least one id (``cnt >= 1``), so no head row is ever all ``-inf``.
 
-All methods take ``rows`` as an int64 tensor on the table's device and do no host sync.
+All methods take ``rows`` as an int64 tensor on the table's device and do no host sync; a row outside ``[0, R)``
+(a bad request slot) is skipped by the writes and holds nothing for ``contains``, never an exception or an
+out-of-bounds access.
 
 How the head reads the table (``head_reads``, shared by every backend of the logits ops): an entry that breaks
 the contract (a slot outside ``[0, R)``, a count outside ``[1, W]``, an id ``>= V``) is never read out of bounds;
@@ -71,34 +73,59 @@ def distinct_segments(segments: list[torch.Tensor]) -> torch.Tensor:
     return torch.where(repeat, -1, block)
 
 
+def safe_rows(rows: torch.Tensor, R: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``rows`` clamped into ``[0, R)``, which of them were in range): a bad request slot is read as row 0 and
+    then ignored, with no host sync."""
+    safe = rows.clamp(0, R - 1)
+    return safe, safe == rows
+
+
+def put_rows(dst: torch.Tensor, rows: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst[rows[b]] = src[b]`` in place for each ``rows[b]`` in ``[0, R)``; one outside (a bad request slot) is
+    skipped, with no host sync. Integer tensors: each listed row adds its difference (exact, modulo the dtype's
+    range), so a bad row, read as row 0, adds nothing; a row listed twice gets an unspecified value, as with
+    ``index_copy_`` on a GPU."""
+    safe, ok = safe_rows(rows, dst.shape[0])
+    delta = src.to(dst.dtype) - dst.index_select(0, safe)
+    dst.index_add_(0, safe, delta.masked_fill_(~ok.view(-1, *[1] * (delta.dim() - 1)), 0))
+
+
 def set_contains(
     ids: torch.Tensor, cnt: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, columns: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``out[b, j]``: whether ``tokens[b, j]`` (-1: none) is in the set of table row ``rows[b]`` (``ids``/``cnt``).
-    ``columns``: ``arange(capacity)`` made once by a caller that runs every round."""
+    """``out[b, j]``: whether ``tokens[b, j]`` (-1: none) is in the set of table row ``rows[b]`` (``ids``/``cnt``;
+    a row outside ``[0, R)``, a bad request slot, holds nothing). ``columns``: ``arange(capacity)`` made once by a
+    caller that runs every round."""
     if columns is None:
         columns = torch.arange(ids.shape[1], device=ids.device)
-    sel = ids.index_select(0, rows)
-    live = columns[None, :] < cnt.index_select(0, rows)[:, None]
+    safe, ok = safe_rows(rows, ids.shape[0])
+    sel = ids.index_select(0, safe)
+    live = columns[None, :] < cnt.index_select(0, safe).masked_fill_(~ok, 0)[:, None]
     sel = torch.where(live, sel, torch.iinfo(torch.int32).max)  # sorted rows for searchsorted
     tok = tokens.to(torch.int32).contiguous()
     pos = torch.searchsorted(sel, tok).clamp(max=ids.shape[1] - 1)
     return (sel.gather(1, pos) == tok) & (tokens >= 0)
 
 
-def assign_sets(
-    ids: torch.Tensor, cnt: torch.Tensor, rows: torch.Tensor, candidates: torch.Tensor, fallback_id: int
-) -> None:
-    """``CandidateTable.assign`` on raw table tensors (also the window update's torch reference)."""
-    cap = ids.shape[1]
+def _sets(candidates: torch.Tensor, cap: int, fallback_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each candidates row as a table row: (ids int32 ``[B, cap]``, cnt int32 ``[B]``)."""
     srt, _, first = _sorted_runs(candidates)
     count = first.sum(1)
     packed = compact(srt, first)[:, :cap]
     if packed.shape[1] < cap:
         packed = torch.nn.functional.pad(packed, (0, cap - packed.shape[1]), value=_EMPTY)
     packed = torch.where(packed >= 0, packed, fallback_id)  # an empty row becomes the set {fallback_id}
-    ids.index_copy_(0, rows, packed.to(torch.int32))
-    cnt.index_copy_(0, rows, torch.where(count == 0, 1, count.clamp(max=cap)).to(torch.int32))
+    return packed.to(torch.int32), torch.where(count == 0, 1, count.clamp(max=cap)).to(torch.int32)
+
+
+def assign_sets(
+    ids: torch.Tensor, cnt: torch.Tensor, rows: torch.Tensor, candidates: torch.Tensor, fallback_id: int
+) -> None:
+    """``CandidateTable.assign`` on raw table tensors (also the window update's torch reference); a bad request
+    slot is skipped (``put_rows``)."""
+    new_ids, new_cnt = _sets(candidates, ids.shape[1], fallback_id)
+    put_rows(ids, rows, new_ids)
+    put_rows(cnt, rows, new_cnt)
 
 
 class HeadReads(NamedTuple):
@@ -176,8 +203,11 @@ class CandidateTable:
         if fallback_id < 0:
             raise ValueError(f"CandidateTable: fallback_id = {fallback_id} is invalid: must be a token id >= 0")
         self.fallback_id = fallback_id
-        self.ids = torch.full((num_rows, capacity), fallback_id, dtype=torch.int32, device=device)
-        self.cnt = torch.ones(num_rows, dtype=torch.int32, device=device)
+        # One spare row past the slots, never read: a write sends a bad request slot there (no host sync, no
+        # out-of-bounds access). ids and cnt are views of the slots' rows.
+        self._ids_all = torch.full((num_rows + 1, capacity), fallback_id, dtype=torch.int32, device=device)
+        self._cnt_all = torch.ones(num_rows + 1, dtype=torch.int32, device=device)
+        self.ids, self.cnt = self._ids_all[:num_rows], self._cnt_all[:num_rows]
         self._columns = torch.arange(capacity, device=device)  # made once: contains runs every verify round
 
     @classmethod
@@ -187,6 +217,8 @@ class CandidateTable:
             raise ValueError("CandidateTable.over: ids must be int32 [R, W] and cnt int32 [R]")
         self = cls.__new__(cls)
         self.fallback_id, self.ids, self.cnt = fallback_id, ids, cnt
+        self._ids_all = self._cnt_all = None  # no spare row: writes skip a bad slot with put_rows
+        self._columns = torch.arange(ids.shape[1], device=ids.device)  # contains() needs it as much (was missing)
         return self
 
     @property
@@ -201,10 +233,19 @@ class CandidateTable:
     def device(self) -> torch.device:
         return self.ids.device
 
+    def _spare(self, rows: torch.Tensor) -> torch.Tensor:
+        """``rows``, a bad request slot replaced by the spare row (``num_rows``)."""
+        return torch.where(rows.clamp(0, self.num_rows - 1) == rows, rows, self.num_rows)
+
     def reset(self, rows: torch.Tensor) -> None:
         """Give ``rows`` the fallback set ``{fallback_id}`` (a fresh slot, before its prefill)."""
-        self.ids.index_fill_(0, rows, self.fallback_id)
-        self.cnt.index_fill_(0, rows, 1)
+        if self._ids_all is None:
+            put_rows(self.ids, rows, torch.full((rows.shape[0], self.capacity), self.fallback_id, device=self.device))
+            put_rows(self.cnt, rows, torch.ones(rows.shape[0], dtype=torch.int32, device=self.device))
+            return
+        target = self._spare(rows)
+        self._ids_all.index_fill_(0, target, self.fallback_id)
+        self._cnt_all.index_fill_(0, target, 1)
 
     def assign(self, rows: torch.Tensor, candidates: torch.Tensor) -> None:
         """Set each row to the distinct non-negative ids of its candidates row.
@@ -213,7 +254,13 @@ class CandidateTable:
         ascending order; a row with no ids gets the fallback set. More than ``capacity``
         distinct ids is the caller's error (policies keep their sets within capacity).
         """
-        assign_sets(self.ids, self.cnt, rows, candidates, self.fallback_id)
+        if self._ids_all is None:
+            assign_sets(self.ids, self.cnt, rows, candidates, self.fallback_id)
+            return
+        new_ids, new_cnt = _sets(candidates, self.capacity, self.fallback_id)
+        target = self._spare(rows)
+        self._ids_all.index_copy_(0, target, new_ids)
+        self._cnt_all.index_copy_(0, target, new_cnt)
 
     def contains(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """``out[b, j]``: whether ``tokens[b, j]`` is in the set of ``rows[b]``."""

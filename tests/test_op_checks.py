@@ -161,7 +161,7 @@ BAD = {  # op -> (valid arguments, [(change, a phrase every backend's message ha
         ({"rows": lambda a: None}, "a 2-D col_ids [R, W] needs rows"),
         ({"rows": lambda a: a["rows"].float()}, "rows must be int32 or int64 [bs]"),
         ({"rows": lambda a: torch.tensor([0, 1, 2])}, "4 logits rows do not split evenly over 3 requests"),
-        ({"rows": lambda a: torch.tensor([0, 3])}, "rows must be in [0, R=3)"),
+        # a row outside [0, R) is a request's bad slot, read as no token: test_bad_entries.py
     ]),
 }  # fmt: skip
 CASES = [(op, i) for op, (_, bad) in BAD.items() for i in range(len(bad))]
@@ -202,6 +202,31 @@ def test_every_backend_refuses_the_same_bad_input(op, i):
         with pytest.raises(error, match=re.escape(phrase)) as caught:
             fn(**args) if name != "cuda" else fn(*args.values())
         assert op in str(caught.value), (name, str(caught.value))
+
+
+@pytest.mark.parametrize("op, i", CASES + [(op, -1 - i) for op, i in TABLE_CASES])
+def test_what_the_server_calls_refuses_in_python_before_the_extension(op, i, request):
+    """``ops.implementation`` (what the head, the policies and the public entries call) runs the op's Python check
+    before the compiled op: every refusal is that ValueError and the extension is never entered, so no C++
+    exception has to cross out of it (one crashed the process on the GPU machines: csrc/binding.cpp)."""
+    from sglang_specvocab import ops
+    from sglang_specvocab.bench.host import LaunchCounter
+
+    if not _ext.available():
+        pytest.skip(_ext.reason())
+    if i < 0:  # a table value: refused under the debug setting only
+        make, bad = TABLE_BAD[op]
+        change, phrase = bad[-1 - i]
+        request.getfixturevalue("debug")
+    else:
+        make, bad = BAD[op]
+        change, phrase = bad[i]
+    args = make()
+    args.update({k: f(args) for k, f in change.items()})
+    fn = ops.implementation("cuda", "cpu", op)
+    with LaunchCounter() as seen, pytest.raises(ValueError, match=re.escape(f"{op}: ") + ".*" + re.escape(phrase)):
+        fn(*args.values())
+    assert op not in seen.order
 
 
 @pytest.mark.parametrize("op, i", TABLE_CASES, ids=[f"{op}-{TABLE_BAD[op][1][i][1]}" for op, i in TABLE_CASES])

@@ -35,17 +35,24 @@ class _Backends(NamedTuple):
     triton: Callable | None
     cuda: Callable | None  # None: torch.ops.specvocab.<op>, called as the reference is
     counted: bool  # reads the table and counts its bad entries (the logits ops)
+    check: Callable | None  # check_<op>, run before the compiled op (see implementation)
 
 
 _OPS: dict[str, _Backends] = {}  # in import order: the order resolve's error lists them in
 
 
 def register(
-    op: str, reference: Callable, *, triton: Callable | None = None, cuda: Callable | None = None, counted: bool = False
+    op: str,
+    reference: Callable,
+    *,
+    check: Callable,
+    triton: Callable | None = None,
+    cuda: Callable | None = None,
+    counted: bool = False,
 ) -> None:
-    """Declare ``op``'s backends (its module does, on import); ``counted``: ``implementation`` binds its ``bad``
-    argument to ``bad_entries(device)``."""
-    _OPS[op] = _Backends(reference, triton, cuda, counted)
+    """Declare ``op``'s backends (its module does, on import); ``check``: its ``check_<op>``, called with the op's
+    arguments; ``counted``: ``implementation`` binds its ``bad`` argument to ``bad_entries(device)``."""
+    _OPS[op] = _Backends(reference, triton, cuda, counted, check)
 
 
 def _has_triton(op: str) -> bool:
@@ -151,13 +158,28 @@ def set_debug_checks(on: bool) -> None:
         torch.ops.specvocab.set_debug_checks(bool(on))
 
 
+def _checked(op: str, check: Callable, compiled: Callable) -> Callable:
+    """``compiled`` after the op's Python check: every refusal a caller can meet is the check's ValueError, raised
+    before the extension is entered. The extension keeps its own TORCH_CHECKs (for direct calls), but a C++
+    exception leaving it crashed the whole process on the GPU machines (SIGSEGV, torch 2.11; see
+    csrc/binding.cpp), so the serving path never relies on one."""
+
+    def run(*args, **kwargs):
+        check(*args, **kwargs)
+        return compiled(*args, **kwargs)
+
+    run.__name__ = run.__qualname__ = f"checked_{op}"
+    run.__wrapped__ = compiled  # what runs once the check passed
+    return run
+
+
 def implementation(backend: str, device: torch.device | str, op: str) -> Callable:
     """The function that runs ``op`` with ``resolve(backend, device, op)``; the logits ops count their bad
     table entries into ``bad_entries(device)`` (a caller may pass its own ``bad=`` instead)."""
     chosen = resolve(backend, device, op)
     backends = _OPS[op]
     if chosen == "cuda":
-        fn = backends.cuda or getattr(torch.ops.specvocab, op)
+        fn = _checked(op, backends.check, backends.cuda or getattr(torch.ops.specvocab, op))
     elif chosen == "triton":
         fn = backends.triton
     else:

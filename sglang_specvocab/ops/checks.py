@@ -7,7 +7,9 @@ under the debug setting below:
 
 - ``rows`` of the in-place updates (``window_update``, ``window_verify``, ``pack_update``): in
   range and distinct. The GPU kernels trust them (one block per listed row: a row listed twice is
-  a data race whose result for that row is unspecified, a row out of range an out-of-bounds access);
+  a data race whose result for that row is unspecified; a row out of range is skipped, never an
+  out-of-bounds access; the window ops' torch reference skips it too, pack_update's (the lab's packed
+  mode) does not);
   SGLang's ``req_pool_indices`` are distinct and in range by construction.
 - the table entries the logits ops read (slots, counts, ids): never refused by default. Every
   backend reads a bad entry the same way, as ``-inf`` logits, and counts it (``table.head_reads``,
@@ -22,8 +24,10 @@ module is imported (the C++ ops read the same variable once when the extension l
 reads, so a sync per call on a GPU: for debugging, never for serving. ``ops.set_debug_checks``
 switches both at run time (tests).
 
-The compiled extension keeps its own ``TORCH_CHECK``s with the same rules (``csrc/``);
-``tests/test_op_checks.py`` shows every backend refuses the same bad inputs. ``floats`` (an argument of
+The compiled extension keeps its own ``TORCH_CHECK``s with the same rules (``csrc/``), for direct calls;
+``ops.implementation`` runs the Python check before the compiled op too, so a caller of the package meets only
+these ValueErrors and never a C++ exception (csrc/binding.cpp says why). ``tests/test_op_checks.py`` shows every
+backend refuses the same bad inputs. ``floats`` (an argument of
 the checks) is the backend's float dtypes: the reference also takes fp64 (exact CPU oracles), the kernels
 bf16, fp16 and fp32.
 """
@@ -100,10 +104,13 @@ def check_rows(op: str, rows: torch.Tensor, R: int) -> None:
         seen[r] = b
 
 
-def check_table_entries(op: str, ids, cnt, row_to_slot, W: int, V: int, *, rows: int | None = None) -> None:
+def check_table_entries(
+    op: str, ids, cnt, row_to_slot, W: int, V: int, *, rows: int | None = None, slots: str = "row_to_slot"
+) -> None:
     """The debug setting's check of the entries a logits call reads (``table.head_reads``; ``rows``: the hidden
     rows, each slot covering ``rows // len(row_to_slot)``): the first hidden row with a bad one, and in that row its
-    slot, then its count, then its first bad column, named with the value."""
+    slot, then its count, then its first bad column, named with the value. ``slots``: the caller's name of
+    ``row_to_slot`` (the head's is ``rows``)."""
     R = cnt.shape[0]
     reads = head_reads(ids, cnt, row_to_slot, W, V, rows=rows)
     row_bad, id_bad = reads.row_bad, reads.id_bad
@@ -113,7 +120,7 @@ def check_table_entries(op: str, ids, cnt, row_to_slot, W: int, V: int, *, rows:
     m = int(bad[0, 0])
     b = m // ((rows or row_to_slot.shape[0]) // row_to_slot.shape[0])
     s = int(row_to_slot[b])
-    need(0 <= s < R, op, f"row_to_slot must be in [0, R={R}), got row_to_slot[{b}] = {s}")
+    need(0 <= s < R, op, f"{slots} must be in [0, R={R}), got {slots}[{b}] = {s}")
     c = int(cnt[s])
     need(1 <= c <= W, op, f"cnt must be in [1, W={W}], got cnt[{s}] = {c} (the slot of hidden row {m})")
     j = int(id_bad[m].nonzero()[0, 0])

@@ -225,8 +225,10 @@ def _fake_packed_logits(hidden, packed, cnt, row_to_slot, bad=None):
 
 # --- public entries --------------------------------------------------------------------------------------
 
-register("indexed_logits", reference_indexed_logits, triton=triton_indexed_logits, counted=True)
-register("packed_logits", reference_packed_logits, triton=triton_packed_logits, counted=True)
+register(
+    "indexed_logits", reference_indexed_logits, check=check_indexed_logits, triton=triton_indexed_logits, counted=True
+)
+register("packed_logits", reference_packed_logits, check=check_packed_logits, triton=triton_packed_logits, counted=True)
 
 
 def indexed_logits(

@@ -39,6 +39,9 @@ def check_pack_update(packed, packed_ids, weight, ids, cnt, rows, *, floats=KERN
         f"rows must be int64 [B], got {rows.dtype} {tuple(rows.shape)}",
     )
     one_device(op, packed, packed_ids, weight, ids, cnt, rows)
+    # written in place, or too big to copy: the compiled op takes their data pointers
+    for name, t in (("packed", packed), ("packed_ids", packed_ids), ("weight", weight)):
+        need(t.is_contiguous(), op, f"{name} must be contiguous")
     if readable(packed):
         check_rows(op, rows, R)
     if packed.device.type != "cpu" or rows.numel() == 0:  # the table's values: on the CPU only, as the C++ op
@@ -138,7 +141,7 @@ def _fake_pack_update(packed, packed_ids, weight, ids, cnt, rows):
     return None
 
 
-register("pack_update", reference_pack_update)
+register("pack_update", reference_pack_update, check=check_pack_update)
 
 
 def pack_update(packed, packed_ids, weight, ids, cnt, rows, *, backend: str = "auto"):

@@ -128,15 +128,22 @@ def local_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
 def column_tokens(col_ids: torch.Tensor | None, rows: torch.Tensor | None, cols: torch.Tensor) -> torch.Tensor:
     """int64 target ids of columns ``cols [N, k]`` through a head's column map: the column itself (``col_ids`` None),
     ``col_ids[c]`` (``[W]``, one map for all rows) or ``col_ids[rows[m // (N // bs)], c]`` (``[R, W]``, a map row
-    per request, request-major logits rows)."""
+    per request, request-major logits rows; a map row outside ``[0, R)``, a bad request slot, maps every column to
+    -1, no token)."""
     cols = cols.long()
     if col_ids is None:
         return cols
     if col_ids.dim() == 1:
         return col_ids.long()[cols]
-    width = col_ids.shape[1]
-    col_row = row_slots(rows, cols.shape[0]).long()
-    return col_ids.reshape(-1)[col_row[:, None] * width + cols].long()
+    R, width = col_ids.shape
+    N, bs = cols.shape[0], rows.shape[0]
+    if N and (bs == 0 or N % bs):
+        row_slots(rows, N)  # its error: rows do not split evenly
+    # int64 throughout: a wild slot must not wrap into the map's range (row_slots' int32 would)
+    col_row = rows.long().view(-1, 1).expand(bs, N // bs if bs else 0).reshape(-1)
+    safe = col_row.clamp(0, max(R - 1, 0))
+    tokens = col_ids.reshape(-1)[safe[:, None] * width + cols].long()
+    return tokens.masked_fill_((safe != col_row)[:, None], -1)
 
 
 def _world(group: Any) -> int:

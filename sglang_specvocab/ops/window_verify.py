@@ -10,7 +10,7 @@ import operator
 
 import torch
 
-from ..table import distinct_segments, set_contains
+from ..table import distinct_segments, safe_rows, set_contains
 from ._backend import implementation, register
 from ._ext import fake
 from .checks import need, one_device
@@ -54,9 +54,9 @@ def check_window_verify(r: WindowRound) -> None:
     need(r.ids.dim() == 2, op, f"ids must be int32 [R, capacity], got {r.ids.dtype} {tuple(r.ids.shape)}")
     R = r.ids.shape[0]
     need(
-        r.acc.dtype == torch.float64 and tuple(r.acc.shape) == (4, R),
+        r.acc.dtype == torch.float64 and tuple(r.acc.shape) == (4, R) and r.acc.is_contiguous(),
         op,
-        f"acc must be float64 [4, R={R}], got {r.acc.dtype} {tuple(r.acc.shape)}",
+        f"acc must be contiguous float64 [4, R={R}], got {r.acc.dtype} {tuple(r.acc.shape)}",
     )
     need(
         r.rows.dim() == 1 and r.rows.dtype == torch.int64,
@@ -166,13 +166,16 @@ def reference_window_verify(r: WindowRound) -> torch.Tensor:
     # each id that repeats an earlier one of its own segment is a hole
     block = distinct_segments(segments) if segments else torch.empty((B, 0), dtype=torch.int64, device=dev)
 
-    live = r.cnt.index_select(0, r.rows)
+    safe, ok = safe_rows(r.rows, r.ids.shape[0])  # a row out of range (not refused: a GPU) adds no telemetry
+    live = r.cnt.index_select(0, safe)
     hit = set_contains(r.ids, r.cnt, r.rows, accepted).sum(1)
     committed = (accepted >= 0).sum(1)
     r.acc.index_add_(
         1,
-        r.rows,
-        torch.stack((live.double(), torch.ones_like(live, dtype=torch.float64), hit.double(), committed.double())),
+        safe,
+        torch.stack(
+            (live.double(), torch.ones_like(live, dtype=torch.float64), hit.double(), committed.double())
+        ).masked_fill_(~ok, 0),
     )
     reference_window_update(r.ring, r.length, r.ids, r.cnt, r.rows, block.to(torch.int32), r.fallback_id, r.vocab_size)
     return accepted
@@ -187,7 +190,7 @@ def _fake_window_verify(ring, length, ids, cnt, acc, rows, draft_token, accept_i
     return rows.new_empty(tuple(accept_index.shape), dtype=torch.int64)
 
 
-register("window_verify", reference_window_verify, cuda=_compiled_window_verify)
+register("window_verify", reference_window_verify, check=check_window_verify, cuda=_compiled_window_verify)
 
 
 def window_verify(r: WindowRound, *, backend: str = "auto") -> torch.Tensor:
