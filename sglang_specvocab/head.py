@@ -140,6 +140,20 @@ def _device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
+def _check_options(table: CandidateTable | None, mode: str, batch: str, union_view: str) -> None:
+    """The config's allowed values (a config was validated against them already; a direct caller was not), and for
+    batch also a plan's name, which forces that plan."""
+    if mode not in HEAD_MODES:
+        raise ValueError(f"DraftHead: mode = {mode!r} is invalid: must be {_either(HEAD_MODES)}")
+    if batch not in BATCH_MODES + PLANS:
+        valid = ", ".join(dict.fromkeys(BATCH_MODES + PLANS))
+        raise ValueError(f"DraftHead: batch = {batch!r} is invalid: must be one of {valid}")
+    if union_view not in UNION_VIEWS:
+        raise ValueError(f"DraftHead: union_view = {union_view!r} is invalid: must be {_either(UNION_VIEWS)}")
+    if table is None and (mode == "packed" or batch not in ("auto", "stock")):
+        raise ValueError(f"DraftHead: mode {mode!r} / batch {batch!r} need a candidate table (the dense head has none)")
+
+
 class DraftHead:
     def __init__(
         self,
@@ -167,19 +181,7 @@ class DraftHead:
         global rows ``[start, end)`` this rank holds (None: all); ``union_capacity``: the union's columns (default
         16 x the set capacity, at most the head's rows); ``costs``/``union_sizes``: the cost model (default: the
         shipped constants for this device and the lab's union sizes)."""
-        # The config's allowed values (a config was validated against them already; a direct caller was not),
-        # and for batch also a plan's name, which forces that plan.
-        if mode not in HEAD_MODES:
-            raise ValueError(f"DraftHead: mode = {mode!r} is invalid: must be {_either(HEAD_MODES)}")
-        if batch not in BATCH_MODES + PLANS:
-            valid = ", ".join(dict.fromkeys(BATCH_MODES + PLANS))
-            raise ValueError(f"DraftHead: batch = {batch!r} is invalid: must be one of {valid}")
-        if union_view not in UNION_VIEWS:
-            raise ValueError(f"DraftHead: union_view = {union_view!r} is invalid: must be {_either(UNION_VIEWS)}")
-        if table is None and (mode == "packed" or batch not in ("auto", "stock")):
-            raise ValueError(
-                f"DraftHead: mode {mode!r} / batch {batch!r} need a candidate table (the dense head has none)"
-            )
+        _check_options(table, mode, batch, union_view)
         self.weight, self.table = weight, table
         self.logit_softcap, self.logit_scale = logit_softcap, logit_scale
         self.mode, self.batch, self.union_view = mode, batch, union_view

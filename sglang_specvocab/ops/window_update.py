@@ -47,18 +47,19 @@ def check_window_update(ring, length, ids, cnt, rows, block, fallback_id: int, v
         op,
         f"rows must be int64 [B], got {rows.dtype} {tuple(rows.shape)}",
     )
-    need(
-        block.dim() == 2 and block.dtype == torch.int32 and block.shape[0] == rows.shape[0],
-        op,
-        f"block must be int32 [B={rows.shape[0]}, n], got {block.dtype} {tuple(block.shape)}",
-    )
+    if block is not None:  # None: the caller makes the block itself (window_verify)
+        need(
+            block.dim() == 2 and block.dtype == torch.int32 and block.shape[0] == rows.shape[0],
+            op,
+            f"block must be int32 [B={rows.shape[0]}, n], got {block.dtype} {tuple(block.shape)}",
+        )
     need(1 <= vocab_size <= 2**31, op, f"vocab_size = {vocab_size} must be in [1, 2^31]")
     need(
         0 <= fallback_id < vocab_size,
         op,
         f"fallback_id = {fallback_id} must be a token id in [0, vocab_size={vocab_size})",
     )
-    one_device(op, ring, length, ids, cnt, rows, block)
+    one_device(op, ring, length, ids, cnt, rows, *(() if block is None else (block,)))
     if readable(ids):
         check_rows(op, rows, R)
 

@@ -112,8 +112,7 @@ def check_window_verify(r: WindowRound) -> None:
             f"hot must be a bool [vocab] mask, got {r.hot.dtype} {tuple(r.hot.shape)}",
         )
     one_device(op, *(t for t in _in_schema_order(r) if isinstance(t, torch.Tensor)))
-    block = torch.empty((B, 0), dtype=torch.int32, device=r.ids.device)
-    check_window_update(r.ring, r.length, r.ids, r.cnt, r.rows, block, r.fallback_id, r.vocab_size)
+    check_window_update(r.ring, r.length, r.ids, r.cnt, r.rows, None, r.fallback_id, r.vocab_size)
 
 
 # --- torch reference -------------------------------------------------------------------------------------

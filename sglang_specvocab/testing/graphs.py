@@ -53,7 +53,7 @@ from torch.overrides import TorchFunctionMode, resolve_name
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["Graph", "HostSyncInCapture", "capture"]
+__all__ = ["Graph", "HostSyncInCapture", "capture", "in_ops_check"]
 
 aten = torch.ops.aten
 _OPS_DIR = os.path.join("sglang_specvocab", "ops")
@@ -80,8 +80,10 @@ _REPEAT_INTERLEAVE = aten.repeat_interleave.Tensor
 _MASKED_FILL_TENSOR = {aten.masked_fill.Tensor, aten.masked_fill_.Tensor}
 
 
-def _in_cpu_only_check() -> bool:
-    frame = sys._getframe(2)
+def in_ops_check() -> bool:
+    """Whether the caller runs inside an op's value check (a ``check_*`` function of ``ops/``), which reads values only
+    of CPU tensors: on a GPU it reads none, so what it does here stands for nothing a GPU host pays."""
+    frame = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
         if code.co_name.startswith("check_") and os.path.dirname(code.co_filename).endswith(_OPS_DIR):
@@ -126,7 +128,7 @@ class _Capture:
             self.host[id(t)] = t
 
     def refuse(self, func: Any, why: str) -> None:
-        if _in_cpu_only_check():
+        if in_ops_check():
             return
         call = f"{_name(self.call)}: " if self.call is not None and self.call is not func else ""
         raise HostSyncInCapture(f"host sync inside a captured region: {call}{_name(func)} {why}")
