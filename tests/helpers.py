@@ -292,3 +292,12 @@ def run_interpreted(script: str, out, **env):
     )
     assert proc.returncode == 0, f"interpreted run failed:\n{proc.stdout}\n{proc.stderr}"
     return torch.load(out)
+
+
+# The review's host-sync probe (issue 36: ``rows.tolist(); (rows >= 0).nonzero(); hidden[mask]`` inside
+# ``DraftHead.__call__``): each as (probe(hidden, rows), what the capture's refusal names).
+REVIEW_PROBES = [
+    (lambda hidden, rows: rows.tolist(), r"torch\.Tensor\.tolist"),
+    (lambda hidden, rows: (rows >= 0).nonzero(), r"aten\.nonzero"),
+    (lambda hidden, rows: hidden[hidden[:, 0] > 0], r"aten\.index\.Tensor indexes with a boolean mask"),
+]

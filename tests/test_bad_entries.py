@@ -258,22 +258,11 @@ PLANS = ("per-request", "union-indexed", "union-gemm", "stock")
 TABLE_PLANS = PLANS[:3]  # stock reads no table: nothing to count or refuse
 HEAD_ROWS = [0, 1, 2, 3, 4, 1]  # the requests' slots (request-major), slot 1 twice
 PER, K, FALLBACK = 2, 4, 1  # hidden rows a request, top-k, the table's fallback id
-HEAD_KINDS = {  # by request b (rows[b]) and table slot; the counts and messages below are the literal expectation
-    "valid": {},
+HEAD_KINDS = {  # KINDS by request b (rows[b]) and table slot, with the head's own cases; the literal expectation below
+    **KINDS,
     "slot_high": {"slot": {2: R, 4: 1 << 40}},  # an int64 slot that an int32 cast would wrap to 0
-    "slot_negative": {"slot": {0: -1}},
-    "cnt_zero": {"cnt": {2: 0}},
-    "cnt_negative": {"cnt": {3: -3}},
-    "cnt_above_w": {"cnt": {2: W + 4}},
-    "id_at_v": {"ids": {(1, 2): V}},
-    "id_far": {"ids": {(3, 0): 1 << 30, (3, 1): V + 1}},
-    "id_past_count": {"ids": {(4, W - 1): V + 5}},  # past cnt[4]: never read, not counted
     "id_negative": {"ids": {(1, 0): -1}},  # a dead column by design (see ops/checks.py), not counted
-    "everything": {
-        "slot": {5: -7},
-        "cnt": {0: 0, 2: W + 1},
-        "ids": {(1, 0): V, (2, 5): V + 2, (3, 1): -1},
-    },
+    "everything": {**KINDS["everything"], "slot": {5: -7}, "ids": {(1, 0): V, (2, 5): V + 2, (3, 1): -1}},
 }
 HEAD_BAD = {  # per table plan (stock: 0); two hidden rows a request
     "valid": 0,

@@ -23,6 +23,7 @@ from types import SimpleNamespace
 import pytest
 import test_integration_draft_loop as loop
 import torch
+from helpers import REVIEW_PROBES
 
 from sglang_specvocab.testing.graphs import HostSyncInCapture, capture
 
@@ -351,11 +352,7 @@ def test_a_processor_replay_sees_the_table_slots_and_hidden_rows_written_in_plac
 
 @pytest.mark.parametrize(
     "probe",
-    [
-        (lambda hidden, rows: rows.tolist(), r"torch\.Tensor\.tolist"),
-        (lambda hidden, rows: (rows >= 0).nonzero(), r"aten\.nonzero"),
-        (lambda hidden, rows: hidden[hidden[:, 0] > 0], r"aten\.index\.Tensor indexes with a boolean mask"),
-    ],
+    REVIEW_PROBES,
     ids=["tolist", "nonzero", "mask-index"],
 )
 def test_the_reviews_probe_in_the_head_fails_the_graph_runners_captures(ew, draft, monkeypatch, probe):

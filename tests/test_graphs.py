@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import REVIEW_PROBES
 from torch.utils._pytree import tree_leaves
 
 from sglang_specvocab import ops
@@ -240,11 +241,7 @@ def test_a_head_replay_sees_the_table_slots_and_hidden_rows_written_in_place(pla
 
 @pytest.mark.parametrize(
     "probe",
-    [
-        (lambda hidden, rows: rows.tolist(), r"torch\.Tensor\.tolist"),
-        (lambda hidden, rows: (rows >= 0).nonzero(), r"aten\.nonzero"),
-        (lambda hidden, rows: hidden[hidden[:, 0] > 0], r"aten\.index\.Tensor indexes with a boolean mask"),
-    ],
+    REVIEW_PROBES,
     ids=["tolist", "nonzero", "mask-index"],
 )
 def test_the_reviews_probe_in_the_head_fails_its_capture(monkeypatch, probe):
