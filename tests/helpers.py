@@ -301,3 +301,11 @@ REVIEW_PROBES = [
     (lambda hidden, rows: (rows >= 0).nonzero(), r"aten\.nonzero"),
     (lambda hidden, rows: hidden[hidden[:, 0] > 0], r"aten\.index\.Tensor indexes with a boolean mask"),
 ]
+
+
+def recorded(res, who: str):
+    """What a child process recorded for one case, or the test fails showing the traceback it recorded instead
+    (the children of the gloo TP tests record a case that raised as its traceback string and run the others)."""
+    if isinstance(res, str):
+        pytest.fail(f"{who} raised:\n{res}")
+    return res

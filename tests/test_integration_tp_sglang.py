@@ -28,7 +28,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from helpers import free_port
+from helpers import free_port, recorded
 
 from sglang_specvocab.config import HeadSection
 from sglang_specvocab.table import CandidateTable
@@ -189,10 +189,7 @@ def runs(tmp_path_factory):
 
 
 def _result(got, name, space, batch):
-    res = got[name][space, batch]
-    if isinstance(res, str):
-        pytest.fail(f"{name} raised:\n{res}")
-    return res
+    return recorded(got[name][space, batch], name)
 
 
 def test_sglang_built_the_sharded_state(runs):

@@ -178,6 +178,25 @@ def questions(tmp_path):
     return path
 
 
+def _args(out, questions, *configs, extra=()):
+    """The Spec-Bench command line of the fake-server runs: ``configs``, two categories, concurrency 1 and 8."""
+    return [
+        *configs,
+        "--questions",
+        str(questions),
+        "--categories",
+        "translation,qa",
+        "--out",
+        str(out),
+        "--warmup",
+        "0",
+        "--no-progress",
+        "--concurrency",
+        "1,8",
+        *extra,
+    ]
+
+
 def _run(args, capsys=None):
     rc = main(["bench", "specbench", *args])
     captured = capsys.readouterr() if capsys is not None else None
@@ -1201,25 +1220,16 @@ def test_greedy_parity_failing_at_one_concurrency_exits_1(tokdir, questions, tmp
         AlteredSGLang(tokdir, "Hamlet", after=3, accept=2.0) as dyn,  # 3 turns a concurrency: wrong at the second
     ):
         rc, cap = _run(
-            [
+            _args(
+                out,
+                questions,
                 "--config",
                 f"name=target,algorithm=none,url={target.url}",
                 "--config",
                 f"name=eagle3-full,algorithm=EAGLE3,url={eagle3.url}",
                 "--config",
                 f"name=dynvocab-hybrid,algorithm=DYNVOCAB,url={dyn.url},control=eagle3-full",
-                "--questions",
-                str(questions),
-                "--categories",
-                "translation,qa",
-                "--out",
-                str(out),
-                "--warmup",
-                "0",
-                "--no-progress",
-                "--concurrency",
-                "1,8",
-            ],
+            ),
             capsys,
         )
     assert rc == 1, cap.err

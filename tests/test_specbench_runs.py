@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_specbench import QUESTIONS, ROOT, FakeSGLang, _run, make_tokenizer
+from test_specbench import QUESTIONS, ROOT, FakeSGLang, _args, _run, make_tokenizer
 
 from sglang_specvocab.bench.server import git_revision, make_config, versions
 from sglang_specvocab.bench.specbench_report import markdown, parity
@@ -344,24 +344,6 @@ class SnapshotSGLang(FakeSGLang):
         if first:
             time.sleep(self.delay)
         return super().reply(payload)
-
-
-def _args(out, questions, *configs, extra=()):
-    return [
-        *configs,
-        "--questions",
-        str(questions),
-        "--categories",
-        "translation,qa",
-        "--out",
-        str(out),
-        "--warmup",
-        "0",
-        "--no-progress",
-        "--concurrency",
-        "1,8",
-        *extra,
-    ]
 
 
 def test_the_reports_are_written_after_each_server_with_what_is_missing(tokdir, questions, tmp_path, capsys):

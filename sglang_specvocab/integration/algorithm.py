@@ -37,6 +37,7 @@ Refusals (all raised during server-argument resolution, i.e. before any process 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -284,29 +285,24 @@ _TARGET_ID_FILES = (("static", "table"), ("retrieval", "table"), ("retrieval", "
 _SIZED_TABLES = (("static", "size"), ("retrieval", "static_size"))  # a frequency table and how many ids it gives
 
 
-class _Hot:
-    """A d2t draft's vocabulary as a bool mask over the target ids, read once and only when a check needs it."""
-
-    def __init__(self, draft: DraftInfo) -> None:
-        self.draft, self._mask, self._read = draft, None, False
-
-    def mask(self):
-        if self.draft.d2t and not self._read:
-            self._read = True
-            ids = checkpoint_hot_ids(self.draft.path)
-            if ids is not None:
-                self._mask = np.zeros(self.draft.vocab_size, dtype=bool)
-                self._mask[ids.numpy()] = True
-        return self._mask
+def _hot_mask(draft: DraftInfo) -> np.ndarray | None:
+    """A d2t draft's vocabulary as a bool mask over the target ids; None for a full head or a checkpoint that is not
+    a local directory."""
+    ids = checkpoint_hot_ids(draft.path) if draft.d2t else None
+    if ids is None:
+        return None
+    mask = np.zeros(draft.vocab_size, dtype=bool)
+    mask[ids.numpy()] = True
+    return mask
 
 
-def _check_sized_tables(cfg: PolicyConfig, draft: DraftInfo, hot: _Hot) -> None:
+def _check_sized_tables(cfg: PolicyConfig, draft: DraftInfo, hot: Callable[[], np.ndarray | None]) -> None:
     """A frequency table holds the ids a static core asks for (of the d2t draft's vocabulary, where the checkpoint
     is local): the check the policy makes again when it is built, here before any weights load."""
     for section, size in _SIZED_TABLES:
         sec = getattr(cfg, section, None)
         if sec is not None:
-            load_frequency_ids(cfg.resolve(sec.table), draft.vocab_size, getattr(sec, size), hot.mask())
+            load_frequency_ids(cfg.resolve(sec.table), draft.vocab_size, getattr(sec, size), hot())
 
 
 def check_config_for_models(config: PolicyConfig, draft: DraftInfo) -> None:
@@ -322,7 +318,7 @@ def check_config_for_models(config: PolicyConfig, draft: DraftInfo) -> None:
             f"--speculative-draft-model-path {draft.path} has architectures {list(draft.architectures)}"
         )
     config.check_files()  # every named file exists (this config's and its members')
-    hot = _Hot(draft)
+    hot = functools.cache(lambda: _hot_mask(draft))  # read once, only when a check needs it
     for cfg in _members(config):  # data files first: a file built for another model explains the rest
         for section, key in _TARGET_ID_FILES:
             value = getattr(getattr(cfg, section, None), key, None)

@@ -293,12 +293,12 @@ class DynVocabDraftWorker(EagleDraftWorker):
         info = draft_info(draft_config.hf_config, draft_config.model_path, model.vocab_size)
         self.dynvocab_config.check_vocab(info.head_size, info.describe())
         fallback = model.eos_token_ids[0] if model.eos_token_ids else 0
-        hot = self.dynvocab_hot_token_id()
+        hot = model.head_ids
         if hot is not None:  # a d2t draft: sets hold only ids with a head row (start-up only: host reads)
-            hot_ids = set(hot.flatten().tolist())
-            fallback = next((e for e in model.eos_token_ids if e in hot_ids), int(hot.flatten()[0]))
+            hot_ids = set(hot.tolist())
+            fallback = next((e for e in model.eos_token_ids if e in hot_ids), int(hot[0]))
             mask = torch.zeros(model.vocab_size, dtype=torch.bool, device=self.device)
-            mask[hot.flatten().to(device=self.device, dtype=torch.long)] = True
+            mask[hot.to(self.device)] = True
             model = dataclasses.replace(model, draft_vocab=mask)
         policy = build_policy(self.dynvocab_config, num_rows, device=self.device, fallback_id=fallback, model=model)
         table = policy.table
