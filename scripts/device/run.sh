@@ -631,7 +631,9 @@ do_phase() {
 # On SIGTERM (the device's stop, when it signals first): what is running is cut off, and everything so far goes out.
 on_term() {
   stop_packer
-  [ -n "$BG_PID" ] && kill "$BG_PID" 2>/dev/null
+  [ -n "$BG_PID" ] && kill "$BG_PID" 2>/dev/null && wait "$BG_PID" 2>/dev/null
+  # The device's stop reaches every process of the call: a packer killed mid-tar leaves its half-written file.
+  rm -f "$OUT"/.*.tmp
   write_status --final
   pack_logs
   exit 124
