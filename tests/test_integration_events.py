@@ -253,16 +253,15 @@ def test_a_long_prefix_hit_costs_no_python_per_id():
     full = list(range(hit + 4))
     ids = torch.arange(4)
 
-    def best(fn):
-        times = []
-        for _ in range(7):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return min(times)
+    def timed(fn):
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
 
-    event = best(lambda: prefill_event(None, None, ids, [4], [hit], [full], [0], k=0))
-    boxed = best(lambda: torch.tensor(full))
+    # Interleaved, best of 15 each: a burst of load on a shared machine hits both sides alike.
+    pairs = [(timed(lambda: prefill_event(None, None, ids, [4], [hit], [full], [0], k=0)), timed(lambda: torch.tensor(full)))
+             for _ in range(15)]  # fmt: skip
+    event, boxed = min(p[0] for p in pairs), min(p[1] for p in pairs)
     pid, _ = prefill_event(None, None, ids, [4], [hit], [full], [0], k=0)
     assert pid.shape == (1, hit + 4) and pid[0, -5:].tolist() == [hit - 1, 0, 1, 2, 3]
     assert event < 0.5 * boxed, f"{event * 1e3:.2f} ms for {hit} hit ids; torch.tensor of the list {boxed * 1e3:.2f}"
