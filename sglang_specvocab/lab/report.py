@@ -21,7 +21,9 @@ def trained_label(name: str, t: dict) -> str:
         return f"{head}, fit on unrecorded states (a file of an earlier version)"
     model = "" if rec.get("model") == t["model"] else f"{rec.get('model')} "  # named only when it differs
     if t["matches"]:
-        docs = "ShareGPT and code documents" if rec.get("code_share") else "ShareGPT conversations"
+        kinds = ["ShareGPT", *(["code"] if rec.get("code_share") else []), *(
+            ["ten-language"] if rec.get("multilingual_share") else [])]  # fmt: skip
+        docs = f"{', '.join(kinds[:-1])} and {kinds[-1]} documents" if len(kinds) > 1 else "ShareGPT conversations"
         fit = ", closed-form whitened fit" if rec.get("fit") == "whitened" else ""
         return f"{head}, fit on {rec['draft']} states ({rec['source']}, {rec['prompts']} {docs}{fit})"
     return f"{head} was fit on {model}{rec['draft']} states, this run drafts with {t['draft']}"
