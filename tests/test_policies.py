@@ -14,7 +14,7 @@ from sglang_specvocab.errors import ConfigError
 from sglang_specvocab.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
 from sglang_specvocab.policies import ModelContext, build_policy, parse_config
 from sglang_specvocab.policies.cluster import step_budget
-from sglang_specvocab.policies.lowrank import head_times, svd_ranker, whitened_ranker
+from sglang_specvocab.policies.lowrank import head_times, read_ranker, svd_ranker, whitened_ranker
 from sglang_specvocab.vocab_data import save_frequency_table, save_successors
 
 V = 512
@@ -151,6 +151,33 @@ def test_a_whitened_ranker_file_drives_the_lowrank_policy(cache, tmp_path):
         )
         with pytest.raises(ConfigError, match=re.escape(f"ranker file {tmp_path / name}.pt") + ".*" + re.escape(piece)):
             build_policy(bad, 3, model=model_ctx(w, cache))
+
+
+def test_a_whitened_file_serves_any_lower_rank_as_that_ranks_own_fit(cache, tmp_path):
+    """A rank-8 whitened file read at rank 5 scores as the rank-5 fit over the same states (its leading
+    directions), in the policy's sets too; at rank 9 it is refused, saying a whitened file serves its rank or
+    lower. A w_vocab file (another fit) serves its own rank only."""
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(V, 32, generator=g, dtype=torch.float64)
+    states = torch.randn(500, 32, generator=g, dtype=torch.float64) * torch.linspace(0.1, 3, 32, dtype=torch.float64)
+    down8, proj8, _ = whitened_ranker(w, states, 8)
+    down5, proj5, _ = whitened_ranker(w, states, 5)
+    torch.save({"w_down": down8, "w_proj": proj8}, tmp_path / "r8.pt")
+    torch.save({"w_down": down8, "w_vocab": w @ proj8}, tmp_path / "v8.pt")
+    read = read_ranker(tmp_path / "r8.pt", V, 32, 5, "cfg")
+    torch.testing.assert_close(read["w_proj"] @ read["w_down"], proj5 @ down5, rtol=1e-9, atol=1e-9)
+    cfg = parse_config({"policy": "lowrank", "lowrank": {"rank": 5, "topk": 9, "ranker": str(tmp_path / "r8.pt")}})
+    pol = build_policy(cfg, 3, model=model_ctx(w, cache))
+    hidden = torch.randn(1, 2, 32, generator=g, dtype=torch.float64)
+    pol.select(torch.tensor([1]), 0, hidden, torch.zeros(1, 2, dtype=torch.long))
+    assert pol.table.row(1) == lowrank_set([((w @ proj5) @ (down5 @ h)).tolist() for h in hidden[0]], 9)
+    with pytest.raises(ConfigError, match=re.escape("w_down has shape (8, 32), the model and rank = 9 need (9, 32) "
+                                                    "(a whitened file serves its rank or lower)")):  # fmt: skip
+        read_ranker(tmp_path / "r8.pt", V, 32, 9, "cfg")
+    with pytest.raises(
+        ConfigError, match=re.escape("w_down has shape (8, 32), the model and rank = 5 need (5, 32)") + "$"
+    ):
+        read_ranker(tmp_path / "v8.pt", V, 32, 5, "cfg")
 
 
 @pytest.mark.parametrize("block_rows", [1, 7, V, 4 * V])

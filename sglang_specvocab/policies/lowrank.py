@@ -86,16 +86,25 @@ def whitened_ranker(weight: torch.Tensor, hidden: torch.Tensor, rank: int) -> tu
 
 def read_ranker(path, head_rows: int, hidden_size: int, rank: int, where: str) -> dict:
     """A trained ranker file's tensors, their shapes checked against a draft head of ``head_rows`` rows of
-    ``hidden_size`` and the config's ``rank`` (the server's argument resolution runs this before any weights load)."""
+    ``hidden_size`` and the config's ``rank`` (the server's argument resolution runs this before any weights load).
+
+    A whitened file (``w_proj``) of a higher rank serves a lower one: its directions are stored most important
+    first, and the leading ``rank`` of them are exactly the rank-``rank`` fit (``whitened_ranker``), so one file
+    lets a config trade fidelity for the ranker's reads without a refit."""
     data = load_trained(path, ("w_down",), "ranker", "train-ranker", where, optional=("w_vocab", "w_proj"))
     if ("w_vocab" in data) == ("w_proj" in data):
         raise ConfigError(f"{where}: ranker file {path} must hold exactly one of w_vocab and w_proj (train-ranker)")
+    down, proj = data["w_down"], data.get("w_proj")
+    # only a consistent file is cut; any other shape is for the check below to name
+    if proj is not None and down.ndim == proj.ndim == 2 and rank < len(down) == proj.shape[1]:
+        data = {**data, "w_down": down[:rank], "w_proj": proj[:, :rank]}
     want = {"w_down": (rank, hidden_size), "w_vocab": (head_rows, rank), "w_proj": (hidden_size, rank)}
     for name in ("w_down", "w_vocab", "w_proj"):
         if name in data and tuple(data[name].shape) != want[name]:
             raise ConfigError(
                 f"{where}: ranker file {path}: {name} has shape {tuple(data[name].shape)}, the model and rank = "
                 f"{rank} need {want[name]}"
+                + (" (a whitened file serves its rank or lower)" if "w_proj" in data else "")
             )
     return data
 
