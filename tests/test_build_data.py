@@ -40,7 +40,7 @@ def target(tmp_path_factory):
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=VOCAB,
-        hidden_size=64,  # >= the shipped lowrank rank (64)
+        hidden_size=128,  # >= the shipped lowrank rank (128)
         intermediate_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
@@ -168,7 +168,7 @@ def test_build_data_files_configs_and_lab(target, sharegpt, cache, tmp_path, cap
     head = loaded.model.get_output_embeddings().weight.detach()
     seqs = [s for i in range(3) for s in (answered[i], [2, *ids_of(" ".join(inner[i]))])]
     states = [loaded.model.model(torch.tensor([seq[:512]])).last_hidden_state[0] for seq in seqs]
-    w_down, w_proj, _ = whitened_ranker(head, torch.cat(states), 64)
+    w_down, w_proj, _ = whitened_ranker(head, torch.cat(states), 128)
     saved = torch.load(out / "tiny-target.ranker.pt", weights_only=True)
     assert json.loads(saved["recording"]) == {"model": str(target), "draft": "target", "source": "text", "prompts": 6,
                                               "seq_len": 512, "code_share": 0.25, "multilingual_share": 0.5,
@@ -297,7 +297,7 @@ def test_trained_modes_from_text_states_end_to_end(target, sharegpt, cache, tmp_
     assert main(["train-ranker", *rec, "--rank", "8", "--out", str(ranker)]) == 0
     saved = torch.load(states, weights_only=True)
     n = len(saved["tokens"])
-    assert saved["hidden"].shape == (n, 64) and 12 < n <= 12 * 5  # conversations with an answer, <= 5 states each
+    assert saved["hidden"].shape == (n, 128) and 12 < n <= 12 * 5  # conversations with an answer, <= 5 states each
     assert json.loads(saved["meta"])["positions"] == 5
     cfg = tmp_path / "dynaspec.yaml"
     cfg.write_text("policy: cluster\ncapacity: 256\ncluster: {clusters: 32, budget: [4, 2]}\n")
@@ -346,7 +346,7 @@ def test_whitened_ranker_on_the_targets_own_states(target, sharegpt, cache, tmp_
     assert main(["train-ranker", *rec, "--rank", "8", "--fit", "whitened", "--out", str(ranker)]) == 0
     assert "whitened SVD: keeps" in capsys.readouterr().out
     saved, file = torch.load(states, weights_only=True), torch.load(ranker, weights_only=True)
-    assert set(file) == {"w_down", "w_proj", "recording"} and file["w_proj"].shape == (64, 8)
+    assert set(file) == {"w_down", "w_proj", "recording"} and file["w_proj"].shape == (128, 8)
     assert json.loads(file["recording"]) == json.loads(saved["meta"]) | {"fit": "whitened"}
     assert json.loads(saved["meta"])["draft"] == "target"
     from sglang_specvocab.models import load_model

@@ -76,7 +76,8 @@ def _prepare(tmp):
     save_trained(tmp / "tiny.ranker.pt", {"w_down": w_down.float(), "w_proj": w_proj.float()}, "test", {})
     text = (ROOT / "configs" / "hybrid.yaml").read_text()
     text, n = re.subn(r"ranker: \S+\}", f"ranker: {tmp / 'tiny.ranker.pt'}}}", text)
-    assert n == 1
+    text, m = re.subn(r"rank: \d+", f"rank: {RANK}", text)  # at most the tiny drafts' hidden size
+    assert n == m == 1
     (tmp / "hybrid.yaml").write_text(text)
     bs, d = RPI.numel(), head.shape[1]
     return {
@@ -275,7 +276,7 @@ def test_a_ranker_fit_for_another_model_is_refused_before_the_weights_load(runs,
     path = Path(runs[2]["tiny"]) / "draft-full"
     info = draft_info(AutoConfig.from_pretrained(path), str(path), V)
     assert info.hidden_size == 64
-    with pytest.raises(ConfigError, match=r"w_down has shape \(64, 640\), the model and rank = 64 need \(64, 64\)"):
+    with pytest.raises(ConfigError, match=r"w_down has shape \(128, 640\), the model and rank = 128 need \(128, 64\)"):
         check_config_for_models(load_config(ROOT / "configs" / "hybrid.yaml"), info)
 
 
