@@ -321,10 +321,11 @@ def test_every_lease_plan_fits_the_lending(lease):
     if lease == "T":  # the GGUF and the data, then one training call of at most 540 s
         assert work["phases"][1:] == ["base", "train"] and 400 <= work["timeout_s"] <= 540
         assert "sglang" not in " ".join(c["command"] for c in calls)
-    else:  # E: every staged file in 7 calls; the working call carries base itself, and gets what is left
+    else:  # E: every staged file in 8 calls (7 until issue 41's data: the checkout, the 15 MiB draft included,
+        # travels with each call, so 1.5 MiB more took a chunk call); the working call carries base, gets what is left
         assert work["phases"][1:] == ["base", "kernels", "+sglang", "+gemma", "tests", "bench", "specbench", "debug"]
         assert plan["chunk_files"]["base.tar.xz"] == [len(calls)]  # whole, in the working call's own chunk
-        assert len(calls) <= 7 and work["timeout_s"] >= 580
+        assert len(calls) <= 8 and work["timeout_s"] >= 580
         assert "SV_BENCH_ARGS='--lease --iters 100 --fit --no-progress'" in work["command"]
         assert "SV_SPECBENCH_CONFIGS='eagle3-full dynvocab-hybrid target dynvocab-microspec'" in work["command"]
         assert "--limit-per-category 2 --max-new-tokens 128 --temperature 0" in work["command"]
