@@ -113,14 +113,21 @@ def shipped():
     return dict(shipped_configs())
 
 
-def test_build_data_files_configs_and_lab(target, sharegpt, cache, tmp_path, capsys, one_thread, monkeypatch):
+@pytest.fixture
+def stand_ins(monkeypatch):
+    """The code documents, coding requests and multilingual requests replaced by their stand-ins; answers to the
+    multilingual requests cut to 3 tokens."""
     from sglang_specvocab.lab import build_data, frequency
-    from sglang_specvocab.models import load_model
 
     monkeypatch.setattr(frequency, "code_documents", lambda: iter(code()))
     monkeypatch.setattr(frequency, "code_prompts", lambda: iter(code(seed=2)))
     monkeypatch.setattr(build_data, "multilingual_requests", lambda: iter(REQUESTS))
     monkeypatch.setattr(build_data, "MULTILINGUAL_NEW_TOKENS", 3)
+
+
+def test_build_data_files_configs_and_lab(target, sharegpt, stand_ins, cache, tmp_path, capsys, one_thread):
+    from sglang_specvocab.models import load_model
+
     out = tmp_path / "data"
     args = ["--target", str(target), "--out-dir", str(out), "--conversations", "20", "--successors", "4"]
     args += ["--ranker-texts", "6"]
@@ -219,15 +226,9 @@ def test_build_data_files_configs_and_lab(target, sharegpt, cache, tmp_path, cap
     assert result["lossless"] and {r["config"] for r in result["rows"]} == {"full", *names}
 
 
-def test_build_data_no_check_writes_every_file_and_builds_no_config(target, sharegpt, cache, tmp_path, capsys,
-                                                                    one_thread, monkeypatch):  # fmt: skip
+def test_build_data_no_check_writes_every_file_and_builds_no_config(target, sharegpt, stand_ins, cache, tmp_path,
+                                                                    capsys, one_thread):  # fmt: skip
     """--no-check: the same files and configs, but nothing built on the target (no k-means, no SVD cached)."""
-    from sglang_specvocab.lab import build_data, frequency
-
-    monkeypatch.setattr(frequency, "code_documents", lambda: iter(code()))
-    monkeypatch.setattr(frequency, "code_prompts", lambda: iter(code(seed=2)))
-    monkeypatch.setattr(build_data, "multilingual_requests", lambda: iter(REQUESTS))
-    monkeypatch.setattr(build_data, "MULTILINGUAL_NEW_TOKENS", 2)
     out = tmp_path / "data"
     args = ["--target", str(target), "--out-dir", str(out), "--conversations", "8", "--successors", "4"]
     args += ["--ranker-texts", "3", "--generate", "2", "--prompt-tokens", "4", "--max-new-tokens", "2", "--no-check"]
