@@ -178,8 +178,25 @@ def questions(tmp_path):
     return path
 
 
-def _args(out, questions, *configs, extra=()):
-    """The Spec-Bench command line of the fake-server runs: ``configs``, two categories, concurrency 1 and 8."""
+def _spec(name, algorithm, fake, **extra):
+    """One ``--config`` of a fake server: its name, algorithm, url and ``extra`` keys (``control=...``)."""
+    return [
+        "--config",
+        ",".join(
+            [f"name={name}", f"algorithm={algorithm}", f"url={fake.url}"] + [f"{k}={v}" for k, v in extra.items()]
+        ),
+    ]
+
+
+def _parity_specs(target, eagle3, dyn):
+    """The parity trio: the target alone, EAGLE3, and DYNVOCAB with EAGLE3 as its control."""
+    return [*_spec("target", "none", target), *_spec("eagle3-full", "EAGLE3", eagle3),
+            *_spec("dynvocab-hybrid", "DYNVOCAB", dyn, control="eagle3-full")]  # fmt: skip
+
+
+def _args(out, questions, *configs, extra=(), concurrency="1,8"):
+    """The Spec-Bench command line of the fake-server runs: ``configs``, two categories, ``concurrency`` (None: the
+    command's default)."""
     return [
         *configs,
         "--questions",
@@ -191,8 +208,7 @@ def _args(out, questions, *configs, extra=()):
         "--warmup",
         "0",
         "--no-progress",
-        "--concurrency",
-        "1,8",
+        *(["--concurrency", concurrency] if concurrency else []),
         *extra,
     ]
 
@@ -918,28 +934,8 @@ def test_bench_exits_1_when_greedy_parity_fails(
         AlteredSGLang(tokdir, eagle3_marker, accept=2.0) as eagle3,
         AlteredSGLang(tokdir, dyn_marker, accept=2.0) as dyn,
     ):
-        got, cap = _run(
-            [
-                "--config",
-                f"name=target,algorithm=none,url={target.url}",
-                "--config",
-                f"name=eagle3-full,algorithm=EAGLE3,url={eagle3.url}",
-                "--config",
-                f"name=dynvocab-hybrid,algorithm=DYNVOCAB,url={dyn.url},control=eagle3-full",
-                "--questions",
-                str(questions),
-                "--categories",
-                "translation,qa",
-                "--out",
-                str(out),
-                "--warmup",
-                "0",
-                "--no-progress",
-                "--temperature",
-                temperature,
-            ],
-            capsys,
-        )
+        configs = _parity_specs(target, eagle3, dyn)
+        got, cap = _run(_args(out, questions, *configs, extra=["--temperature", temperature], concurrency=None), capsys)
     assert got == rc, cap.err
     section = json.loads((out / "specbench.json").read_text())["parity"]
     md = (out / "specbench.md").read_text()
@@ -1219,19 +1215,7 @@ def test_greedy_parity_failing_at_one_concurrency_exits_1(tokdir, questions, tmp
         FakeSGLang(tokdir, accept=2.0) as eagle3,
         AlteredSGLang(tokdir, "Hamlet", after=3, accept=2.0) as dyn,  # 3 turns a concurrency: wrong at the second
     ):
-        rc, cap = _run(
-            _args(
-                out,
-                questions,
-                "--config",
-                f"name=target,algorithm=none,url={target.url}",
-                "--config",
-                f"name=eagle3-full,algorithm=EAGLE3,url={eagle3.url}",
-                "--config",
-                f"name=dynvocab-hybrid,algorithm=DYNVOCAB,url={dyn.url},control=eagle3-full",
-            ),
-            capsys,
-        )
+        rc, cap = _run(_args(out, questions, *_parity_specs(target, eagle3, dyn)), capsys)
     assert rc == 1, cap.err
     assert len(dyn.requests) == 6
     assert "greedy parity FAILED at concurrency 8" in cap.err and "at concurrency 1" not in cap.err

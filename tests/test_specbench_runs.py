@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_specbench import QUESTIONS, ROOT, FakeSGLang, _args, _run, make_tokenizer
+from test_specbench import QUESTIONS, ROOT, FakeSGLang, _args, _run, _spec, make_tokenizer
 
 from sglang_specvocab.bench.server import git_revision, make_config, versions
 from sglang_specvocab.bench.specbench_report import markdown, parity
@@ -146,15 +146,6 @@ class TokenSGLang(FakeSGLang):
             reply["text"] = reply["text"].removesuffix(" words") + self.ending
         reply["output_ids"] = self.tok(reply["text"], add_special_tokens=False).input_ids
         return reply
-
-
-def _spec(name, algorithm, fake, **extra):
-    return [
-        "--config",
-        ",".join(
-            [f"name={name}", f"algorithm={algorithm}", f"url={fake.url}"] + [f"{k}={v}" for k, v in extra.items()]
-        ),
-    ]
 
 
 def test_the_turns_record_their_tokens_and_the_report_decodes_the_first_that_differs(
