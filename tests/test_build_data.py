@@ -313,16 +313,32 @@ def test_trained_modes_from_text_states_end_to_end(target, sharegpt, cache, tmp_
     assert main(["train-ranker", *other, "--rank", "8", "--out", str(ranker)]) == 2
     assert "recorded with other settings: positions 5 (asked 6)" in capsys.readouterr().err
     lab = tmp_path / "lab"
-    configs = [tmp_path / "sv.yaml", tmp_path / "ds.yaml"]
+    configs = [tmp_path / "sv.yaml", tmp_path / "ds.yaml", tmp_path / "hy.yaml"]
     configs[0].write_text(f"policy: lowrank\nlowrank: {{rank: 8, topk: 64, ranker: {ranker}}}\n")
     configs[1].write_text(
         f"policy: cluster\ncapacity: 256\ncluster: {{clusters: 32, budget: [4, 2], router: {router}}}\n"
+    )
+    configs[2].write_text(  # a union reports its member's trained file as its own
+        "policy: union\nmembers:\n  - {policy: window, capacity: 32}\n"
+        f"  - {{policy: lowrank, lowrank: {{rank: 8, topk: 64, ranker: {ranker}}}}}\n"
     )
     argv = ["lab", "--model", str(target), "--draft", "layers:1", "--config", *map(str, configs)]
     assert main([*argv, "--max-new-tokens", "8", "--no-oracle", "--out", str(lab), "--no-progress"]) == 0
     result = json.loads((lab / "lab.json").read_text())
     assert result["lossless"] is True and capsys.readouterr().err.count("warning:") == 0
-    assert {c: t["matches"] for c, t in result["trained_on"].items()} == {"sv": True, "ds": True}
+    assert {c: t["matches"] for c, t in result["trained_on"].items()} == {"sv": True, "ds": True, "hy": True}
+    # what one draft step reads to choose a set: a ranker's [8, d] and [V, 8], a router's weights and biases and the
+    # token's embedding row; the report's modelled reads add the set's rows
+    V, d = result["vocab_size"], 128
+    ranker_reads = 8 * d + V * 8
+    assert result["head_reads"] == {
+        "full": {"selection": 0, "head_rows": V, "hidden": d},
+        "sv": {"selection": ranker_reads, "head_rows": V, "hidden": d},
+        "ds": {"selection": (2 * d * 16 + 16) + (16 * 32 + 32) + d, "head_rows": V, "hidden": d},
+        "hy": {"selection": ranker_reads, "head_rows": V, "hidden": d},
+    }
+    hy = next(r for r in result["rows"] if (r["config"], r["category"]) == ("hy", "overall"))
+    assert f"| {(hy['mean_set_size'] * d + ranker_reads) / (V * d):.2%} |" in (lab / "lab.md").read_text()
     assert (
         "- trained files: sv: ranker r.ranker.pt, fit on layers:1 states (text, 12 ShareGPT conversations)"
         in (lab / "lab.md").read_text()
@@ -332,6 +348,7 @@ def test_trained_modes_from_text_states_end_to_end(target, sharegpt, cache, tmp_
     assert main([*argv, "--max-new-tokens", "8", "--no-oracle", "--out", str(lab), "--no-progress"]) == 0
     err = capsys.readouterr().err
     assert "warning: sv: ranker r.ranker.pt was fit on layers:1 states, this run drafts with layers:2" in err
+    assert "warning: hy: ranker r.ranker.pt was fit on layers:1 states, this run drafts with layers:2" in err
     assert json.loads((lab / "lab.json").read_text())["trained_on"]["ds"]["matches"] is False
     assert "fit on layers:1 states, this run drafts with layers:2" in (lab / "lab.md").read_text()
 

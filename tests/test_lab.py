@@ -114,6 +114,16 @@ def test_lab_writes_table_json_markdown_and_plot(tiny_checkpoint, tmp_path, caps
     assert "with the oracle draft (the target drafting for itself) the full head is the ceiling" in md
     assert "draft: oracle (the target drafting for itself):" in md and "| lowest |" in md
 
+    # The report ends with its verdict: per config what it keeps with each draft, its mean set, and the head's reads
+    # per draft step as a fraction of the full head's (modelled: a window reads only its set's rows).
+    verdict = md[md.index("## Verdict") :]
+    assert md.index("## Verdict") > md.index("| small-window | window | overall |")
+    reads = overall["small-window"]["mean_set_size"] / result["vocab_size"]
+    assert f"| small-window | {small / full:.1%} (" in verdict and f" | {reads:.2%} |" in verdict
+    full_by = {r["category"]: r["accept_length"] for r in oracle["rows"] if r["config"] == "full"}
+    worst = min(r["accept_length"] / full_by[r["category"]] for r in oracle["rows"] if r["config"] == "small-window")
+    assert f"**small-window** keeps the most where it keeps least: at least {worst:.1%} of full's" in verdict
+
 
 def test_lab_oracle_pass_is_skipped_when_asked_or_when_the_draft_is_the_oracle(tiny_checkpoint, tmp_path, capsys):
     common = ["lab", "--config", "configs/full.yaml", "--model", str(tiny_checkpoint), "--per-category", "1"]

@@ -77,3 +77,16 @@ def test_the_map_matches_the_tree():
     ]
     unmapped = sorted(set(tree) - set(package))
     assert not unmapped, f"the README's Map leaves out {unmapped}"
+
+
+def test_the_main_job_runs_the_committed_draft_and_the_best_config():
+    """scripts/main.sh's lab command on a CPU machine parses, drafts with the committed EAGLE-3 draft and names
+    the shipped hybrid and MicroSpec configs, all in a clone."""
+    text = (ROOT / "scripts" / "main.sh").read_text(encoding="utf-8")
+    env = dict(re.findall(r"^(\w+)=([^\s$]+)$", text, flags=re.MULTILINE))  # plain assignments: draft=drafts/...
+    line = re.search(r'lab\) exec "\$cli" (lab .*?) "\$@"', text, flags=re.DOTALL).group(1).replace("\\\n", " ")
+    argv = [re.sub(r"\$(\w+)", lambda m: env[m.group(1)], a) for a in shlex.split(line.replace('"$work"', "out"))]
+    args = parser().parse_args(argv)
+    assert args.draft.startswith("eagle3:") and (ROOT / args.draft.removeprefix("eagle3:") / "config.json").is_file()
+    assert [Path(c).name for c in args.config] == ["hybrid.yaml", "microspec.yaml"]
+    assert all((ROOT / c).is_file() for c in args.config) and not args.no_oracle

@@ -104,8 +104,84 @@ def markdown(result: dict) -> str:
         for r in result["rows"]
     ]
     mismatches = result["mismatches"] + [f"oracle draft: {m}" for m in (oracle or {}).get("mismatches", [])]
-    tail = [""] + [f"- mismatch: {m}" for m in mismatches]
+    tail = [""] + [f"- mismatch: {m}" for m in mismatches] + verdict(result)
     return "\n".join(head + body + tail) + "\n"
+
+
+def reads_fraction(result: dict, row: dict) -> float | None:
+    """Modelled: the weight entries one draft step of ``row``'s config reads, as a fraction of the full head's:
+    (the set's rows x d + what chooses the set, a ranker's V x rank or a router) / (the head's rows x d). None when
+    the run did not record the head's shape (a result of an earlier version)."""
+    r = result.get("head_reads", {}).get(row["config"])
+    if r is None:
+        return None
+    if row["policy"] == "full":
+        return 1.0
+    rows = min(row["mean_set_size"], r["head_rows"])
+    return (rows * r["hidden"] + r["selection"]) / (r["head_rows"] * r["hidden"])
+
+
+def verdict(result: dict) -> list[str]:
+    """Markdown lines: per config, the accept length it keeps with the run's draft and with the oracle (overall
+    and in its lowest category), its mean set and the head's reads per draft step against the full head's, each
+    labelled measured or modelled; then the config that keeps the most where it keeps the least."""
+    rows = {r["config"]: r for r in result["rows"] if r["category"] == "overall"}
+    full = full_length(result["rows"])
+    if not full or len(rows) < 2:
+        return []
+    frac = fractions(result["rows"])
+    oracle = result.get("oracle")
+    o_frac = fractions(oracle["rows"]) if oracle else {}
+
+    def kept(by: dict[str, float]) -> str:
+        cats = {c: v for c, v in by.items() if c != "overall"}
+        low = min(cats, key=cats.get) if cats else None
+        return f"{by['overall']:.1%}" + (f" ({cats[low]:.1%}, {low})" if low else "")
+
+    lines = [
+        "",
+        "## Verdict",
+        "",
+        f"Measured here: accept length (kept = of full's with the same draft; in brackets the lowest category), "
+        f"the mean set; modelled: the weights one draft step of the head reads, of the full head's (the set's rows "
+        f"x d plus a ranker's V x rank or a router, from shapes; no speed is timed here). Full's accept length: "
+        f"{full:.2f} with the {result['draft']}"
+        + (f", {full_length(oracle['rows']):.2f} with the oracle draft" if oracle else "")
+        + ".",
+        "",
+        "| config | kept, "
+        + result["draft"]
+        + (" | kept, oracle draft" if oracle else "")
+        + " | mean set (ids) | head reads per draft step (modelled) |",
+        "|---|---:|" + ("---:|" if oracle else "") + "---:|---:|",
+    ]
+    best = None
+    for name, r in rows.items():
+        if r["policy"] == "full":
+            continue
+        f = reads_fraction(result, r)
+        cells = [kept(frac[name])] + ([kept(o_frac[name])] if oracle else [])
+        lines.append(
+            f"| {name} | "
+            + " | ".join(cells)
+            + f" | {r['mean_set_size']:,.0f} | "
+            + ("-" if f is None else f"{f:.2%}")
+            + " |"
+        )
+        judged = o_frac.get(name) or frac[name]  # the oracle judges a set; the run's draft when it did not run
+        score = min(judged.values())
+        if best is None or score > best[1] or (score == best[1] and (f or 1.0) < (best[2] or 1.0)):
+            best = (name, score, f)
+    if best is not None:
+        name, score, f = best
+        by = "with the oracle draft" if oracle else f"with the {result['draft']}"
+        reads = "" if f is None else f", reading {f:.1%} of the full head's weights per draft step (modelled)"
+        best_line = (
+            f"**{name}** keeps the most where it keeps least: at least {score:.1%} of full's accept length in every "
+            f"category {by}, with a mean set of {rows[name]['mean_set_size']:,.0f} ids{reads}."
+        )
+        lines += ["", best_line]
+    return lines
 
 
 def full_length(rows: list[dict], category: str = "overall") -> float | None:
@@ -178,57 +254,62 @@ def category_fractions(rows: list[dict], draft: str) -> list[str]:
 
 def plot(result: dict, path: Path) -> None:
     """Left: coverage against mean set size; right: accept length as a fraction of full's against mean set size,
-    filled for the run's draft, hollow for the oracle draft (when it ran). One marker and colour per config."""
+    filled for the run's draft, hollow for the oracle draft (when it ran). One marker and colour per config, the
+    legend below the panels."""
     import matplotlib  # optional: the plot needs matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # optional: the plot needs matplotlib
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import PercentFormatter
 
     overall = [r for r in result["rows"] if r["category"] == "overall"]
     o_rows, o_full = oracle_overall(result)
     full = full_length(result["rows"])
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13.0, 4.8))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12.0, 5.0))
     markers = "osD^vP*Xhp<>"
+    handles, kept = [], []
     for i, r in enumerate(overall):
-        style = dict(marker=markers[i % len(markers)], color=plt.cm.tab20(i % 20))
-        label = f"{r['config']}: coverage {r['coverage']:.3f}, accept length {r['accept_length']:.2f}"
-        ax.scatter(r["mean_set_size"], r["coverage"], s=50, label=label, **style)
-        ax.annotate(
-            r["config"], (r["mean_set_size"], r["coverage"]), textcoords="offset points", xytext=(5, 4), fontsize=7
-        )
+        style = dict(marker=markers[i % len(markers)], color=plt.cm.tab10(i % 10))
+        ax.scatter(r["mean_set_size"], r["coverage"], s=60, **style)
+        ax.annotate(r["config"], (r["mean_set_size"], r["coverage"]), textcoords="offset points", xytext=(6, 4))
+        label = f"{r['config']} ({r['policy']}): mean set {r['mean_set_size']:,.0f} ids, coverage {r['coverage']:.3f}"
         if full:
-            bx.scatter(r["mean_set_size"], r["accept_length"] / full, s=50, **style)
-            bx.annotate(
-                r["config"],
-                (r["mean_set_size"], r["accept_length"] / full),
-                textcoords="offset points",
-                xytext=(5, 4),
-                fontsize=7,
-            )
+            kept.append(r["accept_length"] / full)
+            bx.scatter(r["mean_set_size"], kept[-1], s=60, **style)
+            bx.annotate(r["config"], (r["mean_set_size"], kept[-1]), textcoords="offset points", xytext=(6, 4))
+            label += f", keeps {kept[-1]:.1%}"
         if o_full and r["config"] in o_rows:
             o = o_rows[r["config"]]
-            bx.scatter(
-                o["mean_set_size"],
-                o["accept_length"] / o_full,
-                s=50,
-                facecolors="none",
-                edgecolors=style["color"],
-                marker=style["marker"],
-            )
+            kept.append(o["accept_length"] / o_full)
+            bx.scatter(o["mean_set_size"], kept[-1], s=60, facecolors="none", edgecolors=style["color"],
+                       marker=style["marker"])  # fmt: skip
+            label += f" ({kept[-1]:.1%} with the oracle)"
+        handles.append(Line2D([], [], linestyle="", markersize=7, label=label, **style))
     lowest = min((r["coverage"] for r in overall), default=0.0)
-    ax.set_ylim(max(0.0, lowest - 0.1), 1.02)
-    ax.set_ylabel("coverage (target tokens in the set)")
-    ax.set_title(f"Coverage vs set size: {result['model']}")
+    ax.set_ylim(max(0.0, lowest - 0.05), 1.01)
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.set_ylabel("coverage: target tokens in the set")
+    ax.set_title("What the set holds")
     bx.axhline(1.0, color="grey", lw=0.8)
-    bx.set_ylabel("accept length / full's")
-    what = "filled: draft " + result["draft"] + ("; hollow: oracle draft (the target)" if o_full else "")
-    bx.set_title(what, fontsize=8)
+    # at least 90-105 %, so a round's noise does not read as a cliff
+    bx.set_ylim(min([0.9, *kept]) - 0.02, max([1.05, *kept]) + 0.02)
+    bx.yaxis.set_major_formatter(PercentFormatter(1.0))
+    bx.set_ylabel("accept length, % of full's (same draft)")
+    bx.set_title("What the draft keeps")
+    if o_full:
+        handles += [
+            Line2D([], [], linestyle="", marker="o", color="k", label=f"filled: {result['draft']}"),
+            Line2D([], [], linestyle="", marker="o", markerfacecolor="none", color="k",
+                   label="hollow: the oracle draft (the target itself: the set's cost alone)"),
+        ]  # fmt: skip
     for a in (ax, bx):
         a.set_xscale("log")
-        a.set_xlabel("mean active-set size (tokens, log scale)")
+        a.set_xlabel(f"mean candidate-set size (ids, log scale; the full head: {result['vocab_size']:,})")
         a.grid(True, which="both", alpha=0.3)
-    fig.legend(fontsize=7, loc="center left", bbox_to_anchor=(0.80, 0.5))
-    fig.tight_layout(rect=(0, 0, 0.79, 1))
+    fig.suptitle(f"{result['model']}: {sampling_label(result)}, at most {result['max_new_tokens']} tokens per turn")
+    fig.legend(handles=handles, fontsize=8, loc="lower center", ncol=1, frameon=False)
+    fig.tight_layout(rect=(0, 0.035 * (len(handles) + 1), 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

@@ -260,6 +260,18 @@ def head_label(dec: SpeculativeDecoder) -> str:
     return f"union, union_view {h.union_view}" if h.batch.startswith("union") else h.batch
 
 
+def head_reads(dec: SpeculativeDecoder) -> dict:
+    """What one draft step reads, for the report's modelled cost: the entries that choose the set (a ranker's, a
+    router's), the head's rows (a d2t draft's own rows, not the target's vocabulary) and the hidden size; the set's
+    rows come from the measured set sizes."""
+    weight = dec.draft.weight
+    return {
+        "selection": int(dec.policy.selection_reads()),
+        "head_rows": int(getattr(dec.draft, "head_size", weight.shape[0])),
+        "hidden": int(weight.shape[1]),
+    }
+
+
 def _rows(named, gens) -> list[dict]:
     policy_of = {name: cfg.policy for name, cfg in named}
     categories = sorted({cat for _, cat in gens})
@@ -287,6 +299,7 @@ def _result(settings: LabSettings, named, lm, run: _Run, trained: dict) -> dict:
         "seed": settings.seed,
         "heads": {name: head_label(dec) for name, dec in run.decoders.items()},
         "union_overflow": {name: int(dec.head.union_overflow) for name, dec in run.decoders.items()},
+        "head_reads": {name: head_reads(dec) for name, dec in run.decoders.items()},
         "max_new_tokens": settings.max_new_tokens,
         "prompts": " + ".join(settings.questions) if settings.questions else DEFAULT_PROMPTS,
         "per_category": settings.per_category,

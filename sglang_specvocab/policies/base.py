@@ -119,6 +119,11 @@ class Policy:
                 f"{why}: packed rows pay off only for sets that change between rounds; use head.mode: fused"
             )
 
+    def selection_reads(self) -> int:
+        """Weight entries one draft step reads to choose this policy's set (a ranker's or router's), beyond the
+        set's own head rows: what the set costs on top of its rows (0: the set is chosen between rounds)."""
+        return 0
+
     def require(self, what: str) -> torch.Tensor:
         """The model tensor ``what``, whole (``ModelContext.head_weight`` / ``embedding_weight``: over all TP ranks,
         without padding rows): 'weight' or 'embedding', or a clear error if the caller gave none."""

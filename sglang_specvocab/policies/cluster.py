@@ -160,6 +160,11 @@ class ClusterPolicy(Policy):
         self.k0, self.k1 = c.budget
         self.capacity = config.capacity
 
+    def selection_reads(self) -> int:
+        if self.router is None:
+            return self.centroids.numel()
+        return sum(p.numel() for p in self.router.parameters()) + self.embedding.shape[1]  # + the token's embedding
+
     def scores(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Router scores ``[..., C]`` of hidden states ``[..., d]`` and their input tokens ``[...]``."""
         if self.router is None:

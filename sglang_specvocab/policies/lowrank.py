@@ -165,6 +165,9 @@ class LowRankPolicy(Policy):
         ids = self.model.head_ids
         self.row_ids = None if ids is None else ids.to(table.device, torch.long)
 
+    def selection_reads(self) -> int:
+        return self.w_down.numel() + self.w_vocab.numel()  # [rank, d] then [V, rank] per step
+
     def scores(self, hidden: torch.Tensor) -> torch.Tensor:
         """Approximate logits ``[..., V]`` of hidden states ``[..., d]``."""
         return (hidden.to(self.w_down.dtype) @ self.w_down.T) @ self.w_vocab.T

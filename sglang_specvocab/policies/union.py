@@ -59,6 +59,8 @@ class UnionPolicy(Policy):
         super().__init__(config, table, model)
         self.members = members  # one per member config, each with its own table of the same rows
         self.stepwise = any(m.stepwise for m in self.members)
+        # the lab reports (and warns about) a member's trained file as the union's own
+        self.trained = next((m.trained for m in self.members if m.trained is not None), None)
         self.check_head_mode()
         self._publish(torch.arange(table.num_rows, device=table.device))
 
@@ -69,6 +71,9 @@ class UnionPolicy(Policy):
     @property
     def verify_topk(self) -> int:
         return max(m.verify_topk for m in self.members)
+
+    def selection_reads(self) -> int:
+        return sum(m.selection_reads() for m in self.members)
 
     def on_reset(self, rows: torch.Tensor) -> None:
         for m in self.members:
