@@ -4,7 +4,7 @@
 // launcher taking raw pointers, sizes and the stream (as void*), returning a cudaError_t
 // as int (0 = success). The .cpp files check arguments, implement the CPU version and
 // call the launchers; binding.cpp registers everything with TORCH_LIBRARY. This split is
-// what lets the extension build and load against a CPU-only torch (see README, "Build").
+// what lets the extension build and load against a CPU-only torch (see docs/kernels.md, "Build").
 #pragma once
 
 #include <ATen/ATen.h>

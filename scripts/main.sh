@@ -2,9 +2,10 @@
 # The main job: the committed EAGLE-3 draft of Gemma-3 270M (drafts/), the full head against the best shipped
 # config (configs/hybrid.yaml) and MicroSpec (configs/microspec.yaml). Results in $SPECVOCAB_MAIN_DIR
 # (default main-results/); extra arguments go to the command it runs.
-#   CPU-only machine: the policy lab (the CPU reference decoder) over the lab's own prompts, one per category,
-#     24 tokens a turn, with the draft and again with the oracle draft (the target drafting for itself: the draft
-#     is weak, and only the oracle shows what a set costs); it ends with a verdict. About 7 minutes cold on 2 cores.
+#   CPU-only machine: the policy lab (the CPU reference decoder) over the lab's own prompts, the first turn of one
+#     per category, 20 tokens, with the draft and again with the oracle draft (the target drafting for itself: the
+#     draft is weak, and only the oracle shows what a set costs); it ends with a verdict. Under 8 minutes cold on
+#     2 cores, setup included (README).
 #   NVIDIA GPU: Gemma-3 270M converted for SGLang, then a short Spec-Bench comparison (2 questions per category,
 #     concurrency 1, temperature 0) of SGLang without speculation, with EAGLE3 and with DYNVOCAB (both configs).
 # SPECVOCAB_MAIN=lab|gpu overrides the detection.
@@ -20,7 +21,7 @@ work="${SPECVOCAB_MAIN_DIR:-main-results}"
 draft=drafts/gemma3-270m-eagle3-full
 case "$mode" in
   lab) exec "$cli" lab --draft "eagle3:$draft" --config configs/hybrid.yaml configs/microspec.yaml \
-         --per-category 1 --max-new-tokens 24 --out "$work" --name main "$@" ;;
+         --per-category 1 --turns 1 --max-new-tokens 20 --out "$work" --name main "$@" ;;
   gpu) ;;
   *) echo "main: SPECVOCAB_MAIN=$mode is invalid: use lab or gpu" >&2; exit 2 ;;
 esac

@@ -326,7 +326,7 @@ def test_auto_plan_follows_the_bytes_each_plan_reads():
 
 
 def test_auto_picks_what_the_shipped_h100_costs_document():
-    """The choices the README quotes for the shipped H100 constants (one row a request, W 3072, d 4096): a 32k d2t
+    """The choices docs/kernels.md quotes for the shipped H100 constants (one row a request, W 3072, d 4096): a 32k d2t
     draft runs per request up to bs 8 (the union, priced with its 34 launches, no longer wins there), the dense head
     from 12; a full 128k head stays per request up to bs 32. A change of the model or its constants shows here."""
     (h100,) = [c for c in headcost.shipped_costs() if "H100" in c.device]

@@ -151,7 +151,7 @@ def test_a_wrong_keyword_is_refused_when_the_record_is_built(sg):
     # a misspelt keyword is still SGLang's own refusal, not silently dropped
     with pytest.raises(TypeError, match="Unexpected keyword argument 'speculative_dynvocab_cfg'"):
         engine_server_args(**fields(sg), speculative_dynvocab_cfg=str(FULL))
-    # ServerArgs(...) is SGLang's class, which has no such field: its own refusal (README names the ways that work)
+    # ServerArgs(...) is SGLang's class, which has no such field: its own refusal (docs/serving.md names the ways that work)
     from sglang.srt.server_args import ServerArgs
 
     with pytest.raises(TypeError, match="Unexpected keyword argument 'speculative_dynvocab_config'"):

@@ -482,3 +482,16 @@ def test_lab_takes_several_question_sources_one_after_the_other(tiny_checkpoint,
     result = json.loads((out / "lab.json").read_text())
     assert result["prompts"] == f"{a} + {b}"
     assert [r["category"] for r in result["rows"]] == ["code", "qa", "overall"]
+
+
+def test_lab_turns_keeps_the_first_turns_of_each_question(tiny_checkpoint, tmp_path, capsys):
+    """--turns 1: the two-turn questions (MT-Bench's, the code one) run their first turn only, and the report says so."""
+    out = tmp_path / "t1"
+    argv = ["lab", "--config", "configs/full.yaml", "--model", str(tiny_checkpoint), "--draft", "layers:1"]
+    argv += ["--per-category", "1", "--max-new-tokens", "4", "--no-oracle", "--no-progress", "--turns", "1"]
+    assert main([*argv, "--out", str(out)]) == 0
+    result = json.loads((out / "lab.json").read_text())
+    overall = next(r for r in result["rows"] if r["category"] == "overall")
+    assert result["turns"] == 1 and overall["n_prompts"] == 7  # 9 turns without it
+    assert "(first 1 per category); the first 1 turn(s) of each;" in (out / "lab.md").read_text()
+    capsys.readouterr()

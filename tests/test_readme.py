@@ -1,6 +1,7 @@
-"""The README's ``sglang-specvocab`` commands work from a fresh clone: each parses with the CLI's own
+"""The README's and docs/' ``sglang-specvocab`` commands work from a fresh clone: each parses with the CLI's own
 parser, and every input file it names (configs, questions, traces) is in the checkout (placeholders in
-capitals, like ``T.jsonl``, excepted)."""
+capitals, like ``T.jsonl``, excepted). The README stays a page an SGLang user reads top to bottom: the launch
+command first, every result file it names committed, the Map in docs/README.md."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 INPUT_FLAGS = {"--config", "--questions", "--trace"}
 
 
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
 def readme_commands() -> list[list[str]]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = "\n".join(p.read_text(encoding="utf-8") for p in DOCS)
     out = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL):
         joined = block.replace("\\\n", " ")
@@ -46,12 +50,12 @@ def test_readme_commands_parse_and_name_files_a_clone_has():
         for name in named_inputs(argv):
             path = (ROOT / name).resolve()
             in_clone = path.is_relative_to(ROOT) and path.is_file()  # not a file beside this checkout
-            assert in_clone, f"README: `sglang-specvocab {shlex.join(argv)}` names {name}, not in a clone"
+            assert in_clone, f"README or docs: `sglang-specvocab {shlex.join(argv)}` names {name}, not in a clone"
 
 
 def map_entries() -> tuple[list[str], list[str]]:
-    """The README's Map: (entries under ``sglang_specvocab/``, the repository's top-level entries)."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    """docs/README.md's Map: (entries under ``sglang_specvocab/``, the repository's top-level entries)."""
+    text = (ROOT / "docs" / "README.md").read_text(encoding="utf-8")
     block = re.search(r"## Map\n\n```\n(.*?)```", text, flags=re.DOTALL).group(1)
     package, top = [], []
     for line in block.splitlines():
@@ -64,19 +68,19 @@ def map_entries() -> tuple[list[str], list[str]]:
 
 
 def test_the_map_matches_the_tree():
-    """Every entry of the README's Map exists, and every module and folder of the package is on it."""
+    """Every entry of the Map exists, and every module and folder of the package is on it."""
     package, top = map_entries()
     assert "sglang_specvocab/" in top and "table.py" in package  # the parser reads the map
     missing = [n for n in package if not (ROOT / "sglang_specvocab" / n).exists()]
     missing += [n for n in top if not (ROOT / n).exists()]
-    assert not missing, f"the README's Map names what the tree lacks: {missing}"
+    assert not missing, f"the Map (docs/README.md) names what the tree lacks: {missing}"
     tree = [
         p.name + "/" if p.is_dir() else p.name
         for p in (ROOT / "sglang_specvocab").iterdir()
         if (p.suffix == ".py" and not p.name.startswith("__")) or (p / "__init__.py").is_file()
     ]
     unmapped = sorted(set(tree) - set(package))
-    assert not unmapped, f"the README's Map leaves out {unmapped}"
+    assert not unmapped, f"the Map (docs/README.md) leaves out {unmapped}"
 
 
 def test_the_main_job_runs_the_committed_draft_and_the_best_config():
@@ -90,3 +94,17 @@ def test_the_main_job_runs_the_committed_draft_and_the_best_config():
     assert args.draft.startswith("eagle3:") and (ROOT / args.draft.removeprefix("eagle3:") / "config.json").is_file()
     assert [Path(c).name for c in args.config] == ["hybrid.yaml", "microspec.yaml"]
     assert all((ROOT / c).is_file() for c in args.config) and not args.no_oracle
+
+
+def test_the_readme_is_a_page_for_the_sglang_user():
+    """At most about 200 lines, the launch command before any results, exactly two set-up commands in bash blocks
+    (the main job and the tests), and every committed file or link it names exists."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 200
+    assert text.index("python -m sglang.launch_server") < text.index("## Results at a glance")
+    blocks = [b.strip() for b in re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL)]
+    assert [b for b in blocks if b.startswith("./scripts/")] == ["./scripts/main.sh", "./scripts/test.sh"]
+    named = set(re.findall(r"`((?:benchmarks|configs|drafts|docs|tests|scripts)/[^`\s]*)`", text))
+    named |= {m.split("#")[0] for m in re.findall(r"\]\(([^)\s]+)\)", text) if "://" not in m}
+    missing = sorted(n for n in named if not (ROOT / n).exists() and not re.search(r"/[A-Z]+(/|$)", n))  # MINE/
+    assert not missing, f"README names what a clone lacks: {missing}"

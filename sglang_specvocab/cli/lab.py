@@ -72,6 +72,9 @@ def _add_lab(sub) -> None:
         "--per-category", type=POSITIVE, default=None, metavar="N", help="first N questions per category of each source"
     )
     p.add_argument(
+        "--turns", type=POSITIVE, default=None, metavar="N", help="the first N turns of each question (default: all)"
+    )
+    p.add_argument(
         "--no-oracle",
         action="store_true",
         help="skip the second pass with the target as its own draft (by default every config also runs with that "
@@ -128,6 +131,7 @@ def _run_lab(args) -> int:
         max_new_tokens=args.max_new_tokens,
         questions=args.questions,
         per_category=args.per_category,
+        turns=args.turns,
         command=args.command_line,
         batch=args.batch,
         oracle=not args.no_oracle,

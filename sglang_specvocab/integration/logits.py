@@ -35,7 +35,7 @@ with the same top-k values, token ids and probabilities.
 CUDA graphs. SGLang replays the head inside its captured graphs and, in the decode draft extend, runs the
 top-k eagerly after the replay: ``draft_topk``/``draft_topk1`` read the logits with the column map of the head
 call that produced them, named by its shape (``head_key = (bs, n)``, default: what the logits show), never with
-Python state of a later call (``head.DraftHead``, "CUDA graphs"; README, "CUDA graphs").
+Python state of a later call (``head.DraftHead``, "CUDA graphs"; docs/serving.md, "CUDA graphs").
 
 Tie rule: value descending, then column ascending (columns run in ascending token id); an entry of value ``-inf``
 is the fallback id (``HeadOutput.topk``). The stock plan on one rank is EAGLE3's own code path instead (the original

@@ -77,6 +77,7 @@ def markdown(result: dict) -> str:
         *(["- draft head: " + "; ".join(f"{n}: {h}" for n, h in result["heads"].items())] if "heads" in result else []),
         f"- prompts: {result['prompts']}"
         + (f" (first {result['per_category']} per category)" if result.get("per_category") else "")
+        + (f"; the first {result['turns']} turn(s) of each" if result.get("turns") else "")
         + f"; at most {result['max_new_tokens']} new tokens, {sampling_label(result)}",
         lossless_line(result),
         *([f"- oracle draft: every config again with the target as its own draft. {WHY_ORACLE}"] if oracle else []),

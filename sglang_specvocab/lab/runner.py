@@ -21,7 +21,7 @@ from __future__ import annotations
 import platform
 import sys
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -51,6 +51,7 @@ class LabSettings:
     max_new_tokens: int = 48
     questions: list[str] | None = None  # question sources, one after the other (None: the lab's own prompts)
     per_category: int | None = None
+    turns: int | None = None  # the first N turns of each question (None: all)
     command: str = ""
     batch: int = 1  # questions decoded in lockstep (first turns only when > 1)
     oracle: bool = True  # also run every config with the target as its own draft
@@ -134,6 +135,7 @@ def run_lab(settings: LabSettings, progress: bool = True) -> dict:
     if not settings.temperature >= 0:
         raise SpecVocabError(f"--temperature = {settings.temperature!r} is invalid: must be >= 0")
     questions = [q for src in settings.questions or [None] for q in load_questions(src, settings.per_category)]
+    questions = [replace(q, turns=q.turns[: settings.turns]) for q in questions]
     if settings.eagle3 is not None:
         read_checkpoint(settings.eagle3)  # a missing or foreign draft fails before the model loads
     lm = load_model(settings.model)
@@ -303,6 +305,7 @@ def _result(settings: LabSettings, named, lm, run: _Run, trained: dict) -> dict:
         "max_new_tokens": settings.max_new_tokens,
         "prompts": " + ".join(settings.questions) if settings.questions else DEFAULT_PROMPTS,
         "per_category": settings.per_category,
+        "turns": settings.turns,
         "complete": run.complete,
         "lossless": _lossless(settings, run),
         "mismatches": run.mismatches if settings.temperature == 0 else [],

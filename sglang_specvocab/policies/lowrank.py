@@ -21,8 +21,8 @@ Ranker, ``ranker:``
   recorded states' distribution, i.e. the truncated SVD of ``W L`` where ``L L^T`` is the states' second
   moment; the file holds ``W_down = V_r^T L^-1`` and ``P = L V_r`` (``[d, d']``, so it stays small) and
   ``W_vocab = W P`` is computed from the head at load. The plain SVD treats every direction of the hidden
-  space alike; real states use few of them, which the whitened fit spends its rank on (measured: README
-  "Fidelity").
+  space alike; real states use few of them, which the whitened fit spends its rank on (measured:
+  docs/policies.md, "Fidelity").
 """
 
 from __future__ import annotations
