@@ -116,9 +116,7 @@ def reads_fraction(result: dict, row: dict) -> float | None:
     r = result.get("head_reads", {}).get(row["config"])
     if r is None:
         return None
-    if row["policy"] == "full":
-        return 1.0
-    rows = min(row["mean_set_size"], r["head_rows"])
+    rows = min(row["mean_set_size"], r["head_rows"])  # full: its set is the vocabulary, so all of the head's rows
     return (rows * r["hidden"] + r["selection"]) / (r["head_rows"] * r["hidden"])
 
 
