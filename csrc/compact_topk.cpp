@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "compact_topk_row.h"
@@ -85,8 +86,36 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> compact_topk_cpu(const at::Tensor
                                                                 int64_t fallback_id, int64_t mode) {
   Prepared p = prepare(logits, col_ids, rows, k, fallback_id, mode);
   const SpecvocabTopkArgs args = p.args;
+  if (args.W <= kTopkRegMaxW) {
+    at::parallel_for(0, args.N, 1, [&](int64_t m0, int64_t m1) {
+      // The register kernel's lanes one after the other: the same (max, sum) pairs and rounds (compact_topk_row.h).
+      std::vector<float> x(kTopkRegLanes * kTopkRegPerLane), mx(kTopkRegLanes), sum(kTopkRegLanes);
+      std::vector<uint64_t> best(kTopkRegLanes), won(args.k);
+      for (int64_t m = m0; m < m1; ++m) {
+        for (int t = 0; t < kTopkRegLanes; ++t) {
+          sv_topk_reg_load(args, m, t, &x[t * kTopkRegPerLane], &mx[t], &sum[t]);
+          best[t] = sv_topk_reg_next(&x[t * kTopkRegPerLane], t, ~0ull);
+        }
+        for (int s = kTopkRegLanes / 2; s > 0; s /= 2)
+          for (int t = 0; t < s; ++t) sv_lse_merge(&mx[t], &sum[t], mx[t + s], sum[t + s]);
+        const float lse = sv_lse(mx[0], sum[0]);
+        std::fill(won.begin(), won.end(), 0);
+        for (int64_t r = 0; r < args.k; ++r) {
+          int owner = 0;
+          for (int t = 1; t < kTopkRegLanes; ++t)
+            if (best[t] > best[owner]) owner = t;
+          if (best[owner] == 0) break;
+          won[r] = best[owner];
+          best[owner] = sv_topk_reg_next(&x[owner * kTopkRegPerLane], owner, won[r]);
+        }
+        for (int64_t i = 0; i < args.k; ++i) sv_topk_reg_entry(args, m, i, won[i], lse);
+        args.lse[m] = lse;
+      }
+    });
+    return {p.values, p.tokens, p.lse};
+  }
   at::parallel_for(0, args.N, 1, [&](int64_t m0, int64_t m1) {
-    // The kernel's lanes one after the other, then its merge tree (compact_topk_row.h).
+    // The list kernel's lanes one after the other, then its merge tree (compact_topk_row.h).
     std::vector<float> v(kTopkLanes * kTopkStride), mx(kTopkLanes), sum(kTopkLanes);
     std::vector<int32_t> c(kTopkLanes * kTopkStride);
     for (int64_t m = m0; m < m1; ++m) {

@@ -1,9 +1,10 @@
 """``compact_topk``: the draft head's top-k through its column map in one op (the draft loop's host time).
 
 The torch reference (``ops/compact_topk.py::reference_compact_topk``) must equal a literal definition (sort each row's
-(value, column) pairs); the C++ op (the lanes and merge tree the CUDA kernel runs, one after the other) must
+(value, column) pairs); the C++ op (the lanes, rounds and merge tree the CUDA kernels run, one after the other) must
 give the reference's tokens and values exactly and its logsumexp to rounding, on rows with many ties, -inf
-columns, signed zeros, rows with fewer live columns than k, every kind of column map and every value mode.
+columns, signed zeros, rows with fewer live columns than k, every kind of column map and every value mode, on
+both paths (the register path up to 4,096 columns, the list path past it).
 Through the head, the fused top-k must equal the unfused one for every batch plan.
 """
 
@@ -139,6 +140,44 @@ def test_wide_rows_and_no_rows():
     assert [tuple(t.shape) for t in empty] == [(0, 2), (0, 2), (0,)]
 
 
+@needs_ext
+@pytest.mark.parametrize("W", [1, 17, 255, 256, 257, 1200, 3072, 4095, 4096, 4097, 6000])
+def test_both_paths_equal_the_reference_at_their_boundary(W):
+    """Widths around the register path's lanes (256) and its end (4,096 columns; past it the list path): ties
+    across lanes and within one lane, -0.0 beside +0.0 in one row (equal, so the lower column first), +inf and NaN
+    columns, a row with fewer live columns than k, an all -inf row, a per-request map with a bad slot."""
+    g = torch.Generator().manual_seed(W)
+    bs, per = 3, 3
+    logits = torch.randint(-4, 4, (bs * per, W), generator=g).float()
+    logits[torch.rand(bs * per, W, generator=g) < 0.3] = NEG
+    zeros = logits[0] == 0
+    logits[0, zeros] = torch.where(torch.rand(int(zeros.sum()), generator=g) < 0.5, -0.0, 0.0)
+    logits[1, torch.randint(0, W, (3,), generator=g)] = float("inf")
+    logits[2, torch.randint(0, W, (2,), generator=g)] = float("nan")
+    logits[3, :] = NEG
+    logits[3, W - 1] = 2.0  # one live column, the last: k - 1 empty entries
+    logits[4, :] = NEG
+    logits[5, :] = 1.0  # all tied: the lowest columns, whichever lanes hold them
+    col = torch.randint(-1, 70000, (5, W), generator=g).to(torch.int32)
+    rows = torch.tensor([4, 9, 0])  # request 1's slot is outside the map: no tokens
+    for k in sorted({1, min(W, 3), min(W, 16)}):
+        for mode in (0, 1, 2):
+            want = reference_compact_topk(logits, col, rows, k, 11, mode)
+            got = torch.ops.specvocab.compact_topk(logits, col, rows, k, 11, mode)
+            keep = torch.ones(bs * per, dtype=torch.bool)
+            keep[2] = False  # NaN's order is unspecified: its tokens are checked live-only below
+            assert torch.equal(got[1][keep], want[1][keep]), (k, mode)
+            if mode == 0:
+                assert torch.equal(got[0][keep], want[0][keep]), k
+            assert torch.allclose(got[0][keep], want[0][keep], rtol=1e-5, atol=1e-6, equal_nan=True), (k, mode)
+            assert torch.allclose(got[2][keep], want[2][keep], rtol=1e-5, atol=1e-6), (k, mode)
+            rest = torch.where(logits[2].isnan(), NEG, logits[2])  # NaN columns are never live
+            assert torch.allclose(got[2][2], rest.logsumexp(0)), k
+            top = rest.topk(k).values
+            if mode == 0:
+                assert torch.equal(got[0][2], top), k
+
+
 def test_the_fake_kernel_runs_on_meta():
     """Shapes only (torch.compile, the cost model's dry runs): no values read."""
     if not _ext.available():
@@ -190,9 +229,22 @@ def test_the_head_fused_top_k_equals_the_unfused(batch, d2t):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("N,W,k", [(4, 3072, 4), (40, 3072, 10), (256, 24576, 8), (3, 100, 16), (8, 16384, 1)])
+@pytest.mark.parametrize(
+    "N,W,k",
+    [
+        (4, 3072, 4),
+        (40, 3072, 10),
+        (80, 1200, 8),
+        (8, 4096, 16),
+        (2, 4097, 3),
+        (256, 24576, 8),
+        (3, 100, 16),
+        (8, 16384, 1),
+    ],
+)
 def test_cuda_op_equals_the_reference(N, W, k):
-    """The CUDA kernel (one block per row, the C++ op's lane and merge code)."""
+    """The CUDA kernels (one block per row, the C++ op's row code): the register path up to 4,096 columns, the
+    list path past it."""
     if not _ext.has_cuda_kernels():
         pytest.skip("the extension was built without CUDA kernels")
     g = torch.Generator().manual_seed(N + W + k)

@@ -90,8 +90,38 @@ def test_library_has_hopper_and_ampere_machine_code():
     sass = subprocess.run(
         [_cuobjdump(), "--dump-sass", "--gpu-architecture", "sm_90a", lib], capture_output=True, text=True, check=True
     ).stdout
-    for kernel in ("indexed_logits_kernel", "window_update_kernel", "window_verify_kernel", "pack_update"):
+    for kernel in (
+        "indexed_logits_kernel",
+        "window_update_kernel",
+        "window_verify_kernel",
+        "pack_update",
+        "compact_topk_reg_kernel",
+        "compact_topk_list_kernel",
+    ):
         assert kernel in sass, f"{kernel} has no sm_90a code"
+
+
+@pytest.mark.skipif(not _built_with_nvcc(), reason="this build has no CUDA kernels (nvcc absent)")
+def test_the_bs1_kernels_keep_everything_in_registers():
+    """No stack frame (so no spills, no local arrays) on sm_80 and sm_90a for the kernels a bs-1 draft step runs:
+    the register top-k, and the 16-bit logits variants of few rows (NTMAX 2, with and without 16-byte loads)."""
+    import importlib.util
+
+    lib = importlib.util.find_spec("sglang_specvocab._C").origin
+    usage = subprocess.run(
+        [_cuobjdump(), "--dump-resource-usage", lib], capture_output=True, text=True, check=True
+    ).stdout
+    found = re.findall(r"Function (\S+):\s+REG:(\d+) STACK:(\d+)", usage)
+    bs1 = [
+        (name, int(stack))
+        for name, _, stack in found
+        if "compact_topk_reg_kernel" in name
+        or re.search(r"indexed_logits_kernelI(13__nv_bfloat16|6__half)Li[12]ELi2E", name)
+    ]
+    # the register top-k and 4 logits variants (bf16, fp16 x 16-byte loads or not, mt 1), per architecture
+    assert sum("compact_topk_reg_kernel" in n for n, _ in bs1) == 2, usage
+    assert len(bs1) >= 2 + 2 * 4, usage
+    assert [n for n, stack in bs1 if stack] == [], usage
 
 
 # --- logits ops: the C++ CPU kernels against the reference -----------------------------------------
