@@ -13,17 +13,24 @@ the draft extends). The ways (``MODES``):
 
 Each piece is a roofline with a fixed start, ``t = t0 + max(bytes / bandwidth, flops / throughput)``, of one of three
 kinds: ``indexed`` (our head kernel), ``dense`` (a cuBLAS GEMM) and ``copy`` (elementwise passes: gathers, the union's
-bitmap and prefix sum, the mask, the top-k). Every mode also pays the exact top-k over its logits' width (fused up
-to ``FUSED_TOPK_MAX_WIDTH`` columns). The
-constants come from a file written by ``sglang-specvocab bench fit`` (device name, the measurements and command
-they were fit to); a device with no file gets ``fallback_costs``: bandwidth only, so ``auto`` then picks the mode
-that moves the fewest bytes.
+bitmap and prefix sum, the mask). Every mode also pays the exact top-k over its logits' width as it runs: up to
+``FUSED_TOPK_MAX_WIDTH`` columns one ``compact_topk`` launch (its own measured roofline where the fit had top-k
+timings, else one copy pass), wider the unfused torch top-k, a pass of int64 keys plus ``wide_topk_launches`` small
+ops. The constants come from a file written by ``sglang-specvocab bench fit`` (device name, the measurements and
+command they were fit to); a device with no file gets ``fallback_costs``: bandwidth only, so ``auto`` then picks the
+mode that moves the fewest bytes.
+
+Two rules keep ``auto`` from a plan it cannot vouch for: it chooses only among the plans a GPU has timed on the device
+(``HeadCosts.modes``, from the fit's measurements; no file: ``per-request`` and ``stock``), and a plan other than
+``stock`` must beat ``stock`` by the fit's worst relative error (``HeadCosts.margin``), so a model error of that size
+still never makes the choice slower than EAGLE3's own step.
 
 The union's size is not a shape: ``auto`` uses the expected size ``E[U](bs)`` measured in the lab (window sets over
 Spec-Bench prompts, ``UnionSizes``), scaled to the set capacity and capped at ``bs * W``, the capacity and the head.
 
 ``choose`` is a pure function of static shapes (no tensor is read), so the head picks once per CUDA-graph batch
-bucket, at capture; ``stock`` is always a candidate, so the chosen mode is never slower than it by the model.
+bucket, at capture; ``stock`` is always a candidate, so the chosen mode is never slower than it by the model (less
+its margin).
 """
 
 from __future__ import annotations
@@ -52,6 +59,12 @@ STOCK_TOPK_BYTES = 4 + 4 + 4
 #: build (the table read safe against bad slots and counts, bitmap, prefix sum, compaction, the bad-entry count),
 #: the own view's membership mask, and for union-gemm the gather (and a d2t draft's row map). Counted, not
 #: estimated: tests/test_head.py dispatches each plan on the CPU and pins these numbers to what it sees.
+#: Ops of the unfused top-k of a wide union's logits (order keys, torch.topk, gather, logsumexp, the column map, the
+#: fallback, the probabilities), by whether k is 1 (a max instead of the keys): counted on the CPU by
+#: tests/test_head.py, as UNION_LAUNCHES.
+WIDE_TOPK_LAUNCHES = {True: 14, False: 26}
+#: The plans ``auto`` may choose on a device whose file names none (every GPU has timed these two).
+MEASURED_DEFAULT = ("per-request", "stock")
 UNION_LAUNCHES = {("union-indexed", False): 41, ("union-indexed", True): 41, ("union-gemm", False): 43,
                   ("union-gemm", True): 47}  # fmt: skip
 
@@ -73,7 +86,8 @@ class Roofline:
 
 @dataclass(frozen=True)
 class HeadCosts:
-    """The constants of one device: three rooflines, the launch gap inside a graph, and where they came from."""
+    """The constants of one device: three rooflines, the launch gap inside a graph, the fused top-k's roofline where it
+    was measured, the plans a GPU timed here, the fit's worst relative error, and where they came from."""
 
     device: str
     match: tuple[str, ...]  # substrings of torch.cuda.get_device_name that this file serves (upper case)
@@ -82,11 +96,15 @@ class HeadCosts:
     copy: Roofline
     launch_us: float
     provenance: dict = field(default_factory=dict)
+    topk: Roofline | None = None  # compact_topk as measured (None: priced as one copy pass)
+    modes: tuple[str, ...] = MEASURED_DEFAULT  # the plans auto may choose: those a GPU timed on this device
+    margin: float = 0.0  # a plan other than stock must be predicted this much faster than stock (relative)
 
     def to_json(self) -> dict:
         out = asdict(self)
         out["schema"] = SCHEMA
         out["match"] = list(self.match)
+        out["modes"] = list(self.modes)
         return out
 
     @classmethod
@@ -101,6 +119,9 @@ class HeadCosts:
             copy=Roofline(**data["copy"]),
             launch_us=float(data["launch_us"]),
             provenance=dict(data.get("provenance", {})),
+            topk=Roofline(**data["topk"]) if data.get("topk") else None,
+            modes=tuple(data.get("modes", MEASURED_DEFAULT)),
+            margin=float(data.get("margin", 0.0)),
         )
 
 
@@ -206,8 +227,10 @@ def predict(shape: Shape, costs: HeadCosts, sizes: UnionSizes = DISJOINT) -> dic
     s, e = shape, shape.elem
     N, d = s.N, s.d
 
-    def topk(width: int) -> float:
-        return costs.copy.time(N * width * (4 if width <= FUSED_TOPK_MAX_WIDTH else TOPK_BYTES))
+    def topk(width: int) -> float:  # as it runs: compact_topk, or the unfused ops past its width
+        if width <= FUSED_TOPK_MAX_WIDTH:
+            return (costs.topk or costs.copy).time(N * width * 4)
+        return costs.copy.time(N * width * TOPK_BYTES) + (WIDE_TOPK_LAUNCHES[s.n == 1] - 1) * costs.launch_us
 
     def gemm(H: int) -> float:  # the GEMM, then its logits cast to fp32 (one more pass)
         return costs.dense.time(*dense_work(H, N, d, e)) + costs.copy.time(N * H * (e + 4))
@@ -233,13 +256,22 @@ def predict(shape: Shape, costs: HeadCosts, sizes: UnionSizes = DISJOINT) -> dic
 def choose(shape: Shape, costs: HeadCosts, sizes: UnionSizes = DISJOINT, allowed: tuple[str, ...] = MODES) -> str:
     """The cheapest allowed mode by ``predict`` (ties: the earlier in ``MODES``); ``stock`` when no mode is allowed.
 
-    A union expected to overflow its columns (``E[U] > C``: ids dropped, acceptance lost) is chosen only when
-    nothing else is allowed (``head.batch: union``)."""
+    With ``stock`` allowed (``head.batch: auto``) the choice is among the plans timed on this device
+    (``costs.modes``), and a plan other than stock must be predicted faster than stock by ``costs.margin``. A union
+    expected to overflow its columns (``E[U] > C``: ids dropped, acceptance lost) is chosen only when nothing else
+    is allowed (``head.batch: union``)."""
     times = predict(shape, costs, sizes)
+    if "stock" in allowed:
+        allowed = tuple(m for m in allowed if m in costs.modes or m == "stock")
     if shape.W > 0 and sizes.expected(shape.bs, shape.W) > shape.C and set(allowed) - set(UNION_MODES):
         allowed = tuple(m for m in allowed if m not in UNION_MODES)
     best = [m for m in MODES if m in allowed and m in times]
-    return min(best, key=lambda m: times[m]) if best else "stock"
+    if not best:
+        return "stock"
+    pick = min(best, key=lambda m: times[m])
+    if pick != "stock" and "stock" in best and times[pick] * (1.0 + costs.margin) > times["stock"]:
+        return "stock"
+    return pick
 
 
 # -- the shipped files ------------------------------------------------------------------------------
@@ -313,12 +345,14 @@ def fit_roofline(
 
 __all__ = [
     "DISJOINT",
+    "MEASURED_DEFAULT",
     "MODES",
     "UNION_MODES",
     "HeadCosts",
     "Roofline",
     "Shape",
     "UnionSizes",
+    "WIDE_TOPK_LAUNCHES",
     "choose",
     "costs_for",
     "dense_work",

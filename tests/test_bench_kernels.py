@@ -204,7 +204,7 @@ def test_head_sweep_on_a_tiny_grid(tmp_path):
     from sglang_specvocab import headcost
     from sglang_specvocab.bench import fit as bench_fit
 
-    ops_ = "head,stock,gemma4_mtp,indexed,dense_static,dense_full"
+    ops_ = "head,stock,gemma4_mtp,indexed,dense_static,dense_full,topk"
     out, res = run(
         tmp_path,
         "--ops",
@@ -250,6 +250,9 @@ def test_head_sweep_on_a_tiny_grid(tmp_path):
     costs = headcost.load(out.with_name(out.stem + ".costs.json"))
     assert costs.provenance["source"] == str(out) and costs.indexed.bytes_per_us > 0 and costs.launch_us > 0
     assert "measured" in costs.provenance["launch"]
+    # every plan was timed here, so auto may choose any; the top-k has its own line; the margin is the fit's error
+    assert costs.modes == headcost.MODES and costs.topk is not None and costs.topk.bytes_per_us > 0
+    assert costs.margin >= 0 and "compact_topk shapes" in costs.provenance["topk"]
     assert bench_fit.model_errors(costs, res) and all(e["predicted_us"] > 0 for e in bench_fit.model_errors(costs, res))
 
 
@@ -270,6 +273,9 @@ def test_fit_reads_the_committed_h100_markdown(tmp_path):
     shipped = headcost.costs_for("NVIDIA H100 80GB HBM3")
     fitted = bench_fit.fit(result, shipped.provenance["source"], note=shipped.provenance.get("note"))
     assert fitted.indexed == shipped.indexed and fitted.dense == shipped.dense and fitted.copy == shipped.copy
+    # no union and no top-k was timed there: auto may take per-request or stock only, a plan must beat stock by 44 %
+    assert fitted.modes == shipped.modes == ("per-request", "stock") and fitted.topk is shipped.topk is None
+    assert fitted.margin == shipped.margin == 0.4433
     assert main(["bench", "fit", str(tmp_path / "nope.json")]) == 2
     out = tmp_path / "c.json"
     assert main(["bench", "fit", str(md), "--out", str(out), "--match", "h100,h800"]) == 0

@@ -1,6 +1,8 @@
 """The one head (``DraftHead``): its ops' torch reference, every batch mode against a literal statement, the union's
 overflow, the d2t/TP row map keeping request slots, softcapping, and the cost model's choice from shapes only."""
 
+import dataclasses
+
 import pytest
 import torch
 from literal import literal_head_topk, literal_logits
@@ -8,7 +10,7 @@ from literal import literal_head_topk, literal_logits
 from sglang_specvocab import headcost
 from sglang_specvocab.bench.host import LaunchCounter
 from sglang_specvocab.config import HeadSection, default_union_columns
-from sglang_specvocab.head import DraftHead
+from sglang_specvocab.head import DraftHead, HeadOutput
 from sglang_specvocab.ops import indexed_logits
 from sglang_specvocab.ops.topk import local_topk, vocab_shard
 from sglang_specvocab.table import CandidateTable
@@ -327,8 +329,9 @@ def test_auto_plan_follows_the_bytes_each_plan_reads():
 
 def test_auto_picks_what_the_shipped_h100_costs_document():
     """The choices docs/kernels.md quotes for the shipped H100 constants (one row a request, W 3072, d 4096): a 32k d2t
-    draft runs per request up to bs 8 (the union, priced with its 34 launches, no longer wins there), the dense head
-    from 12; a full 128k head stays per request up to bs 32. A change of the model or its constants shows here."""
+    draft runs per request up to bs 4, the dense head from 8 (per-request is predicted at 0.77 of stock there, not
+    below 1 - 0.44, the fit's worst error); a full 128k head per request up to bs 24. No union: no GPU has timed one.
+    A change of the model or its constants shows here."""
     (h100,) = [c for c in headcost.shipped_costs() if "H100" in c.device]
     sizes = headcost.shipped_union_sizes()
 
@@ -338,13 +341,64 @@ def test_auto_picks_what_the_shipped_h100_costs_document():
         )
 
     d2t = {bs: plan(bs, 32000, True) for bs in (1, 2, 4, 8, 12, 16, 64, 128)}
-    assert d2t == {1: "per-request", 2: "per-request", 4: "per-request", 8: "per-request"} | {
-        bs: "stock" for bs in (12, 16, 64, 128)
+    assert d2t == {1: "per-request", 2: "per-request", 4: "per-request"} | {
+        bs: "stock" for bs in (8, 12, 16, 64, 128)
     }
-    full = {bs: plan(bs, 128256, False) for bs in (1, 8, 32, 64, 128)}
-    assert full == {1: "per-request", 8: "per-request", 32: "per-request", 64: "stock", 128: "stock"}
+    full = {bs: plan(bs, 128256, False) for bs in (1, 8, 16, 24, 32, 64, 128)}
+    assert full == {bs: "per-request" for bs in (1, 8, 16, 24)} | {bs: "stock" for bs in (32, 64, 128)}
     # no sets: the dense head
     assert headcost.choose(headcost.Shape(8, 1, 0, 64, 1000, 1000, 0), h100, sizes) == "stock"
+
+
+def _costs(**change):
+    """Bandwidth-only constants in which the union is far cheaper than the rest (a tiny V, no launch gap)."""
+    return dataclasses.replace(headcost.fallback_costs("test"), launch_us=0.0, **change)
+
+
+def test_auto_chooses_only_plans_a_gpu_timed_on_the_device():
+    """A union the model prices cheapest is not chosen until the device's file says a GPU timed it; named in
+    head.batch (union) it still runs."""
+    shape = headcost.Shape(64, 1, 3072, 4096, 32000, 40000, 49152)
+    same = headcost.UnionSizes(3072, (1, 64), (1.0, 1.0), {})  # every request has the same set: a union of one
+    assert headcost.predict(shape, _costs(), same)["union-indexed"] < headcost.predict(shape, _costs(), same)["stock"]
+    assert headcost.choose(shape, _costs(), same) == "stock"  # per-request reads 64 sets, the union is untimed
+    timed = _costs(modes=headcost.MODES)
+    assert headcost.choose(shape, timed, same) == "union-indexed"
+    assert headcost.choose(shape, _costs(), same, allowed=headcost.UNION_MODES) == "union-indexed"
+
+
+def test_a_plan_must_beat_stock_by_the_fits_error():
+    """Per-request predicted at some fraction f of stock's time is chosen only while f * (1 + margin) <= 1."""
+    c = _costs()
+    for bs in range(1, 40):
+        shape = headcost.Shape(bs, 1, 1024, 2048, 32000, 32000, 16384)
+        t = headcost.predict(shape, c)
+        f = t["per-request"] / t["stock"]
+        for margin in (0.0, 0.25, 0.5):
+            want = "per-request" if f * (1 + margin) <= 1 else "stock"
+            assert headcost.choose(shape, _costs(margin=margin)) == want, (bs, margin, f)
+
+
+def test_the_cost_model_prices_the_wide_top_k_as_it_runs():
+    """Past compact_topk's width the head's top-k is torch's unfused ops: headcost.WIDE_TOPK_LAUNCHES is what it
+    dispatches (counted on the CPU, k 1 and k > 1, probabilities as the draft loop reads them); up to it, one op."""
+    from sglang_specvocab import ops
+
+    op = ops.implementation("cuda", torch.device("cpu"), "compact_topk")
+    W = headcost.FUSED_TOPK_MAX_WIDTH
+    col = torch.randint(0, 10 * W, (W + 1,), dtype=torch.int32)
+    for width, k, want in [(W + 1, 1, headcost.WIDE_TOPK_LAUNCHES[True]), (W + 1, 4, headcost.WIDE_TOPK_LAUNCHES[False]),
+                           (W, 4, 1)]:  # fmt: skip
+        out = HeadOutput(torch.randn(6, width), col[:width], fallback_id=0, topk_op=op)
+        out.topk_probs(k)
+        with LaunchCounter() as seen:
+            out.topk_probs(k)
+        assert len(seen.order) == want, seen.order
+    # and the model charges the wide one its launches: n rows a request stands for k
+    c = headcost.fallback_costs()
+    narrow, wide = (headcost.Shape(4, 4, 64, 64, 100, 10 * W, C) for C in (W, W + 1))
+    gap = headcost.predict(wide, c)["union-gemm"] - headcost.predict(narrow, c)["union-gemm"]
+    assert gap > (headcost.WIDE_TOPK_LAUNCHES[False] - 1) * c.launch_us
 
 
 def test_fallback_costs_pick_by_bytes():

@@ -9,7 +9,13 @@ JSON was kept gives. Fitted, each a roofline ``t0 + max(bytes / bandwidth, flops
 - ``dense``: the dense GEMMs (``dense_static``, ``dense_full``);
 - ``copy``: the measured device-to-device copy bandwidth, with the launch gap as its start;
 - ``launch_us``: the measured gap between kernels in a CUDA graph (``bench kernels`` measures it), else 2 us
-  (an assumption, said so in the provenance).
+  (an assumption, said so in the provenance);
+- ``topk``: the fused top-k (``compact_topk``, the ``topk`` cases of backend cuda), bandwidth only, when at least 3
+  were timed; else the model prices it as one copy pass (said so in the provenance);
+- ``modes``: the plans timed on this device (the ``head`` records; the per-request plan where the indexed kernel was
+  timed; stock, EAGLE3's own, always), the only ones ``auto`` may choose;
+- ``margin``: the worst relative error of the indexed and dense fits: how much faster than stock another plan must
+  be predicted before ``auto`` takes it.
 
 The bytes and flops of a case are ``headcost.indexed_work`` / ``headcost.dense_work``, the same the cost model
 predicts with, so the fit and the prediction cannot drift apart.
@@ -107,6 +113,13 @@ def fit(result: dict, source: str, match: tuple[str, ...] | None = None, note: s
         raise SpecVocabError(
             f"bench fit: {source} has {len(indexed)} indexed and {len(dense)} dense measurements; at least 3 of each"
         )
+    topk = {}
+    for r in ok:
+        if r["op"] == "topk" and r.get("backend") == "cuda" and r["W"] <= headcost.FUSED_TOPK_MAX_WIDTH:
+            N = r["rows"] * r["batch"]
+            topk[(r["W"], N)] = (N * r["W"] * 4.0, 0.0, r["median_us"])
+    modes = {"stock"} | ({"per-request"} if indexed else set())
+    modes |= {r["mode"] for r in ok if r["op"] == "head" and r.get("mode") in headcost.MODES}
     den_line, den_err = headcost.fit_roofline(_dedupe(dense))
     # our kernel's tensor-core throughput never passes cuBLAS's (and small batches never bind it: unconstrained)
     ind_line, ind_err = headcost.fit_roofline(_dedupe(indexed), max_flops_per_us=den_line.flops_per_us)
@@ -127,6 +140,14 @@ def fit(result: dict, source: str, match: tuple[str, ...] | None = None, note: s
         if launch
         else f"assumed {ASSUMED_LAUNCH_US} us (the source measured no launch gap)",
     }
+    topk_line = None
+    if len(topk) >= 3:
+        topk_line, topk_err = headcost.fit_roofline(_dedupe(topk), flops=False)
+        prov["topk"] = f"{len(topk)} compact_topk shapes, worst relative error {topk_err:.2f}"
+    else:
+        prov["topk"] = "not measured: priced as one copy pass"
+    prov["modes"] = "the plans timed on this device (head records; per-request where the indexed kernel was timed)"
+    prov["margin"] = "the worst relative error of the indexed and dense fits"
     if note:
         prov["note"] = note
     launch_us = float(launch) if launch else ASSUMED_LAUNCH_US
@@ -138,6 +159,9 @@ def fit(result: dict, source: str, match: tuple[str, ...] | None = None, note: s
         copy=headcost.Roofline(t0_us=launch_us, bytes_per_us=copy_bw),
         launch_us=launch_us,
         provenance=prov,
+        topk=topk_line,
+        modes=tuple(m for m in headcost.MODES if m in modes),
+        margin=round(max(ind_err, den_err), 4),
     )
 
 

@@ -93,7 +93,7 @@ GRIDS = {
         "full_vocabs": [128256],
         "window_batches": [1, 8, 64],
         "head_dims": [4096],
-        "topk_widths": [3072, 49152],
+        "topk_widths": [1200, 3072, 49152],  # two fused widths, four points: the fit's top-k line
         "topk_rows": [4, 40],
     },
     # one GPU lease's call: the targets' draft head steps first (module doc), then the quick sweep (merged over it)
