@@ -341,9 +341,7 @@ def test_auto_picks_what_the_shipped_h100_costs_document():
         )
 
     d2t = {bs: plan(bs, 32000, True) for bs in (1, 2, 4, 8, 12, 16, 64, 128)}
-    assert d2t == {1: "per-request", 2: "per-request", 4: "per-request"} | {
-        bs: "stock" for bs in (8, 12, 16, 64, 128)
-    }
+    assert d2t == {1: "per-request", 2: "per-request", 4: "per-request"} | {bs: "stock" for bs in (8, 12, 16, 64, 128)}
     full = {bs: plan(bs, 128256, False) for bs in (1, 8, 16, 24, 32, 64, 128)}
     assert full == {bs: "per-request" for bs in (1, 8, 16, 24)} | {bs: "stock" for bs in (32, 64, 128)}
     # no sets: the dense head
