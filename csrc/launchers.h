@@ -12,9 +12,11 @@ enum SpecvocabDtype : int { SV_F32 = 0, SV_F16 = 1, SV_BF16 = 2 };
 // wc = 8 / wd: warps splitting a CTA's columns; mt: 16-column tiles per warp (1, 2; 1 for fp32);
 // ntmax: 8-row tiles per piece (2, 4; 2 for fp32), P = 8 * ntmax rows per piece and per row tile;
 // vec: 16-byte loads (d * elem_size % 16 == 0 and 16-byte aligned bases), else element loads;
-// nsteps: k-steps of d (32 elements for bf16/fp16, 16 for fp32).
+// nsteps: k-steps of d (32 elements for bf16/fp16, 16 for fp32);
+// zs: CTAs that share a row tile's pieces (CTA z takes pieces z, z + zs, ...): short pieces (a request's few rows) at
+// small d and bs >= 8 would otherwise leave most SMs idle while one CTA walks its tile's pieces one after another.
 struct SpecvocabLogitsPlan {
-  int32_t wd, wc, mt, ntmax, vec;
+  int32_t wd, wc, mt, ntmax, vec, zs;
   int64_t nsteps;
 };
 
@@ -39,7 +41,7 @@ int specvocab_indexed_logits_launch(const void* hidden, const void* weight, cons
 int specvocab_window_update_launch(int32_t* ring, int64_t* length, int32_t* ids, int32_t* cnt, const int64_t* rows,
                                    const int32_t* block, int64_t B, int64_t R, int64_t n, int64_t ring_stride,
                                    int64_t capacity, int32_t fallback_id, int64_t vocab_size, void* stream);
-// One thread per request of window_verify (the window update is a separate launch). Returns a cudaError_t.
+// One verify round of the window policy, its window update included: a block per request. Returns a cudaError_t.
 int specvocab_window_verify_launch(const struct SpecvocabVerifyArgs* args, int64_t B, void* stream);
 // One block per logits row of compact_topk. Returns a cudaError_t.
 int specvocab_compact_topk_launch(const struct SpecvocabTopkArgs* args, void* stream);

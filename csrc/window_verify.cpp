@@ -89,6 +89,10 @@ Prepared prepare(at::Tensor& ring, at::Tensor& length, at::Tensor& ids, at::Tens
   a.acc = acc.data_ptr<double>();
   a.block = p.block.data_ptr<int32_t>();
   a.accepted = p.accepted.data_ptr<int64_t>();
+  a.ring = ring.data_ptr<int32_t>();
+  a.length = length.data_ptr<int64_t>();
+  a.ring_stride = ring.stride(0);
+  a.fallback_id = static_cast<int32_t>(fallback_id);
   a.nd = nd;
   a.S = S;
   a.kk = topk_ids.size(1);
@@ -134,9 +138,9 @@ at::Tensor window_verify_cuda(at::Tensor& ring, at::Tensor& length, at::Tensor& 
   // As in window_update: rows are SGLang's req_pool_indices, distinct and in range by construction (a host check
   // only under the debug setting); a row out of range reads and writes nothing (window_verify_row.h, the update).
   if (debug_checks()) check_rows("window_verify", rows, ids.size(0));
+  // One launch: the entries stay in the kernel's shared memory, then its window update runs over them.
   check_launch(specvocab_window_verify_launch(&p.args, rows.size(0), current_cuda_stream(ids.device())),
                "window_verify");
-  window_update_cuda(ring, length, ids, cnt, rows, p.block, fallback_id, vocab_size);
   return p.accepted;
 }
 

@@ -1,6 +1,8 @@
 // One request's part of window_verify, shared by the C++ CPU op (window_verify.cpp) and the CUDA
 // kernel (window_verify_kernel.cu) so that both run the same code: the CPU tests cover the GPU's
 // arithmetic, and only the launch differs. No torch header (nvcc compiles this without torch).
+// Each entry, each committed token and the telemetry is its own function of the round's tensors, so the kernel
+// computes a request's entries with one thread each; the C++ op runs them one after the other.
 //
 // For request b (S = accept_index columns, nd = draft tokens per request, kk = top-k columns held,
 // k = verified top-K per position the window appends), it writes:
@@ -26,14 +28,16 @@ struct SpecvocabVerifyArgs {
   const float* topk_values;     // [B * nd, kk]
   const int64_t* topk_ids;      // [B * nd, kk]
   const bool* hot;              // [n_hot] or null: the draft vocabulary
-  const int32_t* ids;           // the candidate table [R, capacity], before this round's update
-  const int32_t* cnt;           // [R]
+  int32_t* ids;                 // the candidate table [R, capacity]: read before this round's update, then updated
+  int32_t* cnt;                 // [R]
   const int64_t* rows;          // [B]
   double* acc;                  // [4, R] telemetry accumulators, or null
-  int32_t* block;               // [B, n] out
+  int32_t* block;               // [B, n] out (the C++ op; the kernel keeps a request's entries in shared memory)
   int64_t* accepted;            // [B, S] out
-  int64_t nd, S, kk, k, capacity, R, n_hot, vocab_size;
-  int32_t context, compacted;
+  int32_t* ring;                // the window update's state: [R, >= capacity] rows of ring_stride
+  int64_t* length;              // [R]
+  int64_t nd, S, kk, k, capacity, R, n_hot, vocab_size, ring_stride;
+  int32_t context, compacted, fallback_id;
 };
 
 SV_HD bool sv_keep(const SpecvocabVerifyArgs& a, int64_t t) {
@@ -60,51 +64,84 @@ SV_HD bool sv_in_row(const int32_t* row, int32_t cnt, int64_t t) {
   return lo < cnt && static_cast<int64_t>(row[lo]) == t;
 }
 
-SV_HD void sv_verify_row(const SpecvocabVerifyArgs& a, int64_t b) {
-  const int64_t n_ctx = a.context ? a.nd : 0, n = n_ctx + a.S * a.k;
-  int32_t* out = a.block + b * n;
-  for (int64_t j = 0; j < n_ctx; ++j) {
-    const int64_t t = a.draft_token[b * a.nd + j];
-    const int32_t v = sv_keep(a, t) ? static_cast<int32_t>(t) : -1;
-    out[j] = (v >= 0 && sv_seen(out, j, v)) ? -1 : v;
+// The round's entries of a request: n_ctx draft tokens (if context), then S positions of k top-k ids.
+SV_HD int64_t sv_verify_n_ctx(const SpecvocabVerifyArgs& a) { return a.context ? a.nd : 0; }
+SV_HD int64_t sv_verify_n(const SpecvocabVerifyArgs& a) { return sv_verify_n_ctx(a) + a.S * a.k; }
+
+SV_HD bool sv_position_valid(const SpecvocabVerifyArgs& a, int64_t b, int64_t s) {
+  return a.accept_index[b * a.S + s] >= 0 && s < a.accept_lens[b];
+}
+
+// Entry j of request b before its segment's repeat check: the kept id, or -1.
+SV_HD int32_t sv_verify_raw(const SpecvocabVerifyArgs& a, int64_t b, int64_t j) {
+  const int64_t n_ctx = sv_verify_n_ctx(a);
+  int64_t t = -1;
+  if (j < n_ctx) {
+    t = a.draft_token[b * a.nd + j];
+  } else {
+    const int64_t e = j - n_ctx, s = e / a.k, r = e % a.k;
+    if (!sv_position_valid(a, b, s) || r >= a.kk) return -1;
+    const int64_t pos = a.accept_index[b * a.S + s];
+    if (!(a.topk_values[pos * a.kk + r] > -INFINITY)) return -1;
+    t = a.topk_ids[pos * a.kk + r];
   }
-  int32_t* seg = out + n_ctx;
+  return sv_keep(a, t) ? static_cast<int32_t>(t) : -1;
+}
+
+// Entry j from the raw entries: a hole where an earlier entry of its segment (the draft tokens, or the top-k ids)
+// holds the same id. Checking raw entries gives what checking the checked ones would: the first of equal ids stays.
+SV_HD int32_t sv_verify_entry(const int32_t* raw, int64_t n_ctx, int64_t j) {
+  const int32_t v = raw[j];
+  if (v < 0) return -1;
+  const int64_t i0 = j < n_ctx ? 0 : n_ctx;
+  return sv_seen(raw + i0, j - i0, v) ? -1 : v;
+}
+
+// The token request b commits at position s (-1 where the position is not valid).
+SV_HD int64_t sv_verify_token(const SpecvocabVerifyArgs& a, int64_t b, int64_t s) {
+  if (!sv_position_valid(a, b, s)) return -1;
+  const int64_t last = a.nd - 1;
+  return a.predict[a.compacted ? b * a.nd + (s < last ? s : last) : a.accept_index[b * a.S + s]];
+}
+
+// A bad request slot reads no table row and adds no telemetry (the CPU op refuses it first); a bad count never
+// takes the search past its row. live: the row's count before the update; searched: the prefix searched.
+SV_HD bool sv_verify_row_ok(const SpecvocabVerifyArgs& a, int64_t row) { return row >= 0 && row < a.R; }
+SV_HD int32_t sv_verify_searched(const SpecvocabVerifyArgs& a, int32_t live) {
+  return live < 0 ? 0 : (live > a.capacity ? static_cast<int32_t>(a.capacity) : live);
+}
+
+// Whether committed token tok (>= 0) is in the row's set before the update.
+SV_HD bool sv_verify_hit(const SpecvocabVerifyArgs& a, int64_t row, int64_t tok) {
+  if (!sv_verify_row_ok(a, row)) return false;
+  return sv_in_row(a.ids + row * a.capacity, sv_verify_searched(a, a.cnt[row]), tok);
+}
+
+SV_HD void sv_verify_telemetry(const SpecvocabVerifyArgs& a, int64_t row, int32_t live, int64_t hit,
+                               int64_t committed) {
+  if (a.acc == nullptr || !sv_verify_row_ok(a, row)) return;
+  a.acc[row] += static_cast<double>(live);
+  a.acc[a.R + row] += 1.0;
+  a.acc[2 * a.R + row] += static_cast<double>(hit);
+  a.acc[3 * a.R + row] += static_cast<double>(committed);
+}
+
+// Request b's whole pass, one entry after another (the C++ op): block[b], accepted[b], the telemetry.
+SV_HD void sv_verify_row(const SpecvocabVerifyArgs& a, int64_t b) {
+  const int64_t n_ctx = sv_verify_n_ctx(a), n = sv_verify_n(a);
+  int32_t* out = a.block + b * n;
+  for (int64_t j = 0; j < n; ++j) out[j] = sv_verify_raw(a, b, j);
+  for (int64_t j = n - 1; j >= 0; --j) out[j] = sv_verify_entry(out, n_ctx, j);  // entry j reads raw entries < j
   const int64_t row = a.rows[b];
-  // A bad request slot reads no table row and adds no telemetry (the CPU op refuses it first); a bad count never
-  // takes the search past its row.
-  const bool row_ok = row >= 0 && row < a.R;
-  const int32_t* table_row = a.ids + (row_ok ? row : 0) * a.capacity;
-  const int32_t live = row_ok ? a.cnt[row] : 0;
-  const int32_t searched = live < 0 ? 0 : (live > a.capacity ? static_cast<int32_t>(a.capacity) : live);
+  const int32_t live = sv_verify_row_ok(a, row) ? a.cnt[row] : 0;
   int64_t committed = 0, hit = 0;
   for (int64_t s = 0; s < a.S; ++s) {
-    const int64_t idx = a.accept_index[b * a.S + s];
-    const bool valid = idx >= 0 && s < a.accept_lens[b];
-    const int64_t pos = idx < 0 ? 0 : idx;
-    int64_t tok = -1;
-    if (valid) {
-      const int64_t last = a.nd - 1;
-      tok = a.predict[a.compacted ? b * a.nd + (s < last ? s : last) : pos];
-      if (tok >= 0) {
-        ++committed;
-        hit += sv_in_row(table_row, searched, tok) ? 1 : 0;
-      }
-    }
+    const int64_t tok = sv_verify_token(a, b, s);
     a.accepted[b * a.S + s] = tok;
-    for (int64_t r = 0; r < a.k; ++r) {
-      const int64_t j = s * a.k + r;
-      int32_t v = -1;
-      if (valid && r < a.kk && a.topk_values[pos * a.kk + r] > -INFINITY) {
-        const int64_t t = a.topk_ids[pos * a.kk + r];
-        v = sv_keep(a, t) ? static_cast<int32_t>(t) : -1;
-      }
-      seg[j] = (v >= 0 && sv_seen(seg, j, v)) ? -1 : v;
+    if (tok >= 0) {
+      ++committed;
+      hit += sv_verify_hit(a, row, tok) ? 1 : 0;
     }
   }
-  if (a.acc != nullptr && row_ok) {
-    a.acc[row] += static_cast<double>(live);
-    a.acc[a.R + row] += 1.0;
-    a.acc[2 * a.R + row] += static_cast<double>(hit);
-    a.acc[3 * a.R + row] += static_cast<double>(committed);
-  }
+  sv_verify_telemetry(a, row, live, hit, committed);
 }

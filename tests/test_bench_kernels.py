@@ -34,8 +34,8 @@ def test_full_sweep_expands_to_the_issue_grid():
     assert len(by_op["dense_static"]) == 4 * 3 * 4 and {c.W for c in by_op["dense_static"]} == {32768}
     assert len(by_op["dense_full"]) == 3 * 4 * 3 * 4 and {c.W for c in by_op["dense_full"]} == {128256, 151936, 262144}
     # no Triton window update (ops.update_backend): not timed, not recorded as an error
-    assert [(c.batch, c.backend) for c in by_op["window_update"]] == [(b, "cuda") for b in (1, 8, 64)]
-    assert {c.W for c in by_op["window_update"]} == {3072} and {c.block for c in by_op["window_update"]} == {19}
+    assert [(c.batch, c.backend) for c in by_op["window_round"]] == [(b, "cuda") for b in (1, 8, 64)]
+    assert {c.W for c in by_op["window_round"]} == {3072} and {c.block for c in by_op["window_round"]} == {19}
     assert {(c.W, c.d, c.rows, c.batch) for c in by_op["indexed"]} == {
         (W, d, r, b)
         for W in (512, 1024, 2048, 3072, 4096, 8192, 16384, 32768)
@@ -60,7 +60,7 @@ def test_full_sweep_expands_to_the_issue_grid():
 
 
 def test_quick_and_overrides():
-    args = parse(["--quick", "--device", "cpu", "--ops", "indexed,window_update", "--backends", "triton"])
+    args = parse(["--quick", "--device", "cpu", "--ops", "indexed,window_round", "--backends", "triton"])
     cases = bench.expand(args)
     assert {c.op for c in cases} == {"indexed"}  # Triton has no window update
     assert {(c.W, c.d) for c in cases if c.op == "indexed"} == {(2048, 4096), (3072, 4096)}
@@ -128,7 +128,7 @@ def test_cpu_run_writes_json_md_and_plot(tmp_path):
         for k in ("median_us", "p10_us", "p90_us", "gbps", "bytes"):
             assert r[k] > 0 and math.isfinite(r[k]), (k, r)
         assert r["p10_us"] <= r["median_us"] <= r["p90_us"]
-        if r["op"] == "window_update":
+        if r["op"] == "window_round":
             assert r["frac_ideal"] is None and r["W"] == 64 and r["block"] == 10
             continue
         if r["op"] in bench.HEAD_OPS:  # their bytes: test_head_sweep_on_a_tiny_grid
@@ -168,7 +168,7 @@ def test_cpu_run_writes_json_md_and_plot(tmp_path):
 
     md = out.with_suffix(".md").read_text()
     assert "CPU" in md and "## Headline: W 64, 128, d 32" in md and "## Targets" in md
-    assert "| 64 | 1 | 1 |" in md and "indexed torch" in md and "## Window update" in md
+    assert "| 64 | 1 | 1 |" in md and "indexed torch" in md and "## Window round" in md
     assert "backend 'triton' unavailable" in md
     assert "## Draft top-k" in md and "| 300 | 3 |" in md
     topk = {(r["op"], r["backend"]) for r in ok if r["op"] in bench.TOPK_OPS}
@@ -185,7 +185,7 @@ def test_memory_cap_and_missing_api_are_recorded(tmp_path, monkeypatch):
     assert dense and all("--max-mem-gb" in r["reason"] for r in dense)
     # without the ops API every one of our cases says why, and the run still completes
     monkeypatch.delattr(ops, "available_backends", raising=False)
-    out, res = run(tmp_path, "--ops", "indexed,window_update", "--backends", "torch", "--no-plot")
+    out, res = run(tmp_path, "--ops", "indexed,window_round", "--backends", "torch", "--no-plot")
     assert all(r["status"] == "skipped" and "available_backends" in r["reason"] for r in res["records"])
     assert "no measured headline case" in out.with_suffix(".md").read_text()
 

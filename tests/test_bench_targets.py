@@ -147,12 +147,13 @@ def test_met_is_none_only_without_a_measured_case_and_pending_cases_mark_partial
 
 
 def test_window_target_per_backend_with_its_worst_case():
-    w = {"op": "window_update", "W": 3072, "d": None, "rows": None, "block": 19, "status": "ok"}
-    recs = [{**w, "backend": "cuda", "batch": 64, "median_us": 7.7}, {**w, "backend": "torch", "batch": 64,
+    w = {"op": "window_round", "W": 3072, "d": None, "rows": None, "block": 19, "status": "ok"}
+    recs = [{**w, "backend": "cuda", "batch": 64, "median_us": 4.7}, {**w, "backend": "torch", "batch": 64,
             "median_us": 31.0}, {**w, "backend": "cuda", "batch": 8, "median_us": 99.0}]  # fmt: skip
-    win = [t for t in kt.evaluate_targets({"config": CONFIG, "records": recs}) if t["op"] == "window_update"]
-    assert [(t["backend"], t["met"], t["worst"]) for t in win] == [("cuda", True, 7.7), ("torch", False, 31.0)]
-    assert win[0]["worst_case"] == "cuda, batch 64, capacity 3072, block 19: 7.70 us"
+    win = [t for t in kt.evaluate_targets({"config": CONFIG, "records": recs}) if t["op"] == "window_round"]
+    assert [(t["backend"], t["met"], t["worst"]) for t in win] == [("cuda", True, 4.7), ("torch", False, 31.0)]
+    assert win[0]["worst_case"] == "cuda, batch 64, capacity 3072, block 19: 4.70 us"
+    assert win[0]["target"] == "window round at most 5 us at batch 64"  # issue 38: the whole round, one launch
 
 
 # -- the lease preset -------------------------------------------------------------------------------------------------
@@ -185,7 +186,7 @@ def test_lease_preset_runs_the_headline_first_then_gemma_then_the_window(monkeyp
     assert lead[8 : 8 + len(gemma)] == gemma and {c.rows for c in gemma if (c.W, c.batch) != (3072, 1)} == {1}
     # then the rest of d 4096, then the window update at batch 64 (CUDA only: no Triton window update)
     assert {c.d for c in heads[8 + len(gemma) :]} == {4096}
-    assert [(c.op, c.batch, c.backend) for c in lead[-1:]] == [("window_update", 64, "cuda")]
+    assert [(c.op, c.batch, c.backend) for c in lead[-1:]] == [("window_round", 64, "cuda")]
     # every point has EAGLE3's step of both kinds
     points = {(c.d, c.W, c.rows, c.batch) for c in heads}
     assert len(points) == 32 and all(
@@ -195,7 +196,7 @@ def test_lease_preset_runs_the_headline_first_then_gemma_then_the_window(monkeyp
     # the quick sweep follows, without repeating a case
     cases = bench.expand(args)
     assert cases[: len(lead)] == lead and len(set(cases)) == len(cases)
-    assert {c.op for c in cases[len(lead) :]} >= {"indexed", "dense_static", "head", "stock", "window_update"}
+    assert {c.op for c in cases[len(lead) :]} >= {"indexed", "dense_static", "head", "stock", "window_round"}
     assert bench.weight_rows(args, 640) == 262144 and bench.weight_rows(args, 4096) == 128256
 
 

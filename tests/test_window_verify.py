@@ -86,9 +86,12 @@ CASES = [  # (B, nd, S, k, kk, context, compacted, hot)
 
 
 @needs_ext
-@pytest.mark.parametrize("B,nd,S,k,kk,context,compacted,hot", CASES)
-def test_cpp_op_equals_the_reference(B, nd, S, k, kk, context, compacted, hot):
-    V, cap, R = 40, 12, 9
+@pytest.mark.parametrize(
+    "B,nd,S,k,kk,context,compacted,hot,V",
+    [(*case, 40) for case in CASES] + [(4, 64, 9, 60, 60, True, False, True, 300)],  # 604 entries a request
+)
+def test_cpp_op_equals_the_reference(B, nd, S, k, kk, context, compacted, hot, V):
+    cap, R = 12, 9
     g = torch.Generator().manual_seed(B * 100 + nd * 10 + k)
     for trial in range(30):
         draft, index, lens, predict, logits = random_round(g, B, nd, S, V, compacted=compacted)
@@ -229,18 +232,25 @@ def test_bad_input_is_refused_naming_the_argument(backend):
 
 
 @pytest.mark.gpu
-# 150 requests: two blocks of 128 threads, the second partly idle
 @pytest.mark.parametrize(
-    "B,nd,S,k,kk,context,compacted,hot",
-    CASES + [(64, 8, 4, 3, 3, True, True, True), (150, 8, 4, 3, 3, True, True, False)],
+    "B,nd,S,k,kk,context,compacted,hot,V",
+    [(*case, 40) for case in CASES]
+    + [
+        (64, 8, 4, 3, 3, True, True, True, 40),
+        (150, 8, 4, 3, 3, True, True, False, 40),  # 150 blocks
+        (4, 64, 9, 60, 60, True, False, False, 300),  # 604 entries a request: more than the block's 512 threads
+        (6, 8, 4, 3, 3, True, True, True, 262144),  # Gemma-3's vocabulary: a 32 KB bitmap
+        (3, 8, 4, 3, 3, True, False, False, 400000),  # a bitmap past 48 KB: the kernel opts in to more
+    ],
 )
-def test_cuda_op_equals_the_reference(B, nd, S, k, kk, context, compacted, hot):
-    """The CUDA kernel (one thread per request, the C++ op's row code) and window_update after it."""
+def test_cuda_op_equals_the_reference(B, nd, S, k, kk, context, compacted, hot, V):
+    """The CUDA kernel (a block per request: its entries a thread each with the C++ op's row code, then the window
+    update over them in shared memory, one launch) against the reference."""
     if not _ext.has_cuda_kernels():
         pytest.skip("the extension was built without CUDA kernels")
-    V, cap, R = 40, 12, max(70, B + 6)
+    cap, R = 12, max(70, B + 6)
     g = torch.Generator().manual_seed(B + nd + k)
-    for trial in range(20):
+    for trial in range(20 if V < 1000 else 3):
         draft, index, lens, predict, logits = random_round(g, B, nd, S, V, compacted=compacted)
         values, top = logits.topk(kk, dim=-1) if kk else (logits[:, :0], torch.empty(B * nd, 0, dtype=torch.int64))
         mask = (torch.rand(V + 5, generator=g) < 0.6) if hot else None

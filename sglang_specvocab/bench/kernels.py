@@ -1,4 +1,4 @@
-"""``sglang-specvocab bench kernels``: the head ops (indexed / packed logits, window update), the draft head step
+"""``sglang-specvocab bench kernels``: the head ops (indexed / packed logits, window round), the draft head step
 against EAGLE3's, over a grid of shapes (``kernels_sweep.GRIDS``: data, one preset each; ``--lease``: the targets'
 cases first).
 
@@ -45,6 +45,9 @@ from .kernels_sweep import (  # noqa: F401 (the sweep's names, also read from he
     weight_rows,
 )
 from .timing import Timing, make_timer, summarize
+
+#: The window's verified top-K ids per accepted position in a timed round (configs/microspec.yaml's verify_topk).
+WINDOW_VERIFY_TOPK = 3
 
 ROOT = Path(__file__).resolve().parents[2]  # the source checkout: its git revision goes into the results
 
@@ -186,7 +189,7 @@ class Bench:
     def fns(self, case: Case) -> tuple[list[Callable[[], object]], int, Callable[[], float | None] | None]:
         """The calls to time (one per input set), the set count, and an optional correctness check."""
         nbytes = case_bytes(case, self.elem)
-        if case.op == "window_update":
+        if case.op == "window_round":
             return self.window_fns(case)
         if case.op in TOPK_OPS:
             return self.topk_fns(case)
@@ -312,25 +315,49 @@ class Bench:
         return [lambda: fn(logits, col_ids, None, TOPK_K, fallback_id=0, mode=2, backend=case.backend)], 1, None
 
     def window_fns(self, case: Case) -> tuple[list[Callable[[], object]], int, None]:
-        fn = _op("window_update")
+        """One verify round of the window policy as the verify hook runs it (``ops.window_verify``: the round's
+        entries, its telemetry and the window update), every position accepted: ``draft_tokens`` draft tokens and
+        ``block - draft_tokens`` top-K ids a request (``WINDOW_VERIFY_TOPK`` per position, the shipped window's)."""
+        fn = _op("window_verify")
         cap, B, n, V = case.W, case.batch, case.block, case.vocab
+        nd, k = self.args.draft_tokens, WINDOW_VERIFY_TOPK
+        S = max(1, (n - nd) // k)
         R = max(B, *self.args.window_batches)
-        dev = self.device
+        dev, g = self.device, self.gen
         # Steady state: a full ring (the stream has wrapped), a published table.
-        ring = torch.randint(0, V, (R, cap + 1), generator=self.gen, device=dev, dtype=torch.int32)
+        ring = torch.randint(0, V, (R, cap + 1), generator=g, device=dev, dtype=torch.int32)
         ring[:, cap] = -1
         length = torch.full((R,), 7 * cap + 5, dtype=torch.int64, device=dev)
-        ids = random_sets(R, cap, V, self.gen, dev)
+        ids = random_sets(R, cap, V, g, dev)
         cnt = torch.full((R,), cap, dtype=torch.int32, device=dev)
-        rows = torch.randperm(R, generator=self.gen, device=dev)[:B].to(torch.int64)
-        block = random_sets(B, n, V, self.gen, dev)  # distinct ids: draft tokens then top-K
-        perm = torch.rand(B, n, generator=self.gen, device=dev).argsort(1)
-        block = block.gather(1, perm)  # stream order, not sorted
-        short = torch.rand(B, generator=self.gen, device=dev) < 0.25  # some rows had duplicates removed
-        block[:, -2:] = torch.where(short[:, None], -1, block[:, -2:])
+        rows = torch.randperm(R, generator=g, device=dev)[:B].to(torch.int64)
+        # SGLang's verify tensors: the tree path compacted to the front, all S positions accepted
+        node = torch.arange(S, device=dev).clamp(max=nd - 1)
+        accept_index = (torch.arange(B, device=dev)[:, None] * nd + node[None, :]).to(torch.int32)
+        kk = max(k, 10)
+        round_ = ops.WindowRound(
+            ring=ring,
+            length=length,
+            ids=ids,
+            cnt=cnt,
+            acc=torch.zeros(4, R, dtype=torch.float64, device=dev),
+            rows=rows,
+            draft_token=torch.randint(0, V, (B * nd,), generator=g, device=dev),
+            accept_index=accept_index,
+            accept_lens=torch.full((B,), S, dtype=torch.int32, device=dev),
+            predict=torch.randint(0, V, (B * nd,), generator=g, device=dev, dtype=torch.int32),
+            topk_values=torch.randn(B * nd, kk, generator=g, device=dev).sort(1, descending=True).values,
+            topk_ids=torch.randint(0, V, (B * nd, kk), generator=g, device=dev),
+            hot=None,
+            k=k,
+            context=True,
+            compacted=True,
+            fallback_id=0,
+            vocab_size=V,
+        )
 
         def call():
-            fn(ring, length, ids, cnt, rows, block, fallback_id=0, vocab_size=V, backend=case.backend)
+            fn(round_, backend=case.backend)
 
         return [call], 1, None
 
@@ -473,7 +500,7 @@ def run_case(bench: Bench, case: Case, avail: list[str] | None, avail_err: str |
 
 
 def _run_case(bench: Bench, case: Case, avail: list[str] | None, avail_err: str | None, result: dict) -> dict:
-    if case.op in (*OURS, "window_update", "head", "topk"):
+    if case.op in (*OURS, "window_round", "head", "topk"):
         if avail is None:
             return record_of(case, status="skipped", reason=avail_err)
         if case.backend not in avail:
@@ -502,7 +529,7 @@ def _run_case(bench: Bench, case: Case, avail: list[str] | None, avail_err: str 
     bw = result["bandwidth"]
     rec = record_of(case, status="ok", **stats, inner=timing.inner, sets=sets, graph=timing.graph)
     rec.update(bandwidth_fields(case_bytes(case, bench.elem), stats["median_us"], bw["peak_Bps"], bw["copy_Bps"]))
-    if case.op in ("window_update", *TOPK_OPS):  # no bandwidth ideal for sort-bound ops
+    if case.op in ("window_round", *TOPK_OPS):  # no bandwidth ideal for sort-bound ops
         for k in ("ideal_us_peak", "frac_ideal", "ideal_us_copy", "frac_ideal_copy"):
             rec[k] = None
     if case.op in (*OURS, "head"):

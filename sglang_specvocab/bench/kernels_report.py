@@ -23,7 +23,7 @@ OPS = (
     "index_select_matmul",
     "dense_static",
     "dense_full",
-    "window_update",
+    "window_round",
     "head",
     "stock",
     "gemma4_mtp",
@@ -324,9 +324,9 @@ def markdown(result: dict) -> str:
                 lines.append("| " + " | ".join(cells) + " |")
     if not any_row:
         lines.append("| (no measured headline case) |" + " |" * (len(head) - 1))
-    win = [r for r in recs if r["op"] == "window_update"]
+    win = [r for r in recs if r["op"] == "window_round"]
     if win:
-        lines += ["", f"## Window update (capacity {a['capacity']}, block {a['draft_tokens']} + {a['topk_ids']})", ""]
+        lines += ["", f"## Window round (capacity {a['capacity']}, entries {a['draft_tokens']} + {a['topk_ids']})", ""]
         lines += ["| backend | batch | median us | p10-p90 us |", "|---|---|---|---|"]
         for r in win:
             if r["status"] == "ok":
@@ -356,7 +356,7 @@ def plot(result: dict, path: Path) -> bool:
     recs = [
         r
         for r in result["records"]
-        if r["status"] == "ok" and r["op"] not in ("window_update", "head", "stock", "gemma4_mtp", "topk", "topk_stock")
+        if r["status"] == "ok" and r["op"] not in ("window_round", "head", "stock", "gemma4_mtp", "topk", "topk_stock")
     ]
     if not recs:
         return False

@@ -12,7 +12,7 @@ valuable first:
 2. Gemma-3 270M's shape, d 640 (V 262,144): W 3072, 2048, 1024 x batch 1, 8, 12, 16, 32 x both kinds, rows 1
    (and rows 10 at W 3072, batch 1);
 3. the rest of d 4096 (V 128,256) on the same grid;
-4. the window update at batch 64 (each backend that has one: not Triton);
+4. the window round at batch 64 (each backend that has one: not Triton);
 
 then the rest of the ``quick`` sweep (a case already run is not repeated), while ``--time-budget-s`` lasts. Our head
 is timed per-request and in auto's plan where that is a union plan; where auto picks ``stock`` the server runs
@@ -21,7 +21,7 @@ EAGLE3's own code path, which is the ``stock`` op (timed anyway), so our stock p
 Size and time (an estimate: no GPU has run this preset). The lead is 2 shapes x 3 W x 5 batches x 2 kinds = 60
 points of rows 1 and 4 of rows 10, each with EAGLE3's step and our per-request head (128 cases), one more case where
 auto picks a union plan (none with the shipped H100 constants; one on an H200, which falls back to bandwidth-only
-constants), and the window update at batch 64 on the CUDA backend: 129-131 cases. Basis: the old quick sweep, 327
+constants), and the window round at batch 64 on the CUDA backend: 129-131 cases. Basis: the old quick sweep, 327
 cases of which 169 draft-step heads (d 4096, V 128,256, W 3072, batch up to 128, rows up to 10, every plan), took
 45 s on an H100 with its start-up (the copy and launch measurements) in, as the lease plans state it (its log
 is not in the repository): 0.14 s a case; the full sweep of 2,118
@@ -172,7 +172,7 @@ class Case:
     rows: int | None
     batch: int
     vocab: int | None = None
-    block: int | None = None  # window_update: entries per verify block
+    block: int | None = None  # window_round: entries per verify round (draft tokens + top-K ids)
     mode: str | None = None  # head: the plan (per-request, union-indexed, union-gemm, stock)
     kind: str | None = None  # head ops: the draft kind, d2t (a 32k head) or full (V rows)
     d2t_rows: int = D2T_ROWS  # head ops: the rows of a d2t draft's head
@@ -233,7 +233,7 @@ def lead_points(args: argparse.Namespace) -> list[tuple[int, int, int, int]]:
 def lead_cases(args: argparse.Namespace) -> list[Case]:
     """The lease preset's must-have part (module doc): per lead point and draft kind, EAGLE3's step and our head
     per-request and in auto's plan (where auto picks stock the step is EAGLE3's: per-request shows what the other side
-    of the crossover costs), rows 1 and the rows target's rows at the target W and batch; then the window update at
+    of the crossover costs), rows 1 and the rows target's rows at the target W and batch; then the window round at
     the lead's batches."""
     sel, out = set(args.ops), []
     for d, V, W, b in lead_points(args):
@@ -250,11 +250,11 @@ def lead_cases(args: argparse.Namespace) -> list[Case]:
                     Case("head", args.head_kernel, W, d, r, b, V, mode=m, kind=kind, d2t_rows=args.d2t_rows)
                     for m in plans
                 )
-    if "window_update" in sel:
+    if "window_round" in sel:
         n = args.draft_tokens + args.topk_ids
         for b in args.lead_window_batches:
             out.extend(
-                Case("window_update", be, args.capacity, None, None, b, args.index_vocab, n)
+                Case("window_round", be, args.capacity, None, None, b, args.index_vocab, n)
                 for be in window_backends(args)
             )
     return out
@@ -266,7 +266,7 @@ def window_backends(args: argparse.Namespace) -> list[str]:
 
 
 def expand(args: argparse.Namespace) -> list[Case]:
-    """Every case of the sweep, in the order it runs: the lead (the lease preset's), then window updates, top-k, per d
+    """Every case of the sweep, in the order it runs: the lead (the lease preset's), then window rounds, top-k, per d
     (target d first) the dense static head, indexed / packed / index_select for each (W, rows, batch), the dense full
     heads, then the draft-step heads; a case already in the lead is not repeated."""
     cases = lead_cases(args)
@@ -278,11 +278,11 @@ def expand(args: argparse.Namespace) -> list[Case]:
 def _sweep(args: argparse.Namespace) -> list[Case]:
     cases: list[Case] = []
     sel = set(args.ops)
-    if "window_update" in sel:
+    if "window_round" in sel:
         n = args.draft_tokens + args.topk_ids
         for b in args.window_batches:
             for be in window_backends(args):
-                cases.append(Case("window_update", be, args.capacity, None, None, b, args.index_vocab, n))
+                cases.append(Case("window_round", be, args.capacity, None, None, b, args.index_vocab, n))
     for W in args.topk_widths if sel & set(TOPK_OPS) else ():
         for n in args.topk_rows:
             if "topk" in sel:
@@ -356,7 +356,7 @@ def weight_rows(args: argparse.Namespace, d: int | None = None) -> int:
 
 def case_bytes(case: Case, elem: int) -> int:
     """The bytes the op must move at the least (rows read once)."""
-    if case.op == "window_update":
+    if case.op == "window_round":
         # ring row read, table row written, the block read (int32 each)
         return case.batch * ((case.W + 1) * 4 + case.W * 4 + (case.block or 0) * 4)
     if case.op in ("dense_static", "dense_full"):

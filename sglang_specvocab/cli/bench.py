@@ -33,7 +33,8 @@ Ops (--ops):
   index_select_matmul  torch: weight.index_select(ids) per request, then bmm (the baseline)
   dense_static         torch: hidden @ weight[:dense_width].T (EAGLE-3's static 32k head)
   dense_full           torch: hidden @ weight[:V].T for each --full-vocabs V
-  window_update        ops.window_update, one verify round (draft tokens + top-K ids), per backend
+  window_round         ops.window_verify, one verify round of the window (its entries: draft tokens +
+                       top-K ids; telemetry; the window update), per backend
 
 Sweep: W (--widths) x d (--dims) x rows per request (--rows) x batch (--batches);
 M = batch * rows hidden rows, each request has its own sorted set of W distinct random ids
