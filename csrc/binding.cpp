@@ -125,11 +125,12 @@ TORCH_LIBRARY(specvocab, m) {
       "pack_update(Tensor(a!) packed, Tensor(b!) packed_ids, Tensor weight, Tensor ids, Tensor cnt, Tensor rows) -> "
       "()");
   // The CUDA launch plan of the logits ops for shapes (tests, benchmarks): [wd, wc, mt, ntmax, vec, nsteps, grid_x,
-  // grid_y]; sms < 0 asks the current device. force_logits_plan(mt, ntmax) overrides the rule's free choices (which
-  // never change results) for later calls in this process; (0, 0) restores the rule.
-  m.def("logits_plan(int M, int W, int d, ScalarType dtype, bool aligned, int sms) -> int[]",
+  // grid_y, grid_z = zs]; sms < 0 asks the current device; per: hidden rows per row_to_slot entry.
+  // force_logits_plan(mt, ntmax, zs) overrides the rule's free choices (which never change results) for later calls
+  // in this process; 0 keeps the rule's.
+  m.def("logits_plan(int M, int W, int d, ScalarType dtype, bool aligned, int sms, int per=1) -> int[]",
         &specvocab::logits_plan_op);
-  m.def("force_logits_plan(int mt, int ntmax) -> ()", &specvocab::force_logits_plan_op);
+  m.def("force_logits_plan(int mt, int ntmax, int zs=0) -> ()", &specvocab::force_logits_plan_op);
   // The pieces the logits kernels cut row_to_slot into (csrc/pieces.h): [n, 2] of (first row, rows).
   m.def("logits_pieces(Tensor row_to_slot, int P) -> Tensor");
   // The debug setting (SGLANG_DYNVOCAB_DEBUG_CHECKS) for later calls in this process (ops.set_debug_checks).

@@ -162,8 +162,8 @@ at::Tensor run_cpu(const at::Tensor& hidden_, const at::Tensor& weight_, const a
 
 int dtype_code(at::ScalarType t) { return t == at::kFloat ? SV_F32 : (t == at::kHalf ? SV_F16 : SV_BF16); }
 
-// Test and tuning hook: mt / ntmax to use instead of the rule (0 = the rule).
-std::atomic<int> g_force_mt{0}, g_force_ntmax{0};
+// Test and tuning hook: mt / ntmax / zs to use instead of the rule (0 = the rule).
+std::atomic<int> g_force_mt{0}, g_force_ntmax{0}, g_force_zs{0};
 
 at::Tensor run_cuda(const at::Tensor& hidden_, const at::Tensor& weight_, const at::Tensor* ids_,
                     const at::Tensor& cnt_, const at::Tensor& slot_, int64_t W, int64_t R, bool packed,
@@ -177,7 +177,8 @@ at::Tensor run_cuda(const at::Tensor& hidden_, const at::Tensor& weight_, const 
   at::Tensor out = at::empty({M, W}, hidden.options().dtype(at::kFloat));
   const bool aligned = reinterpret_cast<uintptr_t>(hidden.data_ptr()) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(weight.data_ptr()) % 16 == 0;
-  const SpecvocabLogitsPlan plan = plan_logits(M, W, d, hidden.scalar_type(), aligned, specvocab_sm_count());
+  const int64_t per = slot.size(0) > 0 ? M / slot.size(0) : 1;  // a request's rows (the launcher checks B | M)
+  const SpecvocabLogitsPlan plan = plan_logits(M, W, d, hidden.scalar_type(), aligned, specvocab_sm_count(), per);
   const int code = specvocab_indexed_logits_launch(
       hidden.data_ptr(), weight.data_ptr(), packed ? nullptr : ids.data_ptr<int32_t>(), cnt.data_ptr<int32_t>(),
       slot.data_ptr(), slot.scalar_type() == at::kLong ? 1 : 0, slot.size(0),
@@ -258,7 +259,8 @@ at::Tensor packed_logits_cuda(const at::Tensor& hidden, const at::Tensor& packed
                   "packed_logits");
 }
 
-SpecvocabLogitsPlan plan_logits(int64_t M, int64_t W, int64_t d, at::ScalarType dtype, bool aligned, int64_t sms) {
+SpecvocabLogitsPlan plan_logits(int64_t M, int64_t W, int64_t d, at::ScalarType dtype, bool aligned, int64_t sms,
+                                int64_t per) {
   const bool fp32 = dtype == at::kFloat;
   const int64_t elem = fp32 ? 4 : 2, kstep = fp32 ? 16 : 32;
   SpecvocabLogitsPlan p{};
@@ -281,17 +283,31 @@ SpecvocabLogitsPlan plan_logits(int64_t M, int64_t W, int64_t d, at::ScalarType 
     if (fmt) p.mt = fmt;
     if (fnt) p.ntmax = fnt;
   }
+  // Pieces across CTAs: a row tile holds about P / per pieces (runs of a request's `per` rows); when the grid would
+  // leave SMs idle (fewer than 2 CTAs per SM), up to that many CTAs share the tile's pieces. At d 640 (Gemma-3 270M),
+  // bs 8, one row each: 38 CTAs walking 8 pieces each become 304 CTAs of one piece.
+  const int64_t P = 8 * p.ntmax, rows = std::min<int64_t>(P, std::max<int64_t>(M, 1));
+  const int64_t pieces = per >= P ? 1 : (rows + std::max<int64_t>(per, 1) - 1) / std::max<int64_t>(per, 1);
+  const int64_t ctas = (M + P - 1) / P * ((W + 16 * p.mt * p.wc - 1) / (16 * p.mt * p.wc));
+  const int64_t want = 2 * std::max<int64_t>(sms, 1);
+  int64_t zs = ctas >= want || pieces <= 1 ? 1 : std::min<int64_t>(pieces, (want + ctas - 1) / ctas);
+  const int64_t each = (pieces + zs - 1) / zs;  // pieces per CTA: no more CTAs than that many pieces each needs
+  p.zs = static_cast<int32_t>((pieces + each - 1) / each);
+  const int fzs = g_force_zs.load();
+  if (fzs) p.zs = fzs;
   return p;
 }
 
-std::vector<int64_t> logits_plan_op(int64_t M, int64_t W, int64_t d, at::ScalarType dtype, bool aligned, int64_t sms) {
+std::vector<int64_t> logits_plan_op(int64_t M, int64_t W, int64_t d, at::ScalarType dtype, bool aligned, int64_t sms,
+                                    int64_t per) {
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
               "logits_plan: dtype must be bf16, fp16 or fp32, got ", dtype);
   TORCH_CHECK(M >= 0 && W >= 0 && d >= 0, "logits_plan: M, W and d must be >= 0, got ", M, ", ", W, ", ", d);
+  TORCH_CHECK(per >= 1, "logits_plan: per (hidden rows per slot entry) must be >= 1, got ", per);
   if (sms < 0) sms = specvocab_sm_count();
-  const SpecvocabLogitsPlan p = plan_logits(M, W, d, dtype, aligned, sms);
+  const SpecvocabLogitsPlan p = plan_logits(M, W, d, dtype, aligned, sms, per);
   const int64_t rows = 8 * p.ntmax, cols = 16 * p.mt * p.wc;
-  return {p.wd, p.wc, p.mt, p.ntmax, p.vec, p.nsteps, (M + rows - 1) / rows, (W + cols - 1) / cols};
+  return {p.wd, p.wc, p.mt, p.ntmax, p.vec, p.nsteps, (M + rows - 1) / rows, (W + cols - 1) / cols, p.zs};
 }
 
 at::Tensor logits_pieces_op(const at::Tensor& row_to_slot, int64_t P) {
@@ -310,12 +326,14 @@ at::Tensor logits_pieces_op(const at::Tensor& row_to_slot, int64_t P) {
   return at::tensor(flat, at::kLong).reshape({-1, 2});
 }
 
-void force_logits_plan_op(int64_t mt, int64_t ntmax) {
-  TORCH_CHECK((mt == 0 || mt == 1 || mt == 2) && (ntmax == 0 || ntmax == 2 || ntmax == 4),
-              "force_logits_plan: mt must be 0 (the rule), 1 or 2 and ntmax 0 (the rule), 2 or 4, got mt=", mt,
-              ", ntmax=", ntmax);
+void force_logits_plan_op(int64_t mt, int64_t ntmax, int64_t zs) {
+  TORCH_CHECK((mt == 0 || mt == 1 || mt == 2) && (ntmax == 0 || ntmax == 2 || ntmax == 4) && zs >= 0 && zs <= 32,
+              "force_logits_plan: mt must be 0 (the rule), 1 or 2, ntmax 0 (the rule), 2 or 4 and zs 0 (the rule) to "
+              "32, got mt=",
+              mt, ", ntmax=", ntmax, ", zs=", zs);
   g_force_mt.store(static_cast<int>(mt));
   g_force_ntmax.store(static_cast<int>(ntmax));
+  g_force_zs.store(static_cast<int>(zs));
 }
 
 }  // namespace specvocab

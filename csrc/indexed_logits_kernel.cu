@@ -23,6 +23,10 @@
 //   host work, graph-safe).
 //   Row tiles vary fastest in the launch order, so the CTAs of one column tile (which read the same candidate
 //   rows when a run is longer than P) run together and share them through L2.
+// * grid z (plan.zs, 1 unless the grid would leave SMs idle): zs CTAs share a row tile's pieces, CTA z taking pieces
+//   z, z + zs, ...; each piece is still one CTA's (its rows read once, its outputs written once), so the results are
+//   the same bits. CTA z fetches the ids of row m0 + z * per (where its first piece starts when requests have `per`
+//   rows each) while the pieces are found; a wrong guess costs one more fetch, not a wrong result.
 // * a CTA (8 warps) owns 16 * MT * WC candidate columns; its warps are WC column groups x WD d-slices. Each warp
 //   streams its d-slice of its MT * 16 candidate rows straight from HBM into registers (16-byte loads that skip
 //   L1, U k-steps issued before the first use), and the piece's hidden rows (L1/L2) for the same slice.
@@ -89,6 +93,7 @@ struct Args {
   int packed;
   int wd, wc;      // warps per CTA = wd * wc = 8
   int64_t nsteps;  // k-steps of d
+  int zs;          // CTAs per row tile (grid z)
 };
 
 // Row m's slot (the slot expansion of request-major rows happens here, not in a separate op); an int64 slot outside
@@ -351,7 +356,9 @@ __global__ void __launch_bounds__(kThreads, 2) indexed_logits_kernel(const Args 
       }
     cur_cnt = c < 0 ? 0 : (c > W ? W : c);
   };
-  fetch(slot_at(a, m0));
+  const int zs = static_cast<int>(gridDim.z), z = static_cast<int>(blockIdx.z);
+  const int64_t first = m0 + static_cast<int64_t>(z) * a.per;  // where this CTA's first piece likely starts
+  fetch(slot_at(a, first < M ? first : M - 1));
 
   // 1. The pieces that start in rows [m0, m0 + P).
   for (int t = threadIdx.x; t < NW; t += kThreads) {
@@ -376,7 +383,7 @@ __global__ void __launch_bounds__(kThreads, 2) indexed_logits_kernel(const Args 
   const int64_t st0 = a.nsteps * wd / a.wd, st1 = a.nsteps * (wd + 1) / a.wd;
   float* red = s_red + warp * (P * S);
   const int npiece = s_npiece;
-  for (int q = 0; q < npiece; ++q) {
+  for (int q = z; q < npiece; q += zs) {  // CTA-uniform: a CTA past the tile's pieces has nothing to do
     const int4 pc = s_piece[q];
     const int64_t row0 = m0 + pc.x;
     const int len = pc.y;
@@ -449,8 +456,8 @@ template <typename T, int MT, int NTMAX, bool VEC>
 cudaError_t launch(const Args& a, cudaStream_t stream) {
   const int64_t rows_per_tile = 8 * NTMAX, cols_per_cta = 16 * MT * a.wc;
   const int64_t gx = (a.M + rows_per_tile - 1) / rows_per_tile, gy = (a.W + cols_per_cta - 1) / cols_per_cta;
-  if (gx > 0x7fffffff || gy > 65535) return cudaErrorInvalidConfiguration;
-  dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
+  if (gx > 0x7fffffff || gy > 65535 || a.zs < 1 || a.zs > 64) return cudaErrorInvalidConfiguration;
+  dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(a.zs));
   indexed_logits_kernel<T, MT, NTMAX, VEC><<<grid, kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
@@ -523,7 +530,8 @@ int specvocab_indexed_logits_launch(const void* hidden, const void* weight, cons
          packed,
          plan->wd,
          plan->wc,
-         plan->nsteps};
+         plan->nsteps,
+         plan->zs};
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   switch (dtype) {
     case SV_F32:

@@ -86,11 +86,13 @@ void pack_update_cuda(at::Tensor& packed, at::Tensor& packed_ids, const at::Tens
                       const at::Tensor& cnt, const at::Tensor& rows);
 
 // The launch plan of indexed_logits / packed_logits on a device with `sms` SMs (see launchers.h). `aligned`: the
-// hidden and weight base pointers are 16-byte aligned. A forced plan (force_logits_plan, tests and tuning) replaces
-// mt and ntmax where it is valid for the shapes.
-SpecvocabLogitsPlan plan_logits(int64_t M, int64_t W, int64_t d, at::ScalarType dtype, bool aligned, int64_t sms);
-std::vector<int64_t> logits_plan_op(int64_t M, int64_t W, int64_t d, at::ScalarType dtype, bool aligned, int64_t sms);
-void force_logits_plan_op(int64_t mt, int64_t ntmax);
+// hidden and weight base pointers are 16-byte aligned; `per`: hidden rows per row_to_slot entry (M / B: a request's
+// rows). A forced plan (force_logits_plan, tests and tuning) replaces mt, ntmax and zs where valid for the shapes.
+SpecvocabLogitsPlan plan_logits(int64_t M, int64_t W, int64_t d, at::ScalarType dtype, bool aligned, int64_t sms,
+                                int64_t per);
+std::vector<int64_t> logits_plan_op(int64_t M, int64_t W, int64_t d, at::ScalarType dtype, bool aligned, int64_t sms,
+                                    int64_t per);
+void force_logits_plan_op(int64_t mt, int64_t ntmax, int64_t zs);
 // The pieces (pieces.h) of row_to_slot: int64 [n, 2] of (first row, rows), in row order.
 at::Tensor logits_pieces_op(const at::Tensor& row_to_slot, int64_t P);
 

@@ -30,10 +30,11 @@ def test_sweep_times_every_plan_and_writes_its_report(tmp_path):
     assert shapes == {
         (W, d, b, n) for W in grid["widths"] for d in grid["dims"] for b in grid["batches"] for n in grid["rows"]
     }
-    names = {"auto"} | {f"mt{mt}/nt{nt}" for mt, nt in plans.PLANS}
+    names = {"auto"} | {plans.plan_name(p) for p in plans.PLANS}
+    assert {"mt1/nt2", "mt1/nt2/z4"} <= names
     for r in result["records"]:
         assert set(r["times_us"]) == names and all(t > 0 for t in r["times_us"].values())
         assert all(r["bitwise_equal_to_auto"].values()) and r["best"] in names
-        assert len(r["auto_plan"]) == 8 and r["M"] == r["batch"] * r["rows"]
+        assert len(r["auto_plan"]) == 9 and r["M"] == r["batch"] * r["rows"]
     md = out.with_suffix(".md").read_text()
     assert md.count("\n| 48 | 64 |") == len(result["records"]) and result["versions"]["torch"] in md

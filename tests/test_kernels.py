@@ -93,7 +93,7 @@ def test_library_has_hopper_and_ampere_machine_code():
     for kernel in (
         "indexed_logits_kernel",
         "window_update_kernel",
-        "window_verify_kernel",
+        "window_round_kernel",
         "pack_update",
         "compact_topk_reg_kernel",
         "compact_topk_list_kernel",
@@ -385,24 +385,37 @@ def test_logits_plan_keeps_the_summation_order_and_says_its_branch():
                 assert (p[0], p[1], p[5]) == (first[0], first[1], first[5]), (dtype, d, M, W)
                 assert p[0] * p[1] == 8 and p[0] in (1, 2, 4, 8)
     bf16 = torch.bfloat16
-    # [wd, wc, mt, ntmax, vec, nsteps, row tiles, column tiles]
-    assert plan(1, 3072, 4096, bf16, True, 132) == [8, 1, 1, 2, 1, 128, 1, 192]  # bs 1: 192 CTAs of 16 columns
-    assert plan(80, 3072, 4096, bf16, True, 132) == [8, 1, 2, 2, 1, 128, 5, 96]  # bs 8 x 10 rows: 32 columns
-    assert plan(640, 3072, 4096, bf16, True, 132) == [8, 1, 2, 4, 1, 128, 20, 96]  # 32-row pieces
+    # [wd, wc, mt, ntmax, vec, nsteps, row tiles, column tiles, CTAs per row tile]
+    assert plan(1, 3072, 4096, bf16, True, 132) == [8, 1, 1, 2, 1, 128, 1, 192, 1]  # bs 1: 192 CTAs of 16 columns
+    assert plan(80, 3072, 4096, bf16, True, 132, 10) == [8, 1, 2, 2, 1, 128, 5, 96, 1]  # bs 8 x 10 rows: 32 columns
+    assert plan(640, 3072, 4096, bf16, True, 132) == [8, 1, 2, 4, 1, 128, 20, 96, 1]  # 32-row pieces
     assert plan(10, 3072, 640, bf16, True, 132)[:3] == [4, 2, 1]  # small d: 2 column groups of 4 d-warps
     assert plan(10, 100, 64, torch.float16, True, 132)[:2] == [1, 8]
     assert plan(640, 3072, 4096, torch.float32, True, 132)[2:6] == [1, 2, 1, 256]  # fp32: FMA tiles, 16-element steps
     assert plan(10, 3072, 33, bf16, True, 132)[2:5] == [1, 2, 0]  # odd d: element loads
     assert plan(10, 3072, 4096, bf16, False, 132)[4] == 0  # unaligned base pointers
+    # Gemma-3 270M (d 640, W 1200): 38 column tiles. bs 8 of one row: 8 pieces in the one row tile, shared by 4 CTAs
+    # (2 pieces each: 7 would be needed for 2 CTAs per SM, and 4 give the same 2 pieces a CTA); bs 8 of 4 rows: 2 row
+    # tiles of 4 pieces, one CTA each; one request's 8 rows: one piece, nothing to share; a full grid: none.
+    assert plan(8, 1200, 640, bf16, True, 132, 1)[6:] == [1, 38, 4]
+    assert plan(32, 1200, 640, bf16, True, 132, 4)[6:] == [2, 38, 4]
+    assert plan(8, 1200, 640, bf16, True, 132, 8)[6:] == [1, 38, 1]
+    assert plan(64, 3072, 4096, bf16, True, 132, 1)[6:] == [4, 96, 1]
+    with pytest.raises(RuntimeError, match="per .hidden rows per slot entry. must be >= 1"):
+        plan(8, 1200, 640, bf16, True, 132, 0)
     force = torch.ops.specvocab.force_logits_plan
     try:
         force(2, 4)
         assert plan(1, 3072, 4096, bf16, True, 132)[:4] == [8, 1, 2, 4]
         assert plan(1, 3072, 4096, torch.float32, True, 132)[2:4] == [1, 2]  # fp32 has one tiling
+        force(0, 0, 3)
+        assert plan(1, 3072, 4096, bf16, True, 132)[2:4] == [1, 2] and plan(1, 3072, 4096, bf16, True, 132)[8] == 3
         force(0, 0)
-        assert plan(1, 3072, 4096, bf16, True, 132)[2:4] == [1, 2]
-        with pytest.raises(RuntimeError, match=r"mt must be 0 \(the rule\), 1 or 2 and ntmax 0 \(the rule\), 2 or 4"):
+        assert plan(1, 3072, 4096, bf16, True, 132)[2:4] == [1, 2] and plan(1, 3072, 4096, bf16, True, 132)[8] == 1
+        with pytest.raises(RuntimeError, match=r"mt must be 0 \(the rule\), 1 or 2, ntmax 0 \(the rule\), 2 or 4"):
             force(3, 2)
+        with pytest.raises(RuntimeError, match=r"zs 0 \(the rule\) to 32"):
+            force(0, 0, 33)
     finally:
         force(0, 0)
 

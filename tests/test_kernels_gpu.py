@@ -33,8 +33,9 @@ pytestmark = pytest.mark.gpu
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # (M rows, R slots, W, d, V): tree branches sharing slots, W and d off every tile size, d up to 8192
 SHAPES = [(1, 1, 512, 640, 4000), (10, 3, 3072, 4096, 50000), (64, 64, 2048, 2048, 30000), (33, 5, 1000, 8192, 9000)]
-# The CUDA launch plans a test can force: (mt, ntmax); (0, 0) is the launcher's own rule.
-PLANS = [(0, 0), (1, 2), (2, 2), (1, 4), (2, 4)]
+# The CUDA launch plans a test can force: (mt, ntmax[, zs]); (0, 0) is the launcher's own rule. zs: CTAs sharing a
+# row tile's pieces (2, 3 and 5: pieces left over, a CTA with none).
+PLANS = [(0, 0), (1, 2), (2, 2), (1, 4), (2, 4), (0, 0, 2), (1, 2, 3), (2, 4, 5)]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -138,10 +139,27 @@ def _tree_batch(bs, rows, W, d, V, dtype, seed):
     return hidden, weight, ids, cnt, slots.repeat_interleave(rows)
 
 
+@pytest.mark.parametrize("bs,rows", [(8, 1), (8, 4), (16, 1), (3, 5)])
+def test_small_d_pieces_spread_over_ctas(bs, rows):
+    """Gemma-3 270M's shape (d 640, V 262,144, W 1,200), slots per request as SGLang passes them (int64 [bs]): the
+    launcher's own plan shares a row tile's pieces among CTAs, and gives the reference's logits, bitwise those of
+    one CTA a tile."""
+    hidden, weight, ids, cnt, slot = _tree_batch(bs, rows, 1200, 640, 262144, torch.bfloat16, seed=bs * 10 + rows)
+    per_request = slot[::rows].long()
+    M = bs * rows
+    zs = torch.ops.specvocab.logits_plan(M, 1200, 640, torch.bfloat16, True, -1, rows)[8]
+    assert zs > 1 or M > 16, zs
+    got = ops.indexed_logits(hidden, weight, ids, cnt, per_request, backend="cuda")
+    _close(got, reference_indexed_logits(hidden, weight, ids, cnt, slot), 640)
+    with _forced((0, 0, 1)):
+        assert torch.equal(ops.indexed_logits(hidden, weight, ids, cnt, per_request, backend="cuda"), got)
+
+
 def test_every_launch_branch_gives_the_same_logits():
     """Each tiling the launcher can take (d-split 1/2/4/8 warps, 1 or 2 column tiles per warp, 16- or 32-row
     pieces of 1..4 tensor-core row tiles, 16-byte or element loads, the FMA path) equals the reference, and the
-    free choices (column tiles, piece size) give bitwise the same logits: they never change the summation order."""
+    free choices (column tiles, piece size, CTAs sharing a tile's pieces) give bitwise the same logits: they never
+    change the summation order."""
     covered = set()
     W = 1000
     # d 64, 256, 512, 4096: 1, 2, 4, 8 d-warps (bf16/fp16) with 16-byte loads; 60, 252, 4100 the same with element

@@ -1,7 +1,7 @@
 """Time the CUDA head kernel (indexed_logits) under every launch plan it can take, to tune the launcher's rule.
 
-The plan's free choices, ``mt`` (16-column tiles per warp) and ``ntmax`` (8-row tiles per piece), never change the
-logits (csrc/indexed_logits_kernel.cu), so they can be chosen by speed alone. For each shape this script times the
+The plan's free choices, ``mt`` (16-column tiles per warp), ``ntmax`` (8-row tiles per piece) and ``zs`` (CTAs sharing
+a row tile's pieces), never change the logits (csrc/indexed_logits_kernel.cu), so they can be chosen by speed alone. For each shape this script times the
 launcher's own choice ("auto"), each forced plan and the Triton backend with the kernel benchmark's method (a CUDA
 graph of several calls replayed between events, inputs rotated so a replay reads >= 3x L2), checks that every plan
 gives bitwise the logits of "auto", and writes a Markdown table (printed) and JSON.
@@ -27,11 +27,14 @@ from .kernels_report import default_peak
 from .timing import CpuTimer, CudaTimer
 
 PLANS = [
-    (1, 2),
-    (2, 2),
-    (1, 4),
-    (2, 4),
-]  # (mt, ntmax) forced; "auto" is the launcher's rule
+    (1, 2, 1),
+    (2, 2, 1),
+    (1, 4, 1),
+    (2, 4, 1),
+    (1, 2, 2),
+    (1, 2, 4),
+    (1, 2, 8),
+]  # (mt, ntmax, zs) forced; "auto" is the launcher's rule
 GRIDS = {
     "full": dict(
         widths=[2048, 3072],
@@ -45,6 +48,11 @@ GRIDS = {
 }
 
 
+def plan_name(plan: tuple[int, int, int]) -> str:
+    mt, nt, zs = plan
+    return f"mt{mt}/nt{nt}" + (f"/z{zs}" if zs > 1 else "")
+
+
 def configure(args: argparse.Namespace) -> argparse.Namespace:
     """Resolve the CLI's options (``sglang-specvocab bench plans``): the grid and the device."""
     args.grid = GRIDS["quick" if args.quick else "tiny" if args.tiny else "full"]
@@ -55,7 +63,7 @@ def configure(args: argparse.Namespace) -> argparse.Namespace:
 class forced:
     """The CUDA logits kernels take (mt, ntmax) for the calls inside the block ((0, 0): the launcher's rule)."""
 
-    def __init__(self, plan: tuple[int, int]) -> None:
+    def __init__(self, plan: tuple[int, int, int]) -> None:
         self.plan = plan
 
     def __enter__(self) -> None:
@@ -97,7 +105,7 @@ def sweep(args: argparse.Namespace) -> dict:
                         slot = (1 + torch.arange(bs, device=dev, dtype=torch.int32)).repeat_interleave(rows)
                         sets.append((hidden, weight, ids, cnt, slot))
                     M = bs * rows
-                    auto = torch.ops.specvocab.logits_plan(M, W, d, torch.bfloat16, True, sms)
+                    auto = torch.ops.specvocab.logits_plan(M, W, d, torch.bfloat16, True, sms, rows)
                     rec = {
                         "W": W,
                         "d": d,
@@ -110,7 +118,7 @@ def sweep(args: argparse.Namespace) -> dict:
                     rec["ideal_us"] = nbytes / peak * 1e6 if peak else None
                     times, same = {}, {}
                     ref = ops.indexed_logits(*sets[0], backend="cuda")
-                    for name, plan in [("auto", (0, 0))] + [(f"mt{mt}/nt{nt}", (mt, nt)) for mt, nt in PLANS]:
+                    for name, plan in [("auto", (0, 0, 0))] + [(plan_name(p), p) for p in PLANS]:
                         with forced(plan):
                             fns = [lambda s=s: ops.indexed_logits(*s, backend="cuda") for s in sets]
                             t = timer(fns)
