@@ -184,7 +184,7 @@ def test_lease_preset_runs_the_headline_first_then_gemma_then_the_window(monkeyp
         (W, b, k) for W in (1024, 2048, 3072) for b in (1, 8, 12, 16, 32) for k in ("d2t", "full")
     }
     assert lead[8 : 8 + len(gemma)] == gemma and {c.rows for c in gemma if (c.W, c.batch) != (3072, 1)} == {1}
-    # then the rest of d 4096, then the window update at batch 64 (CUDA only: no Triton window update)
+    # then the rest of d 4096, then the window round at batch 64 (CUDA only: no Triton window ops)
     assert {c.d for c in heads[8 + len(gemma) :]} == {4096}
     assert [(c.op, c.batch, c.backend) for c in lead[-1:]] == [("window_round", 64, "cuda")]
     # every point has EAGLE3's step of both kinds

@@ -778,7 +778,7 @@ PHASE_TEXT = {
     "sglang": "SGLang 0.5.23 and the stand-ins",
     "gemma": "Gemma-3 270M converted for SGLang from the GGUF",
     "tests": "the kernels' GPU tests (one process, known crashes alone at the end)",
-    "bench": "bench kernels --lease: the head step against EAGLE3's, then the window update",
+    "bench": "bench kernels --lease: the head step against EAGLE3's, then the window round",
     "specbench": "Spec-Bench, concurrency 1 on every server first, 8 while time remains, greedy outputs compared",
     "debug": "a debugger's backtrace of each crashing test, if time is left",
     "train": "train the draft; it comes back in draft-full/",
