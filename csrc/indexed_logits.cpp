@@ -284,8 +284,8 @@ SpecvocabLogitsPlan plan_logits(int64_t M, int64_t W, int64_t d, at::ScalarType 
     if (fnt) p.ntmax = fnt;
   }
   // Pieces across CTAs: a row tile holds about P / per pieces (runs of a request's `per` rows); when the grid would
-  // leave SMs idle (fewer than 2 CTAs per SM), up to that many CTAs share the tile's pieces. At d 640 (Gemma-3 270M),
-  // bs 8, one row each: 38 CTAs walking 8 pieces each become 304 CTAs of one piece.
+  // leave SMs idle (fewer than 2 CTAs per SM), up to that many CTAs share the tile's pieces, as few as give each the
+  // same most pieces. At d 640 (Gemma-3 270M), bs 8, one row each: 38 CTAs walking 8 pieces each become 152 of 2.
   const int64_t P = 8 * p.ntmax, rows = std::min<int64_t>(P, std::max<int64_t>(M, 1));
   const int64_t pieces = per >= P ? 1 : (rows + std::max<int64_t>(per, 1) - 1) / std::max<int64_t>(per, 1);
   const int64_t ctas = (M + P - 1) / P * ((W + 16 * p.mt * p.wc - 1) / (16 * p.mt * p.wc));
