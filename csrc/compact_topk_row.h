@@ -56,6 +56,21 @@ struct SpecvocabTopkArgs {
 // Whether entry (va, ca) comes before (vb, cb): value descending, then column ascending.
 SV_HD bool sv_topk_before(float va, int32_t ca, float vb, int32_t cb) { return va > vb || (va == vb && ca < cb); }
 
+// (am, as) absorbs (bm, bs): two (max, sum of exp(x - max)) pairs of disjoint column sets; a lane's scan adds a
+// live column x as the pair (x, 1).
+SV_HD void sv_lse_merge(float* am, float* as, float bm, float bs) {
+  if (!(bm > -INFINITY)) return;
+  if (!(*am > -INFINITY)) {
+    *am = bm;
+    *as = bs;
+  } else if (bm > *am) {
+    *as = *as * expf(*am - bm) + bs;
+    *am = bm;
+  } else {
+    *as += bm == *am ? bs : bs * expf(bm - *am);  // both +inf: as in the lane scan
+  }
+}
+
 // Lane t's scan of row m: its sorted top k (v, c; empty entries -inf / kTopkNoColumn) and the running max and
 // scaled sum of exp over its live columns (max -inf, sum 0 when it has none).
 SV_HD void sv_topk_lane(const SpecvocabTopkArgs& a, int64_t m, int t, float* v, int32_t* c, float* mx, float* sum) {
@@ -69,12 +84,7 @@ SV_HD void sv_topk_lane(const SpecvocabTopkArgs& a, int64_t m, int t, float* v, 
   for (int64_t j = t; j < a.W; j += kTopkLanes) {
     const float x = row[j];
     if (!(x > -INFINITY)) continue;  // -inf (and NaN) columns are not live
-    if (x > M) {
-      S = S * expf(M - x) + 1.0f;  // exp(-inf) = 0 for the first live column
-      M = x;
-    } else {
-      S += x == M ? 1.0f : expf(x - M);  // x == M == +inf: exp(inf - inf) would make the sum NaN
-    }
+    sv_lse_merge(&M, &S, x, 1.0f);
     if (x > low) {  // strict: an equal value from a later column stays behind
       int i = k - 1;
       for (; i > 0 && x > v[i - 1]; --i) {
@@ -110,20 +120,6 @@ SV_HD void sv_topk_merge(float* av, int32_t* ac, const float* bv, const int32_t*
   for (int o = 0; o < k; ++o) {
     av[o] = v[o];
     ac[o] = c[o];
-  }
-}
-
-// (am, as) absorbs (bm, bs): two (max, sum of exp(x - max)) pairs of disjoint column sets.
-SV_HD void sv_lse_merge(float* am, float* as, float bm, float bs) {
-  if (!(bm > -INFINITY)) return;
-  if (!(*am > -INFINITY)) {
-    *am = bm;
-    *as = bs;
-  } else if (bm > *am) {
-    *as = *as * expf(*am - bm) + bs;
-    *am = bm;
-  } else {
-    *as += bm == *am ? bs : bs * expf(bm - *am);  // both +inf: as in the lane scan
   }
 }
 
@@ -181,14 +177,7 @@ SV_HD void sv_topk_reg_load(const SpecvocabTopkArgs& a, int64_t m, int t, float*
   float M = -INFINITY, S = 0.0f;
   SV_UNROLL
   for (int i = 0; i < kTopkRegPerLane; ++i) {
-    const float v = x[i];
-    if (!(v > -INFINITY)) continue;
-    if (v > M) {
-      S = S * expf(M - v) + 1.0f;
-      M = v;
-    } else {
-      S += v == M ? 1.0f : expf(v - M);
-    }
+    sv_lse_merge(&M, &S, x[i], 1.0f);  // a column that is not live adds nothing
   }
   *mx = M;
   *sum = S;

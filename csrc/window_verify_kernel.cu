@@ -32,7 +32,7 @@ __global__ void __launch_bounds__(kWindowThreads) window_round_kernel(SpecvocabV
     a.accepted[b * a.S + s] = tok;
     if (tok >= 0) {
       atomicAdd(&counts[0], 1);
-      if (sv_verify_hit(a, row, tok)) atomicAdd(&counts[1], 1);
+      if (sv_verify_hit(a, row, live, tok)) atomicAdd(&counts[1], 1);
     }
   }
   __syncthreads();  // the entries are complete; every read of the set before the update is done

@@ -111,10 +111,10 @@ SV_HD int32_t sv_verify_searched(const SpecvocabVerifyArgs& a, int32_t live) {
   return live < 0 ? 0 : (live > a.capacity ? static_cast<int32_t>(a.capacity) : live);
 }
 
-// Whether committed token tok (>= 0) is in the row's set before the update.
-SV_HD bool sv_verify_hit(const SpecvocabVerifyArgs& a, int64_t row, int64_t tok) {
+// Whether committed token tok (>= 0) is in the row's set before the update (live: the row's count then).
+SV_HD bool sv_verify_hit(const SpecvocabVerifyArgs& a, int64_t row, int32_t live, int64_t tok) {
   if (!sv_verify_row_ok(a, row)) return false;
-  return sv_in_row(a.ids + row * a.capacity, sv_verify_searched(a, a.cnt[row]), tok);
+  return sv_in_row(a.ids + row * a.capacity, sv_verify_searched(a, live), tok);
 }
 
 SV_HD void sv_verify_telemetry(const SpecvocabVerifyArgs& a, int64_t row, int32_t live, int64_t hit,
@@ -140,7 +140,7 @@ SV_HD void sv_verify_row(const SpecvocabVerifyArgs& a, int64_t b) {
     a.accepted[b * a.S + s] = tok;
     if (tok >= 0) {
       ++committed;
-      hit += sv_verify_hit(a, row, tok) ? 1 : 0;
+      hit += sv_verify_hit(a, row, live, tok) ? 1 : 0;
     }
   }
   sv_verify_telemetry(a, row, live, hit, committed);

@@ -15,7 +15,7 @@ Each piece is a roofline with a fixed start, ``t = t0 + max(bytes / bandwidth, f
 kinds: ``indexed`` (our head kernel), ``dense`` (a cuBLAS GEMM) and ``copy`` (elementwise passes: gathers, the union's
 bitmap and prefix sum, the mask). Every mode also pays the exact top-k over its logits' width as it runs: up to
 ``FUSED_TOPK_MAX_WIDTH`` columns one ``compact_topk`` launch (its own measured roofline where the fit had top-k
-timings, else one copy pass), wider the unfused torch top-k, a pass of int64 keys plus ``wide_topk_launches`` small
+timings, else one copy pass), wider the unfused torch top-k, a pass of int64 keys plus ``WIDE_TOPK_LAUNCHES`` small
 ops. The constants come from a file written by ``sglang-specvocab bench fit`` (device name, the measurements and
 command they were fit to); a device with no file gets ``fallback_costs``: bandwidth only, so ``auto`` then picks the
 mode that moves the fewest bytes.

@@ -1,10 +1,10 @@
 """Time the CUDA head kernel (indexed_logits) under every launch plan it can take, to tune the launcher's rule.
 
 The plan's free choices, ``mt`` (16-column tiles per warp), ``ntmax`` (8-row tiles per piece) and ``zs`` (CTAs sharing
-a row tile's pieces), never change the logits (csrc/indexed_logits_kernel.cu), so they can be chosen by speed alone. For each shape this script times the
-launcher's own choice ("auto"), each forced plan and the Triton backend with the kernel benchmark's method (a CUDA
-graph of several calls replayed between events, inputs rotated so a replay reads >= 3x L2), checks that every plan
-gives bitwise the logits of "auto", and writes a Markdown table (printed) and JSON.
+a row tile's pieces), never change the logits (csrc/indexed_logits_kernel.cu), so they can be chosen by speed alone.
+For each shape this script times the launcher's own choice ("auto"), each forced plan and the Triton backend with the
+kernel benchmark's method (a CUDA graph of several calls replayed between events, inputs rotated so a replay reads
+>= 3x L2), checks that every plan gives bitwise the logits of "auto", and writes a Markdown table (printed) and JSON.
 
     sglang-specvocab bench plans --out OUT.json            # W 2048/3072, d 4096, bs 1/8/32/64, rows 1/4/10
     sglang-specvocab bench plans --quick --out OUT.json    # W 3072, bs 1/8/64, rows 1/10
