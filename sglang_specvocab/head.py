@@ -1,6 +1,6 @@
 """The dynamic draft head: one implementation for the server and the lab.
 
-``DraftHead(weight, table, ...)(hidden, rows)`` scores ``N = bs * n`` hidden rows, request-major (``n`` consecutive
+``DraftHead(weight, table, space, head)(hidden, rows)`` scores ``N = bs * n`` hidden rows, request-major (``n`` consecutive
 rows per request, ``rows[b]`` the table slot of request b), and returns a ``HeadOutput``: fp32 logits and the map from
 their columns to target token ids. ``HeadOutput.topk`` is the one top-k: value descending, then column ascending
 (columns run in ascending token id, so the lower id first); an entry of value ``-inf`` (only when k exceeds a row's
@@ -19,9 +19,9 @@ shapes, so once per CUDA-graph batch bucket):
   logits and top-k are those of ``per-request``; with ``all`` every row sees the whole union;
 - ``stock``: the draft's own dense head over all its rows (what EAGLE3 runs); the dense policy ``full`` always.
 
-Vocabulary spaces. Table ids are target ids. A d2t draft's head row of id i is ``t2d[i]`` (``hot_token_id`` is the
-d2t map), a tensor-parallel rank holds the rows ``shard = (start, end)``: ``head_row_map`` maps ids to local rows, -1
-where this rank (or the draft) has none. The logits op reads the ids through that map and each request's slot over
+Vocabulary spaces (``vocab.VocabSpace``, built once by the caller). Table ids are target ids. A d2t draft's head row
+of id i is ``t2d[i]``, a tensor-parallel rank holds the rows ``shard = (start, end)``: the space's ``row_map`` maps ids
+to local rows, -1 where this rank (or the draft) has none. The logits op reads the ids through that map and each request's slot over
 its ``n`` rows itself (``indexed_logits(..., rows, row_map=...)``), so a per-request step is two launches (the logits
 and ``compact_topk``) and the kernel reads a request's rows once for all its hidden rows; an id with no local row is
 a dead column. With ``group`` (tp_size > 1) the top-k is a local top-k merged across ranks. The stock plan on one rank
@@ -64,8 +64,9 @@ from . import headcost, ops
 from .config import BATCH_MODES, HEAD_MODES, UNION_VIEWS, HeadSection, default_union_columns
 from .ops import checks
 from .ops.compact_topk import TOPK_MAX_K
-from .ops.topk import NEG_INF, column_tokens, head_row_map, local_topk, merge_topk
+from .ops.topk import NEG_INF, column_tokens, local_topk, merge_topk
 from .table import CandidateTable
+from .vocab import VocabSpace
 
 PLANS = headcost.MODES  # what a call runs; "union" is either union plan (the cost model picks), a plan name forces it
 
@@ -154,59 +155,64 @@ def _check_options(table: CandidateTable | None, mode: str, batch: str, union_vi
         raise ValueError(f"DraftHead: mode {mode!r} / batch {batch!r} need a candidate table (the dense head has none)")
 
 
+def head_options(**options: Any) -> HeadSection:
+    """A ``head:`` section from keywords (``kernel``, ``mode``, ``batch``, ``union_capacity``, ``union_view``) where
+    ``batch`` may also name a plan (``PLANS``), which forces it: no config file can, a bench or a test does. The head
+    checks the values (``_check_options``)."""
+    return HeadSection().model_copy(update=options)
+
+
 class DraftHead:
     def __init__(
         self,
         weight: torch.Tensor,
         table: CandidateTable | None,
+        space: VocabSpace | None = None,
+        head: HeadSection | None = None,
         *,
         logit_softcap: float | None = None,
         logit_scale: float | None = None,
-        kernel: str = "auto",
-        mode: str = "fused",
-        batch: str = "auto",
-        union_capacity: int | None = None,
-        union_view: str = "own",
-        hot_token_id: torch.Tensor | None = None,
-        target_vocab_size: int | None = None,
-        shard: tuple[int, int] | None = None,
         group: Any = None,
-        tp_size: int = 1,
         costs: headcost.HeadCosts | None = None,
         union_sizes: headcost.UnionSizes | None = None,
     ):
         """``weight``: this rank's head rows ``[H_local, d]`` (a shard may end in padding rows); ``table``: the
-        candidate sets (None: the dense policy); ``hot_token_id``: the d2t map of a reduced-vocabulary draft (None: a
-        full-vocabulary head); ``target_vocab_size``: the table's id space (default: the head's rows); ``shard``: the
-        global rows ``[start, end)`` this rank holds (None: all); ``union_capacity``: the union's columns (default
-        16 x the set capacity, at most the head's rows); ``costs``/``union_sizes``: the cost model (default: the
-        shipped constants for this device and the lab's union sizes)."""
+        candidate sets (None: the dense policy); ``space``: the draft vocabulary (``vocab.VocabSpace``: the target
+        ids, a d2t map, this rank's shard; default: a full-vocabulary head of ``weight``'s rows on one rank);
+        ``head``: the config's ``head:`` section (default: all defaults; ``head_options`` forces a plan);
+        ``logit_softcap``/``logit_scale``: what the draft model applies to its logits; ``group``: the process group
+        of the top-k merge (tp_size > 1); ``costs``/``union_sizes``: the cost model (default: the shipped constants
+        for this device and the lab's union sizes)."""
+        head = head or HeadSection()
+        mode, batch, union_view = head.mode, head.batch, head.union_view
         _check_options(table, mode, batch, union_view)
-        self.weight, self.table = weight, table
+        dev = weight.device
+        if space is None:
+            space = VocabSpace.build(int(weight.shape[0]), fallback_id=0 if table is None else table.fallback_id)
+        space = space.on(dev)
+        if table is not None:
+            space.check_fallback(table.fallback_id, "DraftHead")
+        self.weight, self.table, self.space = weight, table, space
         self.logit_softcap, self.logit_scale = logit_softcap, logit_scale
         self.mode, self.batch, self.union_view = mode, batch, union_view
-        self.group, self.tp_size = group, tp_size
-        dev = weight.device
+        self.group, self.tp_size = group, space.tp_size
         # H: the draft head's rows over all ranks; V: the table's id space.
-        if hot_token_id is not None:
-            self.head_rows = int(hot_token_id.numel())
-        else:
-            self.head_rows = int(target_vocab_size or (shard[1] if shard is not None else weight.shape[0]))
-        self.vocab_size = int(target_vocab_size or self.head_rows)
+        self.head_rows, self.vocab_size = space.head_rows, space.size
         # One rank: rows past the head's own (SGLang pads ParallelLMHead's weight to a multiple of 64) are no tokens.
-        self.start, self.end = shard if shard is not None else (0, min(int(weight.shape[0]), self.head_rows))
-        self.row_map = head_row_map(self.vocab_size, hot_token_id=hot_token_id, shard=shard, device=dev)
-        if self.row_map is None and self.vocab_size > weight.shape[0]:
+        self.start, self.end = (
+            space.shard if space.shard is not None else (0, min(int(weight.shape[0]), space.head_rows))
+        )
+        if space.row_map is None and self.vocab_size > weight.shape[0]:
             raise ValueError(
-                f"DraftHead: target_vocab_size = {self.vocab_size} is more than the head's {weight.shape[0]} rows "
-                "(a full-vocabulary head on one rank has a row for every id; a d2t draft passes hot_token_id)"
+                f"DraftHead: the vocabulary's {self.vocab_size} ids are more than the head's {weight.shape[0]} rows "
+                "(a full-vocabulary head on one rank has a row for every id; a d2t draft's space has its head_ids)"
             )
         # The logits op reads ids through it (an id past it is a bad entry, counted; -1: no row here, a dead column)
-        self._row_map32 = None if self.row_map is None else self.row_map.to(torch.int32)
+        self.row_map = space.row_map
         self._bad = ops.bad_entries(dev)  # the counter the logits ops add bad table entries to
         # Stock columns are global head rows; their tokens: the d2t map, or the row itself.
-        self.stock_ids = None if hot_token_id is None else hot_token_id.to(device=dev, dtype=torch.long).flatten()
-        if self.stock_ids is not None and shard is None and weight.shape[0] > self.stock_ids.numel():
+        self.stock_ids = space.head_ids
+        if self.stock_ids is not None and space.shard is None and weight.shape[0] > self.stock_ids.numel():
             pad = weight.shape[0] - self.stock_ids.numel()  # the padding rows' columns: no token (-inf logits)
             self.stock_ids = torch.cat([self.stock_ids, self.stock_ids.new_full((pad,), -1)])
         self.costs = costs or headcost.costs_for(_device_name(dev))
@@ -215,12 +221,13 @@ class DraftHead:
         self._plans: dict[tuple[int, int], str] = {}
         self.union_ids: torch.Tensor | None = None  # the last union call's column map [C] (a static buffer)
         # The top-k has no Triton version: a Triton head (or auto) gets the extension's where it runs, else torch.
+        kernel = head.kernel
         self._topk = ops.implementation(ops.update_backend(kernel), dev, "compact_topk")
         if table is None:
             self.capacity = 0
             return
         self.capacity = table.capacity
-        C = union_capacity or default_union_columns(self.capacity, self.head_rows)
+        C = head.union_capacity or default_union_columns(self.capacity, self.head_rows)
         if C < self.capacity:
             raise ValueError(f"DraftHead: union_capacity = {C} must be at least the set capacity {self.capacity}")
         self.union_capacity = min(C, self.vocab_size)
@@ -247,25 +254,6 @@ class DraftHead:
         self._stream = torch.cuda.Stream(dev) if on_gpu else None
         self._ready = torch.cuda.Event() if on_gpu else None
         self.refresh(torch.arange(R, device=dev))
-
-    @classmethod
-    def from_config(
-        cls, weight: torch.Tensor, table: CandidateTable | None, head: HeadSection, **model: Any
-    ) -> DraftHead:
-        """The head a config's ``head:`` section describes, over ``table``. ``model``: what the draft model fixes
-        (``logit_softcap``, ``logit_scale``, ``hot_token_id``, ``target_vocab_size``, ``shard``, ``group``,
-        ``tp_size``: see ``__init__``). A ``batch`` that names a plan (``PLANS``; no config file can, a bench or test
-        sets it with ``head.model_copy(update={"batch": plan})``) forces that plan."""
-        return cls(
-            weight,
-            table,
-            kernel=head.kernel,
-            mode=head.mode,
-            batch=head.batch,
-            union_capacity=head.union_capacity,
-            union_view=head.union_view,
-            **model,
-        )
 
     # --- the choice ---------------------------------------------------------------------------------
 
@@ -330,7 +318,7 @@ class DraftHead:
     # --- scoring --------------------------------------------------------------------------------------
 
     @staticmethod
-    def key_of(bs: int, N: int) -> tuple[int, int]:
+    def head_key(bs: int, N: int) -> tuple[int, int]:
         """The shape key ``(bs, n)`` of a call scoring ``N`` request-major hidden rows of ``bs`` requests."""
         if N and (bs == 0 or N % bs):
             raise ValueError(
@@ -343,7 +331,7 @@ class DraftHead:
 
         ``weight``: the head's weight if it is not the one given at construction (the server passes its module's)."""
         weight = self.weight if weight is None else weight
-        key = self.key_of(rows.shape[0], hidden.shape[0])
+        key = self.head_key(rows.shape[0], hidden.shape[0])
         mode = self.plan(*key)
         hidden = hidden.to(weight.dtype)
         if mode != "stock" and checks.debug_checks() and checks.readable(rows):
@@ -419,7 +407,7 @@ class DraftHead:
         if self.row_map is None and weight.shape[0] > self.vocab_size:
             # SGLang's padding rows are no tokens: an id past the vocabulary is a bad entry here too, as in a union
             weight = weight.narrow(0, 0, self.vocab_size)
-        return self._logits(hidden, weight, t.ids, t.cnt, rows, row_map=self._row_map32)
+        return self._logits(hidden, weight, t.ids, t.cnt, rows, row_map=self.row_map)
 
     def _union(self, hidden: torch.Tensor, weight: torch.Tensor, rows: torch.Tensor, gemm: bool) -> torch.Tensor:
         t, N, dev = self.table, hidden.shape[0], hidden.device
@@ -449,14 +437,14 @@ class DraftHead:
             loc = (
                 union_ids
                 if self.row_map is None
-                else self._row_map32[union_ids.clamp(min=0)].masked_fill_(union_ids < 0, -1)
+                else self.row_map[union_ids.clamp(min=0)].masked_fill_(union_ids < 0, -1)
             )
             head = weight.index_select(0, loc.clamp(min=0))
             logits = (hidden @ head.T).float().masked_fill_(loc[None, :] < 0, NEG_INF)
         else:
             # the whole batch on one slot (the union's rows read once); ids through the row map inside the op
             count = total.clamp(1, C).to(torch.int32).view(1)
-            logits = self._indexed(hidden, weight, union_ids[None, :], count, self._one_slot, row_map=self._row_map32)
+            logits = self._indexed(hidden, weight, union_ids[None, :], count, self._one_slot, row_map=self.row_map)
         if self.union_view == "own":  # each row keeps the union columns of its own request's set
             col = pos.index_select(0, at.view(-1).clamp_(max=V - 1)).view(bs, W)
             col = col.masked_fill_(dead, C)  # dead or bad entries: the sink column C (as past the capacity)
@@ -465,4 +453,4 @@ class DraftHead:
         return logits
 
 
-__all__ = ["PLANS", "DraftHead", "HeadOutput"]
+__all__ = ["PLANS", "DraftHead", "HeadOutput", "head_options"]

@@ -24,7 +24,7 @@ from helpers import run_interpreted
 from literal import literal_table_reads  # the child finds it too: a script's folder is on sys.path
 
 from sglang_specvocab import ops
-from sglang_specvocab.head import DraftHead
+from sglang_specvocab.head import DraftHead, head_options
 from sglang_specvocab.ops import _ext, checks
 from sglang_specvocab.ops.compact_topk import reference_compact_topk
 from sglang_specvocab.ops.indexed_logits import (
@@ -238,7 +238,9 @@ def test_the_head_counts_a_broken_table_row():
     counter = ops.bad_entries("cpu")
     for kernel in ("torch", "cuda") if _ext.available() else ("torch",):
         before = int(counter)
-        logits = DraftHead(weight, table, kernel=kernel, batch="per-request")(hidden, torch.tensor([0, 3, 1])).logits
+        logits = DraftHead(weight, table, head=head_options(kernel=kernel, batch="per-request"))(
+            hidden, torch.tensor([0, 3, 1])
+        ).logits
         assert torch.isneginf(logits[2:4]).all() and torch.isfinite(logits[:2, 0]).all()
         assert int(counter) - before == 2, kernel  # request 1 has two hidden rows
 
@@ -344,7 +346,7 @@ def head_message(kind: str, plan: str, kernel: str) -> str | None:
     """The ValueError of one head call under the debug setting, None if it raises none."""
     weight, table, rows, hidden = head_case(kind)
     try:
-        DraftHead(weight, table, kernel=kernel, batch=plan)(hidden, rows).topk(K)
+        DraftHead(weight, table, head=head_options(kernel=kernel, batch=plan))(hidden, rows).topk(K)
     except ValueError as exc:
         return str(exc)
     return None
@@ -353,7 +355,7 @@ def head_message(kind: str, plan: str, kernel: str) -> str | None:
 def head_run(kind: str, plan: str, kernel: str, fused: bool = True):
     """(top-k as ``[(value, token)]`` rows, probabilities, bad entries counted) of one head call."""
     weight, table, rows, hidden = head_case(kind)
-    head = DraftHead(weight, table, kernel=kernel, batch=plan)
+    head = DraftHead(weight, table, head=head_options(kernel=kernel, batch=plan))
     counter = ops.bad_entries("cpu")
     before = int(counter)
     out = head(hidden, rows)
@@ -442,7 +444,7 @@ class _Fuzz:
         self.weight = torch.randint(-2, 3, (self.V, self.D), generator=self.g).float()
         self.table = CandidateTable(self.R, self.W, fallback_id=3)
         self.heads = {
-            (plan, kernel): DraftHead(self.weight, self.table, kernel=kernel, batch=plan)
+            (plan, kernel): DraftHead(self.weight, self.table, head=head_options(kernel=kernel, batch=plan))
             for plan in PLANS
             for kernel in head_kernels()
         }

@@ -15,10 +15,11 @@ import math
 import pytest
 import torch
 
-from sglang_specvocab.head import DraftHead
+from sglang_specvocab.head import DraftHead, head_options
 from sglang_specvocab.ops import _ext
 from sglang_specvocab.ops.compact_topk import reference_compact_topk
 from sglang_specvocab.table import CandidateTable
+from sglang_specvocab.vocab import VocabSpace
 
 needs_ext = pytest.mark.skipif(not _ext.available(), reason="the kernels extension is not built")
 NEG = float("-inf")
@@ -203,8 +204,8 @@ def head_pair(kernel: str, batch: str, hot=None, V=300):
     ids = torch.stack([pool[torch.randperm(pool.numel(), generator=g)[:W]].sort().values for _ in range(R)])
     cnt = torch.randint(1, W + 1, (R,), generator=g).to(torch.int32)
     table = CandidateTable.over(ids.to(torch.int32), cnt, int(pool[0]))
-    kw = {"hot_token_id": hot, "target_vocab_size": V if hot is not None else None}
-    return DraftHead(weight, table, kernel=kernel, batch=batch, **kw), torch.Generator().manual_seed(5)
+    space = VocabSpace.build(V, head_ids=hot, fallback_id=table.fallback_id) if hot is not None else None
+    return DraftHead(weight, table, space, head_options(kernel=kernel, batch=batch)), torch.Generator().manual_seed(5)
 
 
 @needs_ext

@@ -11,6 +11,7 @@ from sglang_specvocab import ConfigError
 from sglang_specvocab.cli import main
 from sglang_specvocab.config import default_union_columns
 from sglang_specvocab.policies import load_config
+from sglang_specvocab.vocab import VocabSpace
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,7 +43,9 @@ def test_shipped_configs_with_data_files_build_for_gemma3_270m():
 
     for name in ("frspec", "vocabtrim", "evospec"):
         cfg = load_config(ROOT / "configs" / f"{name}.yaml")
-        pol = build_policy(cfg, 2, fallback_id=1, model=ModelContext(vocab_size=262144, eos_token_ids=(1, 106)))
+        pol = build_policy(
+            cfg, 2, fallback_id=1, model=ModelContext(space=VocabSpace.build(262144), eos_token_ids=(1, 106))
+        )
         assert {1, 106} <= set(pol.table.row(1)), name
 
 

@@ -13,6 +13,7 @@ from literal import LiteralARC, LiteralRetrieval, LiteralWindow, frequent_set, u
 from sglang_specvocab.errors import ConfigError
 from sglang_specvocab.integration.telemetry import Telemetry
 from sglang_specvocab.policies import DraftVocabPolicy, ModelContext, build_policy, parse_config
+from sglang_specvocab.vocab import VocabSpace
 from sglang_specvocab.vocab_data import save_frequency_table, save_successors
 
 V, EOS, FALLBACK = 96, 2, 5
@@ -42,9 +43,7 @@ def files(tmp_path_factory, hot):
 
 
 def context(hot):
-    mask = torch.zeros(V, dtype=torch.bool)
-    mask[hot] = True
-    return ModelContext(vocab_size=V, eos_token_ids=(EOS,), draft_vocab=mask)
+    return ModelContext(space=VocabSpace.build(V, head_ids=hot, eos_token_ids=(EOS,)), eos_token_ids=(EOS,))
 
 
 def hot_only(ids, hot):
@@ -199,11 +198,10 @@ def test_build_refuses_a_fallback_outside_the_draft_vocabulary(hot):
 # --- stepwise policies rank the draft head's rows -------------------------------------------------------
 
 
-def d2t_context(hot, weight, **kw):
+def d2t_context(head_ids, weight, **kw):
     """A d2t draft: head row j scores target id head_ids[j] (a shuffled order: rows are not in id order)."""
-    mask = torch.zeros(V, dtype=torch.bool)
-    mask[hot] = True
-    return ModelContext(weight=weight, vocab_size=V, eos_token_ids=(EOS,), draft_vocab=mask, **kw)
+    space = VocabSpace.build(V, head_ids=head_ids, eos_token_ids=(EOS,))
+    return ModelContext(weight=weight, space=space, eos_token_ids=(EOS,), **kw)
 
 
 def test_lowrank_ranks_head_rows_and_writes_their_target_ids(hot, tmp_path):
@@ -216,7 +214,7 @@ def test_lowrank_ranks_head_rows_and_writes_their_target_ids(hot, tmp_path):
         {"policy": "lowrank", "lowrank": {"rank": r, "topk": topk, "ranker": str(tmp_path / "ranker.pt")}}
     )
     weight = torch.randn(len(hot), d, generator=g)
-    pol = build_policy(cfg, 4, fallback_id=FALLBACK, model=d2t_context(hot, weight, head_ids=head_ids))
+    pol = build_policy(cfg, 4, fallback_id=FALLBACK, model=d2t_context(head_ids, weight))
     hidden = torch.randn(2, 3, d, generator=g)  # 2 requests, 3 beams
     pol.select(ROWS, 1, hidden, torch.full((2, 3), hot[0]))
     for b, row in enumerate(ROWS.tolist()):
@@ -231,7 +229,7 @@ def test_lowrank_refuses_more_ids_a_step_than_head_rows(hot):
     with pytest.raises(
         ConfigError, match=f"lowrank.topk = {len(hot) + 1} is invalid: must be at most the draft head's {len(hot)} rows"
     ):
-        build_policy(cfg, 2, fallback_id=FALLBACK, model=d2t_context(hot, weight, head_ids=torch.tensor(hot)))
+        build_policy(cfg, 2, fallback_id=FALLBACK, model=d2t_context(torch.tensor(hot), weight))
 
 
 def test_cluster_partitions_the_draft_vocabulary_in_target_ids(hot, tmp_path):
@@ -239,7 +237,7 @@ def test_cluster_partitions_the_draft_vocabulary_in_target_ids(hot, tmp_path):
     head_ids = torch.tensor(hot)[torch.randperm(len(hot), generator=g)]
     weight = torch.randn(len(hot), 8, generator=g)
     cfg = parse_config({"policy": "cluster", "capacity": 12, "cluster": {"clusters": 4, "budget": [2, 1]}})
-    ctx = d2t_context(hot, weight, head_ids=head_ids, cache_dir=tmp_path)
+    ctx = d2t_context(head_ids, weight, cache_dir=tmp_path)
     pol = build_policy(cfg, 4, fallback_id=FALLBACK, model=ctx)
     assert sorted(pol.perm.tolist()) == hot  # every head row once, as its target id
     pol.select(ROWS, 0, torch.randn(2, 2, 8, generator=g), torch.zeros(2, 2, dtype=torch.long))
@@ -263,7 +261,9 @@ def test_a_sharded_head_is_ranked_whole_on_every_rank(tmp_path):
         (shards[0], lambda p: torch.cat(shards)),
         (shards[1], lambda p: torch.cat(shards)),
     ):
-        ctx = ModelContext(weight=weight, vocab_size=10, gather_weight=gather, cache_dir=tmp_path / str(len(sets)))
+        ctx = ModelContext(
+            weight=weight, space=VocabSpace.build(10), gather_weight=gather, cache_dir=tmp_path / str(len(sets))
+        )
         assert torch.equal(ctx.head_weight(), whole)
         pol = build_policy(cfg, 4, model=ctx)
         pol.select(ROWS, 0, hidden, torch.zeros(2, 2, dtype=torch.long))

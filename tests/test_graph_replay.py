@@ -26,6 +26,7 @@ import torch
 from helpers import REVIEW_PROBES
 
 from sglang_specvocab.testing.graphs import HostSyncInCapture, capture
+from sglang_specvocab.vocab import VocabSpace
 
 pytestmark = pytest.mark.sglang
 
@@ -76,8 +77,7 @@ class GModel(loop.Model):
             self.lm_head,
             table,
             HeadSection(kernel="torch", union_capacity=V),  # no overflow: the union's rows keep their whole sets
-            target_vocab_size=V,
-            hot_token_id=self.hot,
+            space=VocabSpace.build(V, head_ids=self.hot, fallback_id=table.fallback_id),
         )
 
     def rewrite(self, slots: list[int], g: torch.Generator) -> None:

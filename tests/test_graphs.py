@@ -14,9 +14,10 @@ from helpers import REVIEW_PROBES
 from torch.utils._pytree import tree_leaves
 
 from sglang_specvocab import ops
-from sglang_specvocab.head import PLANS, DraftHead
+from sglang_specvocab.head import PLANS, DraftHead, head_options
 from sglang_specvocab.table import CandidateTable
 from sglang_specvocab.testing.graphs import HostSyncInCapture, capture
+from sglang_specvocab.vocab import VocabSpace
 
 # Device stand-ins: tensors made outside any capture.
 X = torch.arange(6.0)
@@ -186,11 +187,8 @@ def _head(plan: str, d2t: bool, kernel: str, g: torch.Generator):
     head = DraftHead(
         W if hot is None else W[hot],
         table,
-        kernel=kernel,
-        batch=plan,
-        union_capacity=CAP + 3,  # three sets of up to CAP ids: some calls drop ids past the capacity
-        hot_token_id=hot,
-        target_vocab_size=V,
+        VocabSpace.build(V, head_ids=hot, fallback_id=table.fallback_id),
+        head_options(kernel=kernel, batch=plan, union_capacity=CAP + 3),
         logit_scale=0.5,
         logit_softcap=4.0,
     )

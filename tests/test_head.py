@@ -10,10 +10,11 @@ from literal import literal_head_topk, literal_logits
 from sglang_specvocab import headcost
 from sglang_specvocab.bench.host import LaunchCounter
 from sglang_specvocab.config import HeadSection, default_union_columns
-from sglang_specvocab.head import DraftHead, HeadOutput
+from sglang_specvocab.head import DraftHead, HeadOutput, head_options
 from sglang_specvocab.ops import indexed_logits
 from sglang_specvocab.ops.topk import local_topk, vocab_shard
 from sglang_specvocab.table import CandidateTable
+from sglang_specvocab.vocab import VocabSpace
 
 NEG_INF = float("-inf")
 
@@ -101,7 +102,7 @@ def _pairs(out, k):
 @pytest.mark.parametrize("k", [1, 4, W])
 def test_every_batch_mode_equals_the_literal_topk(kernel, batch, view, literal, k):
     weight, table, sets, rows, hidden = _case()
-    head = DraftHead(weight, table, kernel=kernel, batch=batch, union_view=view)
+    head = DraftHead(weight, table, head=head_options(kernel=kernel, batch=batch, union_view=view))
     out = head(hidden, rows)
     got = _pairs(out, k)
     assert out.plan == batch
@@ -110,8 +111,8 @@ def test_every_batch_mode_equals_the_literal_topk(kernel, batch, view, literal, 
 
 def test_union_seen_own_is_per_request_and_no_wider_than_its_union():
     weight, table, sets, rows, hidden = _case(seed=4)
-    per = DraftHead(weight, table, batch="per-request")(hidden, rows)
-    union = DraftHead(weight, table, batch="union-indexed")(hidden, rows)
+    per = DraftHead(weight, table, head=head_options(batch="per-request"))(hidden, rows)
+    union = DraftHead(weight, table, head=head_options(batch="union-indexed"))(hidden, rows)
     want = sorted(set().union(*(sets[int(s)] for s in rows)))
     assert union.col_ids[: len(want)].tolist() == want and bool((union.col_ids[len(want) :] == -1).all())
     for k in (1, 5, W):
@@ -121,14 +122,15 @@ def test_union_seen_own_is_per_request_and_no_wider_than_its_union():
         torch.testing.assert_close(l1, l2)  # over the same live logits (summed in another order)
 
 
-def test_from_config_takes_the_head_section_whole():
+def test_the_head_takes_the_config_section_whole():
     weight, table = torch.randn(1000, 8), CandidateTable(3, 16)
-    head = DraftHead.from_config(weight, table, HeadSection(kernel="torch", batch="union", union_view="all"))
+    head = DraftHead(weight, table, head=HeadSection(kernel="torch", batch="union", union_view="all"))
     assert (head.mode, head.batch, head.union_view) == ("fused", "union", "all")
     assert head.union_capacity == default_union_columns(16, 1000) == 256  # the config's default, over the head rows
-    assert DraftHead.from_config(weight, table, HeadSection(kernel="torch", union_capacity=100)).union_capacity == 100
-    forced = HeadSection(kernel="torch").model_copy(update={"batch": "union-gemm"})  # a plan: tests and benches
-    assert DraftHead.from_config(weight, table, forced).plan(2, 1) == "union-gemm"
+    assert DraftHead(weight, table, head=HeadSection(kernel="torch", union_capacity=100)).union_capacity == 100
+    assert DraftHead(weight, table, head=head_options(batch="union-gemm")).plan(2, 1) == "union-gemm"  # a plan
+    with pytest.raises(ValueError, match="batch = 'ragged' is invalid"):
+        DraftHead(weight, table, head=head_options(batch="ragged"))  # head_options skips the schema: the head checks
 
 
 def test_union_overflow_keeps_the_lowest_ids_and_is_counted():
@@ -140,7 +142,7 @@ def test_union_overflow_keeps_the_lowest_ids_and_is_counted():
     union = sorted(set().union(*(sets[int(s)] for s in rows)))
     C = W + 3
     assert len(union) > C and top not in union[:C]
-    head = DraftHead(weight, table, batch="union-indexed", union_capacity=C)
+    head = DraftHead(weight, table, head=head_options(batch="union-indexed", union_capacity=C))
     out = head(hidden, rows)
     assert out.col_ids.tolist() == union[:C] and int(head.union_overflow) == 1
     k = 6
@@ -219,8 +221,12 @@ def test_mapped_rows_keep_the_request_slot_and_give_the_previous_logits(kernel, 
     local = torch.zeros(per, D)  # SGLang's shard: its rows, then zero padding
     local[: end - start] = head_w[start:end]
     shard = (start, end) if tp > 1 else None
-    head = DraftHead(local, table, kernel=kernel, batch="per-request", hot_token_id=hot, target_vocab_size=V,
-                     shard=shard, tp_size=1)  # fmt: skip
+    head = DraftHead(
+        local,
+        table,
+        VocabSpace.build(V, head_ids=hot, shard=shard, tp_size=1, fallback_id=table.fallback_id),
+        head_options(kernel=kernel, batch="per-request"),
+    )
     out = head(hidden, rows)
     # stated here, not by the head's own helpers: each hidden row's slot (request-major, 3 rows a request) and each
     # target id's local row (its global head row, identity or its index in the d2t map, less this rank's start)
@@ -250,7 +256,12 @@ def test_the_per_request_step_is_two_launches(space, n):
     weight, table, _, rows, _ = _case(seed=5)
     hot = torch.randperm(V, generator=torch.Generator().manual_seed(2))[:150] if space == "d2t" else None
     head_w = weight if hot is None else weight[hot]
-    head = DraftHead(head_w, table, kernel="cuda", batch="per-request", hot_token_id=hot, target_vocab_size=V)
+    head = DraftHead(
+        head_w,
+        table,
+        VocabSpace.build(V, head_ids=hot, fallback_id=table.fallback_id),
+        head_options(kernel="cuda", batch="per-request"),
+    )
     hidden = torch.randn(rows.shape[0] * n, D, generator=torch.Generator().manual_seed(6))
     head(hidden, rows).topk_probs(3)  # first call: plan cached
     with LaunchCounter() as seen:
@@ -282,8 +293,12 @@ def test_the_cost_model_prices_every_launch_of_a_union_call(plan, mapped):
     on the CPU, where each aten op would be one launch on a GPU (the own view, the default)."""
     weight, table, _, rows, hidden = _case(seed=7)
     hot = torch.randperm(V, generator=torch.Generator().manual_seed(3))[:200] if mapped else None
-    head = DraftHead(weight if hot is None else weight[hot], table, kernel="cuda", batch=plan, hot_token_id=hot,
-                     target_vocab_size=V)  # fmt: skip
+    head = DraftHead(
+        weight if hot is None else weight[hot],
+        table,
+        VocabSpace.build(V, head_ids=hot, fallback_id=table.fallback_id),
+        head_options(kernel="cuda", batch=plan),
+    )
     head(hidden, rows)
     with LaunchCounter() as seen:
         head(hidden, rows)
@@ -301,7 +316,7 @@ def test_auto_plan_runs_on_meta_and_its_logits_are_the_plans_width():
     table = CandidateTable(9, 64, device="meta")
     weight = torch.zeros(5000, 32, device="meta", dtype=torch.bfloat16)
     for batch in ("auto", "per-request", "union-indexed", "union-gemm", "stock"):
-        head = DraftHead(weight, table, batch=batch, union_capacity=640)
+        head = DraftHead(weight, table, head=head_options(batch=batch, union_capacity=640))
         width = {"per-request": 64, "union-indexed": 640, "union-gemm": 640, "stock": 5000}
         # auto on meta (no fitted constants: bandwidth and launches only): at most 8 x 64 set rows against the
         # head's 5000, and a union's 34 launches, so per request at every shape here
@@ -417,7 +432,12 @@ def test_one_rank_stock_head_never_proposes_a_padding_row(d2t):
     hidden = torch.tensor([[1.0, 0, 0, 0], [1.0, 0, 0, 0]])
     hot = torch.tensor([7, 3, 12, 0, 5, 9, 1, 14, 2, 11]) if d2t else None
     table = CandidateTable(3, 4, fallback_id=int(hot[0]) if d2t else 0)
-    head = DraftHead(weight, table, batch="stock", hot_token_id=hot, target_vocab_size=16 if d2t else rows_real)
+    head = DraftHead(
+        weight,
+        table,
+        VocabSpace.build(16 if d2t else rows_real, head_ids=hot, fallback_id=table.fallback_id),
+        head_options(batch="stock"),
+    )
     out = head(hidden, torch.tensor([1, 2]))
     values, tokens = out.topk(12)
     real = set(hot.tolist()) if d2t else set(range(rows_real))
@@ -442,7 +462,12 @@ def test_a_bad_id_is_a_dead_counted_column_in_every_plan(d2t, batch):
     table.ids[1, :3] = torch.tensor(pool[:3], dtype=torch.int32)
     table.ids[2, :4] = torch.tensor([pool[3], pool[7], V + 9, pool[9]], dtype=torch.int32)  # column 2: bad
     table.cnt[1], table.cnt[2] = 3, 4
-    head = DraftHead(weight, table, kernel="torch", batch=batch, hot_token_id=hot, target_vocab_size=V)
+    head = DraftHead(
+        weight,
+        table,
+        VocabSpace.build(V, head_ids=hot, fallback_id=table.fallback_id),
+        head_options(kernel="torch", batch=batch),
+    )
     hidden = torch.randn(4, d, generator=g)  # two hidden rows a request
     counter = ops.bad_entries("cpu")
     before = int(counter)

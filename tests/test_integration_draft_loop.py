@@ -69,6 +69,7 @@ class Model:
         from sglang_specvocab.config import HeadSection
         from sglang_specvocab.integration import logits as L
         from sglang_specvocab.table import CandidateTable
+        from sglang_specvocab.vocab import VocabSpace
 
         g = torch.Generator().manual_seed(seed)
         self.A = torch.randn(D, D, generator=g, dtype=torch.float64) * 0.7
@@ -87,7 +88,11 @@ class Model:
         original.logit_scale, original.final_logit_softcapping = None, None
         self.lm_head = SimpleNamespace(weight=self.W, tp_size=1)
         self.proc = L.DynVocabLogitsProcessor.wrap(
-            original, self.lm_head, self.table, HeadSection(kernel="torch"), target_vocab_size=V
+            original,
+            self.lm_head,
+            self.table,
+            HeadSection(kernel="torch"),
+            space=VocabSpace.build(V, fallback_id=self.table.fallback_id),
         )
 
     @property

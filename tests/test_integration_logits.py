@@ -17,9 +17,10 @@ import pytest
 import torch
 from helpers import free_port
 
-from sglang_specvocab.head import DraftHead
+from sglang_specvocab.head import DraftHead, head_options
 from sglang_specvocab.table import CandidateTable
 from sglang_specvocab.testing.standins import CHILD_PREAMBLE
+from sglang_specvocab.vocab import VocabSpace
 
 ROOT = Path(__file__).resolve().parents[1]
 V, D, R, W, HOT = 512, 64, 6, 16, 128
@@ -46,6 +47,7 @@ _CHILD = CHILD_PREAMBLE + textwrap.dedent(
     from sglang_specvocab.integration import logits as L
     from sglang_specvocab.ops import topk as T
     from sglang_specvocab.table import CandidateTable
+    from sglang_specvocab.vocab import VocabSpace
 
     torch.set_num_threads(1)
     inp = torch.load(sys.argv[2])
@@ -101,7 +103,7 @@ _CHILD = CHILD_PREAMBLE + textwrap.dedent(
             original = model.logits_processor
             kw = {}
             if space == "d2t":
-                kw.update(hot_token_id=model.hot_token_id, target_vocab_size=inp["V"])
+                kw.update(space=VocabSpace.build(inp["V"], head_ids=model.hot_token_id, fallback_id=table.fallback_id))
             proc = L.install(model, table, HeadSection(kernel="torch"), **kw)
             assert model.logits_processor is proc and isinstance(proc, lp_mod.LogitsProcessor)
             assert proc.final_logit_softcapping == original.final_logit_softcapping
@@ -139,7 +141,7 @@ _CHILD = CHILD_PREAMBLE + textwrap.dedent(
                 fb = batch(ForwardMode.DECODE, h.shape[0], rpi)
                 res["original"] = original(None, h, model.lm_head, fb).next_token_logits
             if space == "d2t":
-                res["in_vocab"] = proc.in_draft_vocab(torch.arange(-1, inp["V"] + 1))
+                res["in_vocab"] = proc.dv_space.contains(torch.arange(-1, inp["V"] + 1))
             out[space, softcap] = res
         # Every batch mode through the processor (head.batch), the decode rows and the eager draft extend's
         # select_index rows (logits of several rows per request, then one row each).
@@ -147,7 +149,7 @@ _CHILD = CHILD_PREAMBLE + textwrap.dedent(
             model = draft(space)
             kw = {}
             if space == "d2t":
-                kw.update(hot_token_id=model.hot_token_id, target_vocab_size=inp["V"])
+                kw.update(space=VocabSpace.build(inp["V"], head_ids=model.hot_token_id, fallback_id=table.fallback_id))
             # a plan's name forces that plan (no config file can name one)
             head = HeadSection(kernel="torch").model_copy(update={"batch": mode})
             proc = L.install(model, table, head, **kw)
@@ -170,7 +172,7 @@ _CHILD = CHILD_PREAMBLE + textwrap.dedent(
         original = model.logits_processor
         kw = {}
         if space == "d2t":
-            kw.update(hot_token_id=model.hot_token_id, target_vocab_size=inp["V"])
+            kw.update(space=VocabSpace.build(inp["V"], head_ids=model.hot_token_id, fallback_id=table.fallback_id))
         proc = L.install(model, table, HeadSection(kernel="torch", batch="stock"), **kw)
         h, rpi = inp["hidden"], inp["rpi"]
         fb = batch(ForwardMode.DECODE, h.shape[0], rpi)
@@ -252,11 +254,17 @@ def _reference(inp, space, hidden, rpi, softcap=None, batch="per-request"):
     """DraftHead over the target-space weight (for d2t, the draft rows sit at their target ids), or for the stock
     mode the draft's own head."""
     if batch == "stock" and space == "d2t":
-        head = DraftHead(inp["head_d2t"], _table(inp, space), kernel="torch", batch=batch, hot_token_id=inp["hot"],
-                         target_vocab_size=V)  # fmt: skip
+        head = DraftHead(
+            inp["head_d2t"],
+            _table(inp, space),
+            VocabSpace.build(V, head_ids=inp["hot"], fallback_id=_table(inp, space).fallback_id),
+            head_options(kernel="torch", batch=batch),
+        )
         return head(hidden, rpi)
     weight = inp["weight"]
-    return DraftHead(weight, _table(inp, space), kernel="torch", logit_softcap=softcap, batch=batch)(hidden, rpi)
+    return DraftHead(weight, _table(inp, space), head=head_options(kernel="torch", batch=batch), logit_softcap=softcap)(
+        hidden, rpi
+    )
 
 
 def _slots(rpi, n):

@@ -10,7 +10,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import free_port
 
+from sglang_specvocab.head import head_options
 from sglang_specvocab.ops import topk as L
+from sglang_specvocab.vocab import VocabSpace
 
 V, D, R, W = 1000, 16, 7, 24
 KS = (1, 3, 8, W)
@@ -56,7 +58,12 @@ def _reference(space: str, k: int, batch: str):
     from sglang_specvocab.head import DraftHead
 
     _, head, hot, table, hidden, rpi = _case(space)
-    out = DraftHead(head, table, kernel="torch", batch=batch, hot_token_id=hot, target_vocab_size=V)(hidden, rpi)
+    out = DraftHead(
+        head,
+        table,
+        VocabSpace.build(V, head_ids=hot, fallback_id=table.fallback_id),
+        head_options(kernel="torch", batch=batch),
+    )(hidden, rpi)
     values, tokens = out.topk(k)
     _, cols = torch.sort(out.logits, dim=1, descending=True, stable=True)
     probs = torch.softmax(out.logits, dim=1).gather(1, cols[:, :k])
@@ -78,8 +85,13 @@ def _rank(rank: int, world: int, port: int, outdir: str):
             local = torch.zeros(per, D)
             local[: end - start] = head[start:end]
             for batch in BATCHES:
-                dh = DraftHead(local, table, kernel="torch", batch=batch, hot_token_id=hot, target_vocab_size=V,
-                               shard=(start, end), group=None, tp_size=world)  # fmt: skip
+                dh = DraftHead(
+                    local,
+                    table,
+                    VocabSpace.build(V, head_ids=hot, shard=(start, end), tp_size=world, fallback_id=table.fallback_id),
+                    head_options(kernel="torch", batch=batch),
+                    group=None,
+                )
                 out_ = dh(hidden, rpi)
                 for k in KS:
                     values, tokens = out_.topk(k)

@@ -32,6 +32,7 @@ from helpers import free_port, recorded
 
 from sglang_specvocab.config import HeadSection
 from sglang_specvocab.table import CandidateTable
+from sglang_specvocab.vocab import VocabSpace
 
 pytestmark = pytest.mark.sglang
 
@@ -152,7 +153,11 @@ def _world(rank, world, port, inp, out_path):
             table = CandidateTable.over(*inp["tables"][space])  # the parent's table, rebuilt
             kw = {}
             if space == "d2t":
-                kw.update(hot_token_id=model.hot_token_id, target_vocab_size=V)
+                kw.update(
+                    space=VocabSpace.build(
+                        V, head_ids=model.hot_token_id, fallback_id=table.fallback_id, **L.head_shard(model.lm_head)
+                    )
+                )
             for batch in BATCHES:
                 try:
                     # a plan's name forces that plan (no config file can name one)

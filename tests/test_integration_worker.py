@@ -323,7 +323,7 @@ def test_init_warns_once_and_the_report_exports_the_head_counters(W, monkeypatch
     watches its counters: a table row with a bad count is counted on the device by the head's op, published with the
     telemetry and handed to the gauges when a request finishes."""
     from sglang_specvocab import ops
-    from sglang_specvocab.head import DraftHead
+    from sglang_specvocab.head import DraftHead, head_options
     from sglang_specvocab.integration.telemetry import BAD_ENTRIES, UNION_OVERFLOW, Gauges
     from sglang_specvocab.table import CandidateTable
 
@@ -334,7 +334,7 @@ def test_init_warns_once_and_the_report_exports_the_head_counters(W, monkeypatch
     monkeypatch.setattr(W, "_warned_no_gauges", False)
     table = CandidateTable(NUM_ROWS, 4, fallback_id=0)
     table.cnt[5] = 0  # a policy bug: slot 5 has no live id
-    head = DraftHead(torch.randn(V, 8), table, kernel="torch", batch="per-request")
+    head = DraftHead(torch.randn(V, 8), table, head=head_options(kernel="torch", batch="per-request"))
     telemetry = mirrored_telemetry(NUM_ROWS)
     w = object.__new__(W.DynVocabWorkerV2)
     w._draft_worker = SimpleNamespace(

@@ -21,11 +21,12 @@ from literal import literal_logits
 from logits_cases import RUN_CASES, runs_case
 
 from sglang_specvocab import ops
-from sglang_specvocab.head import DraftHead
+from sglang_specvocab.head import DraftHead, head_options
 from sglang_specvocab.ops import _ext
 from sglang_specvocab.ops.indexed_logits import reference_indexed_logits, reference_packed_logits
 from sglang_specvocab.ops.window_update import reference_window_update
 from sglang_specvocab.table import CandidateTable
+from sglang_specvocab.vocab import VocabSpace
 
 DEV = "cuda"
 pytestmark = pytest.mark.gpu
@@ -253,9 +254,9 @@ def test_draft_step_in_a_cuda_graph_follows_the_table(plan, d2t, W):
     pool = hot if d2t else torch.arange(V, device=DEV)
     weight = torch.randint(-3, 4, (pool.numel(), d), device=DEV, generator=g).to(torch.bfloat16)
     table = CandidateTable(R, W, device=DEV, fallback_id=int(pool[0]))
-    kw = {"batch": plan, "hot_token_id": hot, "target_vocab_size": V if d2t else None}
-    head = DraftHead(weight, table, kernel="cuda", **kw)
-    torch_head = DraftHead(weight, table, kernel="torch", **kw)
+    space = VocabSpace.build(V, head_ids=hot, fallback_id=table.fallback_id, device=DEV) if d2t else None
+    head = DraftHead(weight, table, space, head_options(kernel="cuda", batch=plan))
+    torch_head = DraftHead(weight, table, space, head_options(kernel="torch", batch=plan))
     cand = torch.full((bs, W), -1, dtype=torch.int64, device=DEV)
     hidden = torch.zeros(bs * n, d, dtype=torch.bfloat16, device=DEV)
     rows = torch.arange(1, bs + 1, device=DEV)

@@ -2,6 +2,7 @@ from importlib import resources
 from pathlib import Path
 
 from sglang_specvocab.policies import load_config
+from sglang_specvocab.vocab import VocabSpace
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +58,9 @@ def test_cluster_policy_without_faiss_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "faiss", None)  # import faiss -> ImportError
     weight = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
     cfg = parse_config({"policy": "cluster", "capacity": 16, "cluster": {"clusters": 4, "budget": [2, 1]}})
-    model = ModelContext(weight=weight, embedding=None, vocab_size=64, eos_token_ids=(2,), cache_dir=tmp_path)
+    model = ModelContext(
+        weight=weight, embedding=None, space=VocabSpace.build(64), eos_token_ids=(2,), cache_dir=tmp_path
+    )
     with pytest.raises(SpecVocabError, match=r"faiss.*pip install 'sglang-specvocab\[cluster\]'"):
         build_policy(cfg, 4, model=model)
 

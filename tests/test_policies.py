@@ -15,6 +15,7 @@ from sglang_specvocab.lab.decoder import CausalLM, DraftShape, SpeculativeDecode
 from sglang_specvocab.policies import ModelContext, build_policy, parse_config
 from sglang_specvocab.policies.cluster import step_budget
 from sglang_specvocab.policies.lowrank import head_times, read_ranker, svd_ranker, whitened_ranker
+from sglang_specvocab.vocab import VocabSpace
 from sglang_specvocab.vocab_data import save_frequency_table, save_successors
 
 V = 512
@@ -41,7 +42,7 @@ def cache(tmp_path_factory):
 
 def model_ctx(weight, cache, embedding=None):
     return ModelContext(
-        weight=weight, embedding=embedding, vocab_size=weight.shape[0], eos_token_ids=(2,), cache_dir=cache
+        weight=weight, embedding=embedding, space=VocabSpace.build(weight.shape[0]), eos_token_ids=(2,), cache_dir=cache
     )
 
 
@@ -56,7 +57,7 @@ def freq_ids(path):
 @pytest.mark.parametrize("size", [1, 2, 7, 100, 400])
 def test_static_is_the_most_frequent_ids_with_eos_forced_in(files, size):
     cfg = parse_config({"policy": "static", "static": {"table": str(files / "freq.npz"), "size": size}})
-    pol = build_policy(cfg, 4, fallback_id=2, model=ModelContext(vocab_size=V, eos_token_ids=(2,)))
+    pol = build_policy(cfg, 4, fallback_id=2, model=ModelContext(space=VocabSpace.build(V), eos_token_ids=(2,)))
     want = frequent_set(freq_ids(files / "freq.npz"), size, [2])
     for r in range(4):  # every row, the padding row too, holds the set from the start
         assert pol.table.row(r) == want
@@ -76,16 +77,16 @@ def test_static_paths_are_relative_to_the_config_file(files, tmp_path):
         {"policy": "static", "static": {"table": "missing.npz", "size": 8}}, source=str(tmp_path / "x.yaml")
     )
     with pytest.raises(ConfigError, match="missing.npz"):
-        build_policy(cfg, 2, model=ModelContext(vocab_size=V))
+        build_policy(cfg, 2, model=ModelContext(space=VocabSpace.build(V)))
 
 
 def test_static_errors_name_the_problem(files):
     cfg = parse_config({"policy": "static", "static": {"table": str(files / "freq.npz"), "size": 8}})
     with pytest.raises(ConfigError, match="built for a 512-token vocabulary, the model has 1000"):
-        build_policy(cfg, 2, model=ModelContext(vocab_size=1000))
+        build_policy(cfg, 2, model=ModelContext(space=VocabSpace.build(1000)))
     big = parse_config({"policy": "static", "static": {"table": str(files / "freq.npz"), "size": 511}})
     with pytest.raises(ConfigError, match="larger than the"):
-        build_policy(big, 2, model=ModelContext(vocab_size=V))
+        build_policy(big, 2, model=ModelContext(space=VocabSpace.build(V)))
     with pytest.raises(ConfigError, match="static.size = 0 is invalid"):
         parse_config({"policy": "static", "static": {"table": "x.npz", "size": 0}})
     with pytest.raises(ConfigError, match="missing required key 'static'"):
@@ -350,7 +351,7 @@ def test_retrieval_matches_the_literal_rule(files, seed):
     g = np.random.default_rng(seed)
     nn, ns, dyn = int(g.integers(0, 4)), int(g.integers(0, 3)), int(g.integers(1, 9))
     cfg = retrieval_cfg(files, 40, dyn, nn, ns)
-    pol = build_policy(cfg, 4, fallback_id=2, model=ModelContext(vocab_size=V, eos_token_ids=(2,)))
+    pol = build_policy(cfg, 4, fallback_id=2, model=ModelContext(space=VocabSpace.build(V), eos_token_ids=(2,)))
     core = frequent_set(freq_ids(files / "freq.npz"), 40, [2])
     with np.load(files / "succ.npz") as f:
         succ = {int(r): [int(s) for s in row[:ns] if s >= 0] for r, row in zip(f["rows"], f["table"], strict=True)}
@@ -371,7 +372,7 @@ def test_retrieval_matches_the_literal_rule(files, seed):
 
 
 def test_retrieval_set_is_core_plus_at_most_dynamic_size(files):
-    pol = build_policy(retrieval_cfg(files, 40, 6), 3, fallback_id=2, model=ModelContext(vocab_size=V))
+    pol = build_policy(retrieval_cfg(files, 40, 6), 3, fallback_id=2, model=ModelContext(space=VocabSpace.build(V)))
     assert pol.table.capacity == 46 and pol.verify_topk == 3
     rows = torch.tensor([1])
     for t in range(100, 140):
@@ -506,11 +507,8 @@ def test_per_step_and_per_round_paths_capture_without_a_host_sync(files, cache, 
     model = model_ctx(w, cache)
     if space == "d2t":
         hot = torch.cat([torch.tensor([2]), torch.randperm(V - 3, generator=g)[:255] + 3])
-        mask = torch.zeros(V, dtype=torch.bool)
-        mask[hot] = True
-        model = ModelContext(
-            weight=w[hot], vocab_size=V, eos_token_ids=(2,), cache_dir=cache, draft_vocab=mask, head_ids=hot
-        )
+        space = VocabSpace.build(V, head_ids=hot, eos_token_ids=(2,))
+        model = ModelContext(weight=w[hot], space=space, eos_token_ids=(2,), cache_dir=cache)
     for name, data in all_configs(files).items():
         pol = build_policy(parse_config(data), 5, fallback_id=2, model=model)
         prompt, event = (ids(2, 10), ids(2, 10, 3)), (ids(2, 5), ids(2, 4, 8), ids(2, 4))
@@ -523,4 +521,4 @@ def test_per_step_and_per_round_paths_capture_without_a_host_sync(files, cache, 
         capture(lambda pol=pol, event=event: pol.on_verify(rows, *event))
         assert int(pol.table.cnt[1]) >= 1, name
         if space == "d2t":
-            assert all(bool(mask[pol.table.row(r)].all()) for r in rows.tolist()), name  # only the draft's ids
+            assert all(bool(space.mask[pol.table.row(r)].all()) for r in rows.tolist()), name  # only the draft's ids

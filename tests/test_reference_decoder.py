@@ -5,7 +5,7 @@ import torch
 from helpers import tiny_llama
 
 from sglang_specvocab import SpecVocabError
-from sglang_specvocab.head import DraftHead
+from sglang_specvocab.head import DraftHead, head_options
 from sglang_specvocab.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
 from sglang_specvocab.policies import parse_config
 
@@ -248,7 +248,9 @@ def test_lockstep_union_all_only_adds_the_other_requests_columns(models, prompts
     head = {"kernel": "torch", "batch": "union", "union_view": "all"}
     cfg = parse_config({"policy": "window", "capacity": 48, "head": head})
     dec = SpeculativeDecoder(target, drafter, cfg, SHAPES["tree"], eos_token_ids=[2], batch=3)
-    own = DraftHead(drafter.weight, dec.policy.table, kernel="torch", batch="union", union_view="own")
+    own = DraftHead(
+        drafter.weight, dec.policy.table, head=head_options(kernel="torch", batch="union", union_view="own")
+    )
     added = []
 
     def check(hidden, rows, out):

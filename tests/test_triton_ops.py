@@ -119,7 +119,7 @@ MAPPED = [("bf16", 3, 5), ("fp32", 2, 17), ("fp16", 1, 10)]  # (dtype, requests,
 def _head_runs(kernel: str) -> dict:
     """The head's top-4 (values, token ids) in each batch plan over overlapping sets (small-integer weights:
     every dot product exact in fp32, so backends agree bitwise), own and all union views."""
-    from sglang_specvocab.head import DraftHead
+    from sglang_specvocab.head import DraftHead, head_options
     from sglang_specvocab.table import CandidateTable
 
     g = torch.Generator().manual_seed(21)
@@ -136,7 +136,9 @@ def _head_runs(kernel: str) -> dict:
     out = {}
     for plan in HEAD_PLANS:
         for view in ("own", "all"):
-            out[plan, view] = DraftHead(weight, table, kernel=kernel, batch=plan, union_view=view)(hidden, rows).topk(4)
+            out[plan, view] = DraftHead(weight, table, head=head_options(kernel=kernel, batch=plan, union_view=view))(
+                hidden, rows
+            ).topk(4)
     return out
 
 

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_specvocab import vocab_data
+from sglang_specvocab import counting
 from sglang_specvocab.cli import main
+from sglang_specvocab.counting import count_tokens
 from sglang_specvocab.errors import ConfigError, SpecVocabError
 from sglang_specvocab.vocab_data import (
-    count_tokens,
     load_frequency_ids,
     load_successors,
     save_frequency_table,
@@ -139,7 +139,7 @@ def test_successor_errors(tmp_path):
 @pytest.mark.parametrize("seed", range(5))
 def test_count_tokens_matches_counter(seed, monkeypatch):
     # A tiny flush size forces many partial merges; a small vocabulary forces many ties.
-    monkeypatch.setattr(vocab_data, "_FLUSH_TOKENS", 1 + seed * 7)
+    monkeypatch.setattr(counting, "_FLUSH_TOKENS", 1 + seed * 7)
     rng = random.Random(seed)
     vocab_size, width = 9, 3
     streams = [[rng.randrange(vocab_size - 1) for _ in range(rng.randrange(0, 25))] for _ in range(30)]

@@ -24,6 +24,7 @@ from sglang_specvocab.ops import WindowRound, _ext
 from sglang_specvocab.ops.window_update import reference_window_update
 from sglang_specvocab.ops.window_verify import reference_window_verify
 from sglang_specvocab.policies import DraftVocabPolicy, ModelContext, build_policy, parse_config
+from sglang_specvocab.vocab import VocabSpace
 
 needs_ext = pytest.mark.skipif(not _ext.available(), reason="the kernels extension is not built")
 
@@ -274,7 +275,7 @@ def test_a_d2t_draft_takes_the_fused_round_with_its_vocabulary_as_holes(kernel):
     g = torch.Generator().manual_seed(5)
     mask = torch.rand(V, generator=g) < 0.5
     mask[1] = True  # the fallback id has a head row
-    model = ModelContext(vocab_size=V, eos_token_ids=(1,), draft_vocab=mask)
+    model = ModelContext(space=VocabSpace.build(V, head_ids=mask.nonzero().flatten()), eos_token_ids=(1,))
     config = {"policy": "window", "capacity": cap, "window": {"prefill_topk": 2, "verify_topk": 3}}
     generic = build_policy(parse_config({**config, "head": {"kernel": "torch"}}), R, fallback_id=1, model=model)
     fused = build_policy(parse_config({**config, "head": {"kernel": kernel}}), R, fallback_id=1, model=model)

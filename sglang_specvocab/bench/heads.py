@@ -29,8 +29,9 @@ import torch
 
 from .. import headcost
 from ..copies import installed_sglang_version, load_copy, supported_versions
-from ..head import DraftHead
+from ..head import DraftHead, head_options
 from ..table import CandidateTable
+from ..vocab import VocabSpace
 
 HEAD_PLANS = headcost.MODES
 D2T_ROWS = 32768
@@ -133,8 +134,9 @@ def head_calls(
     """One call per input set: our head in ``plan`` (one head per table, over ``weight`` or its own of a list) and its
     top-k with probabilities."""
     weights = weight if isinstance(weight, list) else [weight] * len(tables)
+    options = head_options(kernel=kernel, batch=plan, union_capacity=C)
     heads = [
-        DraftHead(w, t, kernel=kernel, batch=plan, union_capacity=C, hot_token_id=hot, target_vocab_size=V)
+        DraftHead(w, t, VocabSpace.build(V, head_ids=hot, fallback_id=t.fallback_id, device=w.device), options)
         for w, t in zip(weights, tables, strict=True)
     ]
     rows = torch.arange(1, tables[0].num_rows, device=weights[0].device)

@@ -57,6 +57,7 @@ from ..config import PolicyConfig
 from ..errors import ConfigError, SpecVocabError
 from ..policies import load_config
 from ..policies.lowrank import read_ranker
+from ..vocab import VocabSpace
 from ..vocab_data import load_frequency_ids, table_vocab_size
 from .names import ATTR, DEFAULT_CONFIG, ENV, FLAG, NAME
 
@@ -291,9 +292,7 @@ def _hot_mask(draft: DraftInfo) -> np.ndarray | None:
     ids = checkpoint_hot_ids(draft.path) if draft.d2t else None
     if ids is None:
         return None
-    mask = np.zeros(draft.vocab_size, dtype=bool)
-    mask[ids.numpy()] = True
-    return mask
+    return VocabSpace.build(draft.vocab_size, head_ids=ids).mask.numpy()
 
 
 def _check_sized_tables(cfg: PolicyConfig, draft: DraftInfo, hot: Callable[[], np.ndarray | None]) -> None:

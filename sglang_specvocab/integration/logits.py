@@ -16,14 +16,12 @@ draft-extend). Everything is shape-static and sync-free: the slot of a row comes
 ``forward_batch.req_pool_indices`` (the static buffer inside a CUDA graph), the table is read,
 never rebound, and no value reaches the host.
 
-Vocabulary spaces. Table ids are always *target* token ids. The head rows are
-- a full-vocabulary draft head (``hot_token_id is None``): head row = target id;
-- a 32k d2t draft (``hot_token_id[j]`` = target id of draft row j): head row = ``t2d[id]``,
-  built once from ``hot_token_id``. An id outside the draft vocabulary has no row: its column
-  is ``-inf``. Keeping such ids out of the table is the policy's job (the worker builds the
-  policy with ``in_draft_vocab``/``draft_vocab_mask`` as its allowed-token mask, and the table's
-  ``fallback_id`` must be a hot id: checked here at construction); ``check_table`` verifies it
-  with a host sync, for tests and debugging.
+Vocabulary spaces: one ``vocab.VocabSpace``, built by the worker at start-up and shared with the policy. Table ids
+are always *target* token ids; a full-vocabulary head's row is the id, a 32k d2t draft's is ``t2d[id]`` (the space's
+``row_map``). An id outside the draft vocabulary has no row: its column is ``-inf``. Keeping such ids out of the table
+is the policy's job (``DraftVocabPolicy``, over the same space), and the table's ``fallback_id`` must be one of the
+draft's ids (checked once at construction, ``VocabSpace.check_fallback``); ``check_table`` verifies the live ids with
+a host sync, for tests and debugging.
 
 Tensor parallelism. Each rank holds a vocabulary shard of the head (``ParallelLMHead``: rank r
 owns rows ``[r*Vp/tp, (r+1)*Vp/tp) ∩ [0, V)`` of the padded vocabulary, see ``ops.topk.vocab_shard``).
@@ -57,6 +55,16 @@ from sglang.srt.utils.common import fast_topk
 from ..config import HeadSection
 from ..head import DraftHead
 from ..table import CandidateTable
+from ..vocab import VocabSpace
+
+
+def head_shard(lm_head) -> dict:
+    """``shard`` and ``tp_size`` of a (vocabulary-parallel) ``ParallelLMHead``, for ``VocabSpace.build``."""
+    tp_size = int(getattr(lm_head, "tp_size", 1))
+    if tp_size == 1:
+        return {"shard": None, "tp_size": 1}
+    si = lm_head.shard_indices
+    return {"shard": (si.org_vocab_start_index, si.org_vocab_end_index), "tp_size": tp_size}
 
 
 class DynVocabLogitsProcessor(LogitsProcessor):
@@ -75,18 +83,15 @@ class DynVocabLogitsProcessor(LogitsProcessor):
         table: CandidateTable,
         head: HeadSection,
         *,
-        hot_token_id: torch.Tensor | None = None,
-        target_vocab_size: int | None = None,
+        space: VocabSpace | None = None,
         tp_group: Any = None,
     ) -> DynVocabLogitsProcessor:
         """``original``: the draft model's ``logits_processor``; ``lm_head``: its (sharded)
         ``ParallelLMHead``; ``table``: the policy's candidate table (on the head's device; its
-        tensors are read, never rebound); ``head``: the config's ``head`` section (``DraftHead.from_config``);
-        ``hot_token_id``: the d2t map of a reduced-vocabulary draft
-        (``draft_runner.model.hot_token_id``), None for a full-vocabulary head;
-        ``target_vocab_size``: the table's id space (default: the head's vocabulary, which must
-        then be the full one); ``tp_group``: the group the head is sharded over (default:
-        SGLang's TP ``GroupCoordinator`` when ``lm_head.tp_size > 1``)."""
+        tensors are read, never rebound); ``head``: the config's ``head`` section; ``space``: the draft
+        vocabulary (``vocab.VocabSpace``: the target ids, a d2t draft's map, this rank's shard; default: a
+        full-vocabulary head on one rank, over the head's vocabulary); ``tp_group``: the group the head is sharded
+        over (default: SGLang's TP ``GroupCoordinator`` when ``lm_head.tp_size > 1``)."""
         self = cls.__new__(cls)
         torch.nn.Module.__init__(self)
         skip = ("_parameters", "_buffers", "_modules", "_dv_original")
@@ -103,42 +108,25 @@ class DynVocabLogitsProcessor(LogitsProcessor):
             raise ValueError("DynVocabLogitsProcessor: the table must live on the head's device")
         tp_size = int(getattr(lm_head, "tp_size", 1))
         head_vocab = int(getattr(lm_head, "org_vocab_size", weight.shape[0]))
-        if hot_token_id is not None:
-            if hot_token_id.numel() != head_vocab:
-                raise ValueError(
-                    f"DynVocabLogitsProcessor: hot_token_id has {hot_token_id.numel()} ids, the head {head_vocab} rows"
-                )
-            if target_vocab_size is None:
-                raise ValueError("DynVocabLogitsProcessor: a d2t draft needs target_vocab_size")
-        V = target_vocab_size or head_vocab
-        shard = None
-        if tp_size > 1:
-            si = lm_head.shard_indices
-            shard = (si.org_vocab_start_index, si.org_vocab_end_index)
-            if tp_group is None:  # the GroupCoordinator the head is sharded over
-                tp_group = get_parallel().tp_group
-        if hot_token_id is not None:
-            in_vocab = torch.zeros(V, dtype=torch.bool, device=weight.device)
-            in_vocab[hot_token_id.to(device=weight.device, dtype=torch.long)] = True
-            if not bool(in_vocab[table.fallback_id]):
-                raise ValueError(
-                    f"DynVocabLogitsProcessor: fallback_id {table.fallback_id} is not in the draft vocabulary"
-                )
-            self.draft_vocab_mask = in_vocab
-        else:
-            self.draft_vocab_mask = None
-        self.target_vocab_size = V
-        self.dv_head = DraftHead.from_config(
+        if space is None:
+            space = VocabSpace.build(head_vocab, **head_shard(lm_head), fallback_id=table.fallback_id)
+        if space.head_rows != head_vocab:
+            raise ValueError(
+                f"DynVocabLogitsProcessor: the vocabulary space has {space.head_rows} head rows, the head {head_vocab}"
+            )
+        if space.tp_size != tp_size:
+            raise ValueError(f"DynVocabLogitsProcessor: the space is for tp_size {space.tp_size}, the head {tp_size}")
+        if tp_size > 1 and tp_group is None:  # the GroupCoordinator the head is sharded over
+            tp_group = get_parallel().tp_group
+        self.dv_space = space
+        self.dv_head = DraftHead(
             weight,
             table,
+            space,
             head,
             logit_softcap=self.final_logit_softcapping or None,
             logit_scale=self.logit_scale,
-            hot_token_id=hot_token_id,
-            target_vocab_size=V,
-            shard=shard,
             group=tp_group,
-            tp_size=tp_size,
         )
         # The stock plan on one rank is EAGLE3's own code path: the original's _get_logits (not a submodule: its
         # state is copied above; a reference, so nothing is registered twice). A stand-in original (tests, the host
@@ -167,7 +155,7 @@ class DynVocabLogitsProcessor(LogitsProcessor):
         if rows is None:
             raise RuntimeError("DynVocabLogitsProcessor: _get_logits called outside forward (no request slots)")
         head, N = self.dv_head, hidden_states.shape[0]
-        if self._dv_stock is not None and N and head.plan(*head.key_of(rows.shape[0], N)) == "stock":
+        if self._dv_stock is not None and N and head.plan(*head.head_key(rows.shape[0], N)) == "stock":
             # EAGLE3's logits, by its own code (LM head GEMM, logits buffer, scale and softcapping, vocab cut)
             return self._dv_stock._get_logits(
                 hidden_states, lm_head, logits_metadata, embedding_bias, use_logits_buffer
@@ -175,17 +163,6 @@ class DynVocabLogitsProcessor(LogitsProcessor):
         return head(hidden_states, rows, weight=lm_head.weight).logits
 
     # --- for the worker ---------------------------------------------------------------------------
-
-    @staticmethod
-    def head_key(logits: torch.Tensor, req_pool_indices: torch.Tensor) -> tuple[int, int]:
-        """The shape key ``(bs, n)`` of a head call whose logits are ``logits`` unchanged: ``n`` rows a request."""
-        bs, N = int(req_pool_indices.shape[0]), int(logits.shape[0])
-        if bs == 0 or N % bs:
-            raise ValueError(
-                f"DynVocabLogitsProcessor: {N} logits rows do not split over {bs} requests; pass head_key, the "
-                "(bs, n) of the head call that produced them"
-            )
-        return bs, N // bs
 
     def draft_topk(
         self,
@@ -209,7 +186,7 @@ class DynVocabLogitsProcessor(LogitsProcessor):
         if next_token_logits.shape[0] == 0:
             z = next_token_logits.new_zeros((0, k))
             return z.float(), z.long()
-        key = head_key or self.head_key(next_token_logits, req_pool_indices)
+        key = head_key or DraftHead.head_key(req_pool_indices.shape[0], next_token_logits.shape[0])
         out = self.dv_head.output(next_token_logits, req_pool_indices, key)
         if out.plan == "stock" and out.tp_size == 1:
             # EAGLE3's draft top-k, the same ops in the same order: renorm_draft_probs (its softmax, without
@@ -238,7 +215,7 @@ class DynVocabLogitsProcessor(LogitsProcessor):
         elif head.tp_size > 1:  # shards to merge
             _, index = self.draft_topk(next_token_logits, 1, req_pool_indices, head_key)
         else:
-            key = head_key or self.head_key(next_token_logits, req_pool_indices)
+            key = head_key or DraftHead.head_key(req_pool_indices.shape[0], next_token_logits.shape[0])
             out = head.output(next_token_logits, req_pool_indices, key)  # host only: the call's column map
             if out.plan == "stock":  # EAGLE3's topk-1 step: the argmax, then the d2t map
                 cols = torch.argmax(next_token_logits, dim=-1, keepdim=True)
@@ -255,18 +232,11 @@ class DynVocabLogitsProcessor(LogitsProcessor):
             chain[:, column].copy_(index.view(-1))
         return torch.ones_like(index, dtype=torch.float32), index
 
-    def in_draft_vocab(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Whether each target id has a draft head row (all True for a full-vocabulary head)."""
-        if self.draft_vocab_mask is None:
-            return (tokens >= 0) & (tokens < self.target_vocab_size)
-        ok = (tokens >= 0) & (tokens < self.target_vocab_size)
-        return ok & self.draft_vocab_mask[tokens.long().clamp(0, self.target_vocab_size - 1)]
-
     def check_table(self) -> None:
         """Host-sync check (tests, debugging): every live table id is in the draft vocabulary."""
         t = self.dv_head.table
         live = torch.arange(t.capacity, device=t.ids.device)[None, :] < t.cnt[:, None]
-        bad = live & ~self.in_draft_vocab(t.ids)
+        bad = live & ~self.dv_space.contains(t.ids)
         if bool(bad.any()):
             r, j = (int(x) for x in bad.nonzero()[0])
             raise ValueError(f"candidate table row {r} holds id {int(t.ids[r, j])} outside the draft vocabulary")
@@ -277,7 +247,7 @@ def install(model, table: CandidateTable, head: HeadSection, *, cls: type | None
     with the config's ``head`` section; returns it.
 
     ``cls``: ``DynVocabLogitsProcessor`` (default) or a subclass; ``kwargs`` go to its ``wrap``
-    (hot_token_id, target_vocab_size, tp_group). Idempotent: an installed processor is rebuilt
+    (space, tp_group). Idempotent: an installed processor is rebuilt
     from its original.
     """
     cls = cls or DynVocabLogitsProcessor
@@ -289,4 +259,4 @@ def install(model, table: CandidateTable, head: HeadSection, *, cls: type | None
     return proc
 
 
-__all__ = ["DynVocabLogitsProcessor", "install"]
+__all__ = ["DynVocabLogitsProcessor", "head_shard", "install"]

@@ -30,7 +30,7 @@ position: prefill last row, decode ``select_index`` / ``accept_lens - 1``), step
 ``i``-th forward of ``draft_forward`` (its ``topk`` beams). Everything is static-shaped tensor code
 on the forward batch's ``req_pool_indices`` (the static buffer inside a CUDA graph), so it is
 captured with the draft graphs. With a d2t draft the rankers rank the draft head's rows and write
-their target ids (``ModelContext.head_ids``); at TP > 1 each rank builds its ranker or clusters from
+their target ids (``dynvocab_space``, one ``VocabSpace``); at TP > 1 each rank builds its ranker or clusters from
 the whole head (gathered once at start-up, ``ModelContext.head_weight``) and the hidden states are the
 same on every rank, so every rank writes the same set with no collective in the draft step.
 
@@ -43,7 +43,6 @@ Where the installed SGLang has the hooks of the repository's ``patches/sglang-0.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -56,9 +55,10 @@ from .. import ops
 from ..copies import has_draft_topk_hook, load_copy
 from ..errors import SpecVocabError
 from ..policies import ModelContext, Policy, build_policy
+from ..vocab import VocabSpace
 from .algorithm import NAME, draft_info, load_server_config
 from .events import host_to_device, prefill_event, reset_rows, verify_event
-from .logits import DynVocabLogitsProcessor, install
+from .logits import DynVocabLogitsProcessor, head_shard, install
 from .telemetry import BAD_ENTRIES, UNION_OVERFLOW, Gauges, Telemetry, install_request_level_keys, report_to_request
 
 logger = logging.getLogger(__name__)
@@ -259,21 +259,39 @@ class DynVocabDraftWorker(EagleDraftWorker):
         self.dynvocab_telemetry = Telemetry(num_rows, device=self.device)
         self.install_dynvocab_head()
 
+    def dynvocab_space(self) -> VocabSpace:
+        """The draft vocabulary, built once (start-up only: host reads of the d2t map): the target's ids, a d2t
+        draft's map, this rank's head shard, the fallback id (the smallest EOS id the draft can score)."""
+        space = getattr(self, "_dynvocab_space", None)
+        if space is None:
+            target_config = self.target_worker.model_runner.model_config
+            eos = tuple(sorted(getattr(target_config, "hf_eos_token_id", None) or ()))
+            hot = self.dynvocab_hot_token_id()
+            head = getattr(self.draft_runner.model, "lm_head", None)
+            weight = getattr(head, "weight", None)  # the space's tensors live with the head
+            space = VocabSpace.build(
+                int(target_config.vocab_size),
+                head_ids=None if hot is None else hot.flatten().long(),
+                **head_shard(head),
+                eos_token_ids=eos,
+                device=self.device if weight is None else weight.device,
+            )
+            self._dynvocab_space = space
+        return space
+
     def dynvocab_model_context(self) -> ModelContext:
-        """What the policies get from the models: the draft head and embeddings, V, the EOS ids."""
+        """What the policies get from the models: the draft head and embeddings, the vocabulary space, the EOS ids."""
         draft = self.draft_runner.model
         target_config = self.target_worker.model_runner.model_config
         head = getattr(draft, "lm_head", None)
         inner = getattr(draft, "model", None)
         embed = getattr(inner, "embed_tokens", None)
         eos = tuple(sorted(getattr(target_config, "hf_eos_token_id", None) or ()))
-        hot = self.dynvocab_hot_token_id()
         return ModelContext(
             weight=getattr(head, "weight", None),
             embedding=getattr(embed, "weight", None),
-            vocab_size=int(target_config.vocab_size),
+            space=self.dynvocab_space(),
             eos_token_ids=eos,
-            head_ids=None if hot is None else hot.flatten().long(),
             gather_weight=_tp_gather(head),
             gather_embedding=_tp_gather(embed),
         )
@@ -292,21 +310,14 @@ class DynVocabDraftWorker(EagleDraftWorker):
         draft_config = self.draft_runner.model_config
         info = draft_info(draft_config.hf_config, draft_config.model_path, model.vocab_size)
         self.dynvocab_config.check_vocab(info.head_size, info.describe())
-        fallback = model.eos_token_ids[0] if model.eos_token_ids else 0
-        hot = model.head_ids
-        if hot is not None:  # a d2t draft: sets hold only ids with a head row (start-up only: host reads)
-            hot_ids = set(hot.tolist())
-            fallback = next((e for e in model.eos_token_ids if e in hot_ids), int(hot[0]))
-            mask = torch.zeros(model.vocab_size, dtype=torch.bool, device=self.device)
-            mask[hot.to(self.device)] = True
-            model = dataclasses.replace(model, draft_vocab=mask)
-        policy = build_policy(self.dynvocab_config, num_rows, device=self.device, fallback_id=fallback, model=model)
+        policy = build_policy(self.dynvocab_config, num_rows, device=self.device, model=model)
         table = policy.table
         logger.info(
-            "DYNVOCAB policy %s (%s): table %s",
+            "DYNVOCAB policy %s (%s): table %s; %s",
             self.dynvocab_config.policy,
             self.dynvocab_config.source,
             "none (dense head)" if table is None else f"{num_rows} rows x {table.capacity} ids on {self.device}",
+            model.space.describe(),
         )
         return policy
 
@@ -324,12 +335,10 @@ class DynVocabDraftWorker(EagleDraftWorker):
         if table is None:
             self.dynvocab_proc = None
             return
-        hot = self.dynvocab_hot_token_id()
         model = self.draft_runner.model
         cls = StepwiseProcessor if policy.stepwise else DynVocabLogitsProcessor
-        vocab = int(self.target_worker.model_runner.model_config.vocab_size)
         # the head sizes its union: head.union_capacity, else config.default_union_columns over its rows
-        proc = install(model, table, self.dynvocab_config.head, cls=cls, hot_token_id=hot, target_vocab_size=vocab)
+        proc = install(model, table, self.dynvocab_config.head, cls=cls, space=self.dynvocab_space())
         if policy.stepwise:
             proc.dv_policy = policy
         self.dynvocab_proc = proc

@@ -36,12 +36,14 @@ import torch
 import yaml
 from tqdm import tqdm
 
+from ..counting import generated_streams
 from ..errors import SpecVocabError
 from ..models import MODELS, check_available, load_model
 from ..policies import ModelContext, build_policy, load_config
 from ..policies.lowrank import whitened_ranker
 from ..prompts import LANGUAGES, format_prompt, multilingual_requests
-from ..vocab_data import _read_npz, generated_streams
+from ..vocab import VocabSpace
+from ..vocab_data import read_npz
 from . import frequency
 from .decoder import CausalLM
 from .rankers import record_text_states, save_trained
@@ -243,7 +245,7 @@ def fit_ranker(args, lm, path: Path, answered: list[Answered]) -> None:
 def write_configs(out: Path, files: dict[str, Path], vocab_size: int, command: str) -> list[Path]:
     """Every shipped config with its data files replaced by ``files``, written into ``out``."""
     distinct = {
-        kind: int(_read_npz(path, "data file", (), vocab_size)["ids"].shape[0])
+        kind: int(read_npz(path, "data file", (), vocab_size)["ids"].shape[0])
         for kind, path in files.items()
         if kind.endswith(".freq")
     }
@@ -297,12 +299,11 @@ def check_configs(paths: list[Path], lm, progress: bool = True) -> None:
     model = ModelContext(
         weight=head,
         embedding=lm.model.get_input_embeddings().weight.detach(),
-        vocab_size=head.shape[0],
+        space=VocabSpace.build(head.shape[0], eos_token_ids=lm.eos_token_ids),
         eos_token_ids=tuple(sorted(lm.eos_token_ids)),
     )
-    fallback = min(lm.eos_token_ids) if lm.eos_token_ids else 0
     for path in tqdm(paths, desc="configs", unit="config", disable=not progress):
         cfg = load_config(path)
         cfg.check_files()
         cfg.check_vocab(head.shape[0], lm.name)
-        build_policy(cfg, num_rows=2, fallback_id=fallback, model=model)
+        build_policy(cfg, num_rows=2, model=model)

@@ -39,6 +39,7 @@ from ..head import DraftHead
 from ..policies import ModelContext, build_policy
 from ..train.checkpoint import load_checkpoint
 from ..train.model import TargetTap
+from ..vocab import VocabSpace
 from .align import OnlineLoRA
 
 
@@ -332,20 +333,20 @@ class SpeculativeDecoder:
         self.target, self.draft, self.config, self.shape = target, draft, config, shape
         self.batch = batch
         self.eos = {int(t) for t in eos_token_ids}
-        fallback = min(self.eos) if self.eos else 0
+        space = VocabSpace.build(draft.vocab_size, eos_token_ids=self.eos, device=draft.weight.device)
         model = ModelContext(
             weight=draft.weight.detach(),
             embedding=draft.embedding.detach(),
-            vocab_size=draft.vocab_size,
+            space=space,
             eos_token_ids=tuple(sorted(self.eos)),
         )
-        self.policy = build_policy(config, num_rows=batch + 1, fallback_id=fallback, model=model)
+        self.policy = build_policy(config, num_rows=batch + 1, model=model)
         head = config.head
         if head.batch == "auto" and self.policy.table is not None:
             # auto is a speed choice (it may pick the stock dense head); the lab measures the policy's sets, so it
             # scores per request unless a mode is named (union own drafts the same; union all or stock differ)
             head = head.model_copy(update={"batch": "per-request"})
-        self.head = DraftHead.from_config(draft.weight, self.policy.table, head, logit_softcap=draft.softcap)
+        self.head = DraftHead(draft.weight, self.policy.table, space, head, logit_softcap=draft.softcap)
         self.recorder = recorder  # gets (draft hidden states [n, d], their input tokens [n]) per request and step
         self._temperature, self._generator = 0.0, None  # of the current generate call
 

@@ -19,10 +19,11 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from ..counting import count_tokens, generated_streams, text_streams
 from ..errors import SpecVocabError
 from ..models import checkpoint_dir, load_model
 from ..prompts import MULTILINGUAL_SOURCE, code_documents, code_prompts, sharegpt_conversations
-from ..vocab_data import count_tokens, generated_streams, save_frequency_table, save_successors, text_streams
+from ..vocab_data import save_frequency_table, save_successors
 
 # Each source with its licence: the data files' records name them.
 _SHAREGPT_SOURCE = (

@@ -24,6 +24,7 @@ from ..policies.cluster import Router
 from ..policies.lowrank import svd_ranker, whitened_ranker
 from ..prompts import format_prompt, sharegpt_conversations
 from ..train.model import TargetTap
+from ..vocab import VocabSpace
 from .decoder import CausalLM, DraftShape, Eagle3LM, SpeculativeDecoder
 
 
@@ -346,7 +347,9 @@ def run_train_router(args) -> int:
         raise SpecVocabError(f"{args.config}: policy = {cfg.policy!r}, a router needs a 'cluster' config")
     cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"router": "centroid"})})
     _, draft, hidden, tokens = recorded_states(args)
-    policy = build_policy(cfg, 1, model=ModelContext(weight=draft.weight.detach(), vocab_size=draft.vocab_size))
+    policy = build_policy(
+        cfg, 1, model=ModelContext(weight=draft.weight.detach(), space=VocabSpace.build(draft.vocab_size))
+    )
     print(f"[train-router] {len(hidden)} recorded draft states, {len(policy.offsets) - 1} clusters", file=sys.stderr)
     router, losses = train_router(
         draft.weight,

@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import torch
 import yaml
 from pydantic import ValidationError
 
@@ -128,23 +127,24 @@ def build_policy(
     num_rows: int,
     *,
     device=None,
-    fallback_id: int = 0,
+    fallback_id: int | None = None,
     model: ModelContext | None = None,
 ) -> Policy:
     """The policy of ``config`` with its own table of ``num_rows`` request slots (None if dense).
 
-    ``model`` gives what ranker and file-based policies need (LM head, embeddings, vocabulary
-    size, EOS ids); policies that need a missing part say so. A composite policy (``union``) gets
-    its member policies, built here first, each with its own table. With ``model.draft_vocab`` (a
-    d2t draft) the policy is wrapped in ``DraftVocabPolicy`` (events cut to the draft vocabulary);
-    ``fallback_id`` must then be in it.
+    ``model`` gives what ranker and file-based policies need (LM head, embeddings, the vocabulary space, EOS ids);
+    policies that need a missing part say so. A composite policy (``union``) gets its member policies, built here
+    first, each with its own table. ``fallback_id``: the token of an empty set (default: the space's, else 0); it must
+    be in the draft vocabulary. Over a d2t draft's space the policy is wrapped in ``DraftVocabPolicy`` (events cut to
+    the draft vocabulary).
     """
+    space = None if model is None else model.space
+    if fallback_id is None:
+        fallback_id = 0 if space is None else space.fallback_id
+    elif space is not None:
+        space.check_fallback(fallback_id, "build_policy")
     policy = _build(config, num_rows, device, fallback_id, model)
-    if model is not None and model.draft_vocab is not None:
-        if not bool(model.in_draft_vocab(torch.tensor([fallback_id], device=model.draft_vocab.device))):
-            raise ValueError(f"build_policy: fallback_id {fallback_id} is not in the draft vocabulary")
-        return DraftVocabPolicy(policy)
-    return policy
+    return DraftVocabPolicy(policy) if space is not None and space.d2t else policy
 
 
 def _build(config: PolicyConfig, num_rows: int, device, fallback_id: int, model: ModelContext | None) -> Policy:

@@ -30,34 +30,35 @@ import torch
 from ..config import PolicyConfig
 from ..errors import ConfigError, SpecVocabError
 from ..table import CandidateTable
+from ..vocab import VocabSpace
 
 
 @dataclass(frozen=True)
 class ModelContext:
     """What some policies need from the draft model (None where the caller has no model, e.g. replay)."""
 
-    weight: torch.Tensor | None = None  # the draft's LM head [V, d]
+    weight: torch.Tensor | None = None  # the draft's LM head [H, d]
     embedding: torch.Tensor | None = None  # the draft's input embeddings [V, d]
-    vocab_size: int | None = None
+    #: The draft vocabulary (``vocab.VocabSpace``: V target ids, a d2t draft's map and mask, the fallback id); None
+    #: where the caller has no model (replay), and then data files say V.
+    space: VocabSpace | None = None
     eos_token_ids: tuple[int, ...] = ()
     cache_dir: Path | None = None  # where derived data (clusters, rankers) is cached
-    #: bool ``[vocab_size]`` on the table's device: the target ids a reduced (d2t) draft head has rows for;
-    #: None when the head covers the whole vocabulary. See ``DraftVocabPolicy``.
-    draft_vocab: torch.Tensor | None = None
-    #: int64 ``[H]``: the target id of each draft head row (a d2t draft's map); None: row i is id i.
-    head_ids: torch.Tensor | None = None
     #: Tensor parallelism: all-gather along dim 0 over the ranks that shard ``weight`` / ``embedding`` (SGLang's
     #: vocabulary-parallel layers: equal, padded slices in rank order); None where the tensor is whole.
     gather_weight: Callable[[torch.Tensor], torch.Tensor] | None = None
     gather_embedding: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     @property
+    def vocab_size(self) -> int | None:
+        """V, the target's ids (None without a space)."""
+        return None if self.space is None else self.space.size
+
+    @property
     def head_rows(self) -> int | None:
         """H, the draft head's real rows over all ranks (None without a head)."""
-        if self.head_ids is not None:
-            return int(self.head_ids.numel())
-        if self.vocab_size is not None:
-            return int(self.vocab_size)
+        if self.space is not None:
+            return self.space.head_rows
         return None if self.weight is None else int(self.weight.shape[0])
 
     def head_weight(self) -> torch.Tensor | None:
@@ -72,17 +73,11 @@ class ModelContext:
 
     def row_ids(self, rows: torch.Tensor) -> torch.Tensor:
         """The target ids of draft head rows ``rows`` (any shape; a d2t draft's map, else the rows themselves)."""
-        if self.head_ids is None:
-            return rows
-        return self.head_ids.to(rows.device)[rows]
+        return rows if self.space is None else self.space.row_ids(rows)
 
     def in_draft_vocab(self, ids: torch.Tensor) -> torch.Tensor:
         """Whether each id (any shape, negative = none) is a live id the draft head can score."""
-        live = ids >= 0
-        if self.draft_vocab is None:
-            return live
-        n = self.draft_vocab.shape[0]
-        return live & (ids < n) & self.draft_vocab[ids.long().clamp(0, n - 1)]
+        return ids >= 0 if self.space is None else self.space.contains(ids)
 
 
 def _whole(part: torch.Tensor | None, gather, rows: int | None) -> torch.Tensor | None:
@@ -170,13 +165,13 @@ class Policy:
 class DraftVocabPolicy(Policy):
     """A policy restricted to a reduced (d2t) draft vocabulary: every event id outside it becomes a hole.
 
-    A stock EAGLE-3 draft scores only its ``H`` hot ids (``ModelContext.draft_vocab``); any other id in a
+    A stock EAGLE-3 draft scores only its ``H`` hot ids (``ModelContext.space``); any other id in a
     set would take a slot (a window entry, a union budget, a telemetry count) and get a ``-inf`` column.
     So the ids of every event (prompt ids and top-K, draft tokens, verified top-K, committed tokens, a
     stepwise policy's input tokens) are mapped to -1 here, before the wrapped policy sees them; the
     file-based sets (``static``, ``retrieval``) read the same mask when they load their data. A committed
     token outside the draft vocabulary is therefore a hole for the policy (it triggers no retrieval).
-    ``build_policy`` wraps every policy built with a ``draft_vocab``; attributes the wrapper does not
+    ``build_policy`` wraps every policy built over a d2t draft's space; attributes the wrapper does not
     define (the ring, the members, the cache, ...) are the wrapped policy's.
     """
 
@@ -204,7 +199,7 @@ class DraftVocabPolicy(Policy):
 
     def on_verify_round(self, *args, **kwargs) -> torch.Tensor:
         """The inner policy's fused verify round with the draft vocabulary as its hole mask."""
-        return self.inner.on_verify_round(*args, **kwargs, hot=self.model.draft_vocab)
+        return self.inner.on_verify_round(*args, **kwargs, hot=self.model.space.mask)
 
     def keep(self, ids: torch.Tensor | None) -> torch.Tensor | None:
         """``ids`` with every id outside the draft vocabulary replaced by -1."""

@@ -3,8 +3,8 @@
 Approximate logits ``(hidden @ W_down.T) @ W_vocab.T`` (``W_down[d', d]``, ``W_vocab[V, d']``)
 rank the whole vocabulary; the ``topk`` best ids become the request's set and the head then
 computes exact logits over them. The ranker ranks the draft head's rows: a d2t draft's rows are mapped to their
-target ids (``ModelContext.head_ids``); a tensor-parallel head is ranked whole on every rank (``head_weight``), so
-the set is the same on every rank and at every TP size, with no collective in the draft step (each rank reads the
+target ids (the ``ModelContext``'s ``space.head_ids``); a tensor-parallel head is ranked whole on every rank
+(``head_weight``), so the set is the same on every rank and at every TP size, with no collective in the draft step (each rank reads the
 whole ranker, ``V x d'``, a step: the head's cost at TP 1).
 
 Rows of one request (its beams) share one set: the top-k of the element-wise **maximum** of
@@ -162,7 +162,7 @@ class LowRankPolicy(Policy):
         self.w_vocab = w_vocab.to(table.device, weight.dtype)
         self.topk = c.topk
         # the ranker ranks head rows; a d2t draft's row j is the target id head_ids[j]
-        ids = self.model.head_ids
+        ids = None if self.model.space is None else self.model.space.head_ids
         self.row_ids = None if ids is None else ids.to(table.device, torch.long)
 
     def selection_reads(self) -> int:

@@ -42,12 +42,13 @@ def vocab_size(model: ModelContext, table_file) -> int:
 
 def frequent_ids(config: PolicyConfig, path: str, size: int, model: ModelContext, fallback: int) -> torch.Tensor:
     """The ``size`` most frequent ids of a table, with every EOS id forced in (replacing the rarest); for
-    a d2t draft (``model.draft_vocab``) only ids of its vocabulary (the fallback id is one).
+    a d2t draft (``model.space``) only ids of its vocabulary (the fallback id is one).
 
     One-time set-up on the host, never per step.
     """
     file = config.resolve(path)
-    allowed = None if model.draft_vocab is None else model.draft_vocab.cpu().numpy()  # a d2t draft's ids
+    mask = None if model.space is None else model.space.mask
+    allowed = None if mask is None else mask.cpu().numpy()  # a d2t draft's ids
     ids = load_frequency_ids(file, vocab_size(model, file), size, allowed).tolist()  # most frequent first
     eos = [e for e in model.eos_token_ids or (fallback,) if allowed is None or allowed[e]]
     eos = list(dict.fromkeys(eos or (fallback,)))[:size]

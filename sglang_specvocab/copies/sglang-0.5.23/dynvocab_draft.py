@@ -261,7 +261,8 @@ def draft_extend_for_decode(self, batch, batch_result, *, kv_loc_plan=None):
         # select_index before the LM head); none of its Python ran at this replay: the top-k reads that call.
         head_key = (self.cuda_graph_runner_for_draft_extend.bs, 1)
     else:
-        head_key = proc.head_key(draft_logits_output.next_token_logits, rows)  # every draft token's row
+        # every draft token's row
+        head_key = proc.dv_head.head_key(rows.shape[0], draft_logits_output.next_token_logits.shape[0])
         draft_logits_output.next_token_logits = draft_logits_output.next_token_logits[select_index]
         if draft_logits_output.hidden_states is not None:
             draft_logits_output.hidden_states = draft_logits_output.hidden_states[select_index]
