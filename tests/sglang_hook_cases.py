@@ -1,4 +1,4 @@
-"""The plug-in on an SGLang with the draft top-k hook (``patches/sglang-0.5.23-draft-topk-hook.diff``).
+"""The plug-in on an SGLang with the draft top-k hook (``patches/sglang-draft-topk-hook.diff``).
 
 Not collected by the suite (the file name): ``tests/test_sglang_patch.py`` runs it with pytest in a child
 process whose ``sys.path`` starts with a patched copy of SGLang. There the worker classes use SGLang's own

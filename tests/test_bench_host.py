@@ -28,6 +28,7 @@ import pytest
 import torch
 
 from sglang_specvocab.bench import host
+from sglang_specvocab.copies.upstream import SGLANG_VERSION
 
 VERIFY_HOOK_OPS = (
     3  # aten launches of the window policy's verify hook: top-k + window_verify (+ SGLang's own); was 101, then 46
@@ -63,7 +64,7 @@ def result(tmp_path_factory):
 @pytest.mark.slow
 def test_every_case_is_timed_for_both_stacks_with_versions_and_command(result):
     data, md = result
-    assert data["versions"]["sglang"] == "0.5.23" and data["versions"]["torch"]
+    assert data["versions"]["sglang"] == SGLANG_VERSION and data["versions"]["torch"]
     assert data["command"].startswith("sglang-specvocab bench host --quick")
     shapes = {(c["shape"]["bs"], c["shape"]["topk"]) for c in data["cases"]}
     assert shapes == {(1, 1), (8, 1), (1, 4), (8, 4)}
@@ -350,7 +351,7 @@ def test_one_launch_past_the_bound_misses_the_gate(monkeypatch):
 def test_markdown_shows_each_case_and_the_verdicts(monkeypatch):
     result = {
         "device": {"name": "cpu"},
-        "versions": {"python": "3.11", "torch": "2.x", "sglang": "0.5.23", "git": "abc"},
+        "versions": {"python": "3.11", "torch": "2.x", "sglang": SGLANG_VERSION, "git": "abc"},
         "command": "sglang-specvocab bench host --quick",
         "method": {"timer": "t", "ops": "o"},
         "target_us": 50.0,

@@ -19,6 +19,7 @@ from sglang_specvocab.bench import kernels_report as report
 from sglang_specvocab.bench import kernels_sweep as sweep
 from sglang_specvocab.bench import kernels_targets as kt
 from sglang_specvocab.cli import parser
+from sglang_specvocab.copies.upstream import SGLANG_VERSION
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = {"target_d": 4096, "target_head_width": 3072, "target_head_batch": 1, "target_rows": 10,
@@ -315,7 +316,7 @@ def test_eagle3_stock_is_sglangs_draft_step_on_a_cpu():
 
 
 def test_the_topk1_copy_is_sglangs_kernel():
-    """The copied Triton kernels are SGLang 0.5.23's (where SGLang is installed), and the interpreted copy is the
+    """The copied Triton kernels are the pinned SGLang's (where SGLang is installed), and the interpreted copy is the
     argmax (where Triton's interpreter runs)."""
     import ast
     import importlib.util
@@ -329,7 +330,7 @@ def test_the_topk1_copy_is_sglangs_kernel():
             out[name] = ast.dump(node)
         return out
 
-    mine = trees((REPO / "sglang_specvocab" / "copies" / "sglang-0.5.23" / "eagle3_topk1.py").read_text())
+    mine = trees((REPO / "sglang_specvocab" / "copies" / "from-sglang" / "eagle3_topk1.py").read_text())
     names = ["_DRAFT_TOPK1_BLOCK", "_draft_topk1_partial_argmax_kernel", "_draft_topk1_finalize_kernel"]
     names.append("draft_topk1_postprocess")
     spec = importlib.util.find_spec("sglang")
@@ -341,7 +342,7 @@ def test_the_topk1_copy_is_sglangs_kernel():
         pytest.skip(interpreter_broken())
     code = (
         "import torch; from sglang_specvocab.copies import load_copy\n"
-        "f = load_copy('eagle3_topk1', '0.5.23').draft_topk1_postprocess\n"
+        f"f = load_copy('eagle3_topk1', {SGLANG_VERSION!r}).draft_topk1_postprocess\n"
         "x = torch.randn(3, 20000, generator=torch.Generator().manual_seed(1)); pos = torch.zeros(3, dtype=torch.long)\n"
         "chain = torch.zeros(3, 2, dtype=torch.long); p, i = f(x, pos, chain, 1)\n"
         "assert torch.equal(i.view(-1), x.argmax(1)) and torch.equal(chain[:, 1], i.view(-1)), (i, x.argmax(1))\n"

@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sglang_specvocab.copies.upstream import SGLANG_VERSION
+
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("device_stage", ROOT / "scripts" / "device" / "stage.py")
 stage = importlib.util.module_from_spec(_spec)
@@ -261,7 +263,7 @@ def test_site_tar_unpacks_trims_and_is_rebuilt_only_when_its_list_changes(tmp_pa
 def test_package_lists_are_consistent():
     specs = stage.BASE_WHEELS + stage.SGLANG_WHEELS
     stage.check_specs(specs + stage.GGUF_WHEELS)  # one version each, nothing of the device's CUDA stack
-    assert "sglang==0.5.23" in specs and "transformers==5.19.0" in stage.BASE_WHEELS
+    assert f"sglang=={SGLANG_VERSION}" in specs and "transformers==5.19.0" in stage.BASE_WHEELS
     assert any(t.spec == "sglang-kernel==0.4.5" for t in stage.TRIMS)  # 0.4.10 needs torch 2.14
     assert not any(stage.spec_name(s) in ("sglang-kernel", "faiss-cpu") for s in specs)
     for name in ("torch", "torchvision", "triton", "nvidia-nccl-cu13", "numpy"):

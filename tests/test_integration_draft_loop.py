@@ -1,4 +1,4 @@
-"""The copied draft loop (``copies/sglang-0.5.23/dynvocab_draft.py``) executed on CPU with a faked draft runner.
+"""The copied draft loop (``copies/from-sglang/dynvocab_draft.py``) executed on CPU with a faked draft runner.
 
 A tiny deterministic draft model, ``h' = tanh(h @ A + E[token])``, head ``W[V, d]`` (fp64), runs in two
 ways on the same inputs:

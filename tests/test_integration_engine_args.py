@@ -45,7 +45,7 @@ def keyword(tiny, config, **extra):
 
 def engine_server_args(**kwargs):
     """The record ``sglang.Engine(**kwargs)`` builds: ``load_plugins()``, then ``self.server_args_class(**kwargs)``
-    with ``log_level`` defaulted (``Engine.__init__`` of SGLang 0.5.23), before it launches anything."""
+    with ``log_level`` defaulted (``Engine.__init__`` of the pinned SGLang), before it launches anything."""
     from sglang.srt.entrypoints.engine import Engine
     from sglang.srt.plugins import load_plugins
 

@@ -1,6 +1,6 @@
 """SGLang verify/prefill tensors -> policy events, against literal per-request constructions.
 
-The verify rounds are laid out as SGLang 0.5.23 lays them out (``build_tree_kernel_efficient``
+The verify rounds are laid out as the pinned SGLang lays them out (``build_tree_kernel_efficient``
 retrieve_* arrays, ``verify_tree_greedy``'s predict / accept_index / accept_lens, and
 ``_finalize_accept_tree_path``'s compaction for topk > 1); SGLang's own kernels need
 sgl_kernel / Triton, so a literal Python statement of the greedy kernel stands in for them.

@@ -18,6 +18,8 @@ from collections import defaultdict
 
 import pytest
 
+from sglang_specvocab.copies.upstream import SGLANG_VERSION
+
 pytestmark = [pytest.mark.sglang, pytest.mark.usefixtures("no_dynvocab_env")]
 
 CHILD = """
@@ -151,7 +153,7 @@ def test_another_sglang_version_is_one_warning_line_and_the_plugin_stays_out(rep
     assert "Traceback" not in stderr and "Failed to" not in stderr, stderr[-3000:]
     mentions = [line for line in stderr.splitlines() if "0.6.0" in line]
     assert len(mentions) == 1, stderr[-3000:]
-    assert "supports SGLang 0.5.23 only, but SGLang 0.6.0 is installed" in mentions[0]
+    assert f"supports SGLang {SGLANG_VERSION} only, but SGLang 0.6.0 is installed" in mentions[0]
     assert mentions[0].endswith("; the DYNVOCAB plug-in is not loaded"), mentions[0]
     # nothing registered: no algorithm, no hook; the plain server is SGLang's own
     assert other["dynvocab"] is False and other["hooked"] == without["hooked"] == []

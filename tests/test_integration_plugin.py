@@ -4,7 +4,9 @@ entry point in a spawned child process (as SGLang's scheduler does)."""
 
 from __future__ import annotations
 
+import hashlib
 import pickle
+import re
 from contextlib import nullcontext
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,6 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 from helpers import SG_DRAFT_VOCAB, SG_VOCAB, spawn_result
+
+from sglang_specvocab.copies.upstream import SGLANG_VERSION
 
 pytestmark = [pytest.mark.sglang, pytest.mark.usefixtures("no_dynvocab_env")]
 
@@ -391,10 +395,14 @@ def test_capacity_below_draft_topk_is_refused(sg, tmp_path):
 def test_version_and_signature_checks(sg, monkeypatch):
     import sglang_specvocab.copies as P
 
-    assert P.supported_versions() == ["0.5.23"]
-    assert P.check_sglang(worker=True) == "0.5.23"  # every recorded signature matches the installed SGLang
-    with pytest.raises(P.SGLangCompatibilityError, match=r"supports SGLang 0\.5\.23 only, but SGLang 0\.5\.24 is "):
-        P.check_sglang_version("0.5.24")
+    assert P.supported_versions() == [SGLANG_VERSION]
+    assert (
+        P.check_sglang(worker=True) == SGLANG_VERSION
+    )  # every recorded signature and body matches the installed SGLang
+    with pytest.raises(
+        P.SGLangCompatibilityError, match=rf"supports SGLang {re.escape(SGLANG_VERSION)} only, but SGLang 0\.0\.1 is "
+    ):
+        P.check_sglang_version("0.0.1")  # a version no plug-in release supports
     monkeypatch.setattr(P, "installed_sglang_version", lambda: "0.6.0")
     with pytest.raises(P.SGLangCompatibilityError, match=r"0\.6\.0 is installed"):
         P.check_sglang()
@@ -415,15 +423,15 @@ def test_version_and_signature_checks(sg, monkeypatch):
     with pytest.raises(P.SGLangCompatibilityError, match="EagleDraftWorker.alloc_memory_pool"):
         P.check_signatures(P.recorded_signatures()["WORKER"])
 
-    # the version folder is not importable by name; its modules load by path, once
-    assert not (P.PATCH_ROOT / "sglang-0.5.23").name.isidentifier()
+    # the copies' folder is not importable by name; its modules load by path, once
+    assert not P.COPIES_DIR.name.isidentifier()
     mod = P.load_copy("eagle_worker_v2")
     assert callable(mod.worker_init) and P.load_copy("eagle_worker_v2") is mod
 
 
 def test_copies_checker_tells_an_import_failure_from_a_change(sg, monkeypatch, tmp_path, capsys):
-    """``python -m sglang_specvocab.copies``: every recorded target matches here; a module that fails to
-    import is reported as such (exit bit 2), apart from a changed or missing target (exit bit 1)."""
+    """``python -m sglang_specvocab.copies``: every recorded target (signatures and bodies) matches here; a module
+    that fails to import is reported as such (exit bit 2), apart from a changed or missing target (exit bit 1)."""
     import sglang_specvocab.copies.__main__ as checker
 
     assert checker.main() == 0
@@ -433,11 +441,14 @@ def test_copies_checker_tells_an_import_failure_from_a_change(sg, monkeypatch, t
     pkg = tmp_path / "fakesglang"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "ok.py").write_text("def f(a, b=1):\n    pass\n")
+    (pkg / "ok.py").write_text("def f(a, b=1):\n    pass\n\n\ndef h(x):\n    return x\n\n\ndef k():\n    pass\n")
     (pkg / "broken.py").write_text("import no_such_dependency_xyz\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     recorded = {"G": {"fakesglang.ok.f": "(a, b=1)", "fakesglang.ok.g": "(a)", "fakesglang.broken.h": "(x)"}}
     monkeypatch.setattr(checker, "recorded_signatures", lambda base: recorded)
+    h = hashlib.sha256(b"def h(x):\n    return x\n").hexdigest()[:16]  # the source hash: sha256 of the source
+    bodies = {"B": {"fakesglang.ok.h": h, "fakesglang.ok.k": "0" * 16}}
+    monkeypatch.setattr(checker, "recorded_bodies", lambda: bodies)
     assert checker.main() == checker.CHANGED | checker.IMPORT_FAILED
     out = capsys.readouterr().out
     lines = {line.split(":")[0].strip(): line for line in out.splitlines()}
@@ -445,7 +456,9 @@ def test_copies_checker_tells_an_import_failure_from_a_change(sg, monkeypatch, t
     assert "<missing" in lines["'fakesglang.ok.g'"] and lines["'fakesglang.ok.g'"].endswith("# CHANGED")
     broken = lines["'fakesglang.broken.h'"]
     assert "no_such_dependency_xyz" in broken and broken.endswith("# IMPORT FAILED")
-    assert "# 3 targets: 1 unchanged, 1 changed, 1 import failed" in out
+    assert lines["'fakesglang.ok.h'"].endswith(f"'{h}',")
+    assert lines["'fakesglang.ok.k'"].endswith("# CHANGED") and "B = {" in out
+    assert "# 5 targets: 2 unchanged, 2 changed, 1 import failed" in out
 
 
 # --- the worker (CPU: construction wiring and allocation, with the GPU parts faked) --------------

@@ -442,7 +442,7 @@ def test_stepwise_inputs_meta_device_no_sync(W):
     assert h.shape == (4, 1, 16) and t.shape == (4, 1)
 
 
-# --- copied methods: in the patch folder, loadable by path, signatures recorded ---------------------
+# --- copied methods: in copies/from-sglang/, loadable by path, signatures recorded ---------------------
 
 
 COPIES = {
@@ -464,12 +464,12 @@ def test_copied_methods_load_by_path_and_signatures_are_recorded(W):
 
     import sglang_specvocab.copies as P
 
-    folder = P.PATCH_ROOT / "sglang-0.5.23"
+    folder = P.COPIES_DIR
     recorded = P.recorded_signatures()["WORKER"]
     for module, funcs in COPIES.items():
         assert (folder / f"{module}.py").is_file()
         mod = P.load_copy(module)
-        assert P.load_copy(module) is mod and "Copied-and-trimmed from SGLang 0.5.23" in (mod.__doc__ or "")
+        assert P.load_copy(module) is mod and "Copied-and-trimmed from the pinned SGLang" in (mod.__doc__ or "")
         for name, target in funcs.items():
             assert callable(getattr(mod, name)) and target in recorded, target
             # the copy takes the upstream parameters after the ones it adds

@@ -1,6 +1,6 @@
-"""``patches/sglang-0.5.23-draft-topk-hook.diff``: the SGLang change that makes the plug-in's copies unnecessary.
+"""``patches/sglang-draft-topk-hook.diff``: the SGLang change that makes the plug-in's copies unnecessary.
 
-- It applies cleanly (no fuzz, no offset) to the installed SGLang 0.5.23's sources.
+- It applies cleanly (no fuzz, no offset) to the installed (pinned) SGLang's sources.
 - Applied to a copy of the package in a temporary folder (first on ``sys.path`` of a child process),
   SGLang's modules import and the diff's own test (SGLang's unittest style) passes.
 - There the plug-in detects the hook and takes it, with the same results as the copies on every piece
@@ -23,10 +23,12 @@ from pathlib import Path
 
 import pytest
 
+from sglang_specvocab.copies.upstream import SGLANG_VERSION
+
 pytestmark = pytest.mark.sglang
 
 ROOT = Path(__file__).resolve().parents[1]
-DIFF = ROOT / "patches" / "sglang-0.5.23-draft-topk-hook.diff"
+DIFF = ROOT / "patches" / "sglang-draft-topk-hook.diff"
 # The modules a server process imports (cpu-build notes), plus the one the diff changes.
 SGLANG_MODULES = [
     "sglang.srt.server_args",
@@ -101,7 +103,7 @@ def child_env(patched: Path) -> dict[str, str]:
 def test_diff_applies_cleanly_to_the_installed_sglang(tmp_path):
     from importlib.metadata import version
 
-    assert version("sglang") == "0.5.23"
+    assert version("sglang") == SGLANG_VERSION
     python = sglang_tree(tmp_path, DIFF)
     for f in changed_files(DIFF):
         assert (python / f).is_file() and not (python / f).is_symlink(), f

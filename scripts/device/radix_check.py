@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Insert into and match against SGLang 0.5.23's radix cache on the CPU, through a chosen tree core.
+"""Insert into and match against the pinned SGLang's radix cache on the CPU, through a chosen tree core.
 
 How the device's "Rust TreeCore panicked ... UnknownKind(N)" was traced (README, finding 4): the
 Rust tree core bundled in the sglang wheel is built against torch 2.14.1 and misreads tensors of
-another torch. In an environment with sglang 0.5.23 (plus `datasets`, which SGLang's test kits import):
+another torch. In an environment with the pinned sglang (plus `datasets`, which SGLang's test kits import):
 
     python scripts/device/radix_check.py rust     # torch 2.13: ok; torch 2.11: the panic (exit 1)
     python scripts/device/radix_check.py python   # the Python tree core: ok on both

@@ -33,6 +33,7 @@ shared/notes/device-staging.md and are kept below as data. See scripts/device/RE
 from __future__ import annotations
 
 import argparse
+import ast
 import fnmatch
 import hashlib
 import json
@@ -54,6 +55,18 @@ DEFAULT_LIMIT = 60 * MIB  # chunks of a plain pack (not a lease's): one device c
 CALL_LIMIT = 64 * MIB  # what one device call may carry in all (repository + carried paths)
 MANIFEST = "manifest.json"
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _pinned_sglang() -> str:
+    """``SGLANG_VERSION`` of the seam module, read with ``ast``: staging must not import the package (or SGLang)."""
+    tree = ast.parse((ROOT / "sglang_specvocab" / "copies" / "upstream.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["SGLANG_VERSION"]:
+            return ast.literal_eval(node.value)
+    raise RuntimeError("sglang_specvocab/copies/upstream.py: no SGLANG_VERSION")
+
+
+SGLANG_VERSION = _pinned_sglang()
 SIZES_FILE = ROOT / "scripts" / "device" / "lease-sizes.json"  # what `lease` built, for the CI check of every plan
 # Where lease T's draft is committed (E serves it from the checkout; the CPU lab reads it; T writes it).
 DRAFT_IN_TREE = "drafts/gemma3-270m-eagle3-full"
@@ -89,7 +102,7 @@ DEVICE = {
         "torchvision": "0.26.0",
         "torchaudio": "2.11.0",
         "triton": "3.6.0",
-        "transformers": "5.17.0",  # replaced by the staged 5.19.0 (sglang 0.5.23 needs it)
+        "transformers": "5.17.0",  # replaced by the staged 5.19.0 (the pinned sglang needs it)
         "numpy": "2.5.2",
         "safetensors": "0.8.0",
         "tokenizers": "0.23.2",
@@ -130,7 +143,7 @@ PIP_PLATFORM_ARGS = [
 
 # What every lease needs beside the device's own packages: this package's pure-Python dependencies
 # (pydantic; torch, numpy, PyYAML, safetensors and tqdm are there), gguf (transformers reads the
-# Gemma-3 GGUF with it) and transformers 5.19 (sglang 0.5.23 needs it; the CPU lab runs it too).
+# Gemma-3 GGUF with it) and transformers 5.19 (the pinned sglang needs it; the CPU lab runs it too).
 BASE_WHEELS = [
     "pydantic==2.14.3",
     "pydantic-core==2.50.4",
@@ -140,10 +153,10 @@ BASE_WHEELS = [
     "gguf==0.19.0",
     "transformers==5.19.0",
 ]
-# sglang 0.5.23 and the rest the device lacks for it (resolved 2026-11-22, device-staging.md). No
+# the pinned sglang (copies/upstream.py) and the rest the device lacks for it (resolved 2026-11-22, device-staging.md). No
 # faiss-cpu: no device phase builds clusters.
 SGLANG_WHEELS = [
-    "sglang==0.5.23",
+    f"sglang=={SGLANG_VERSION}",
     "apache-tvm-ffi==0.1.11",
     "xgrammar==0.2.7",
     "orjson==3.13.0",
@@ -204,7 +217,7 @@ TRIMS = [
     # rust_tree_core/mem_cache: built against torch 2.14.1, wrong on 2.11 (see DEVICE["env"]); without
     # it SGLang uses its Python radix tree ("contains neither the Rust TreeCore extension nor its sources").
     Trim(
-        "sglang==0.5.23",
+        f"sglang=={SGLANG_VERSION}",
         drop=(
             "*.data/*",
             "sglang/multimodal_gen/*",
@@ -775,7 +788,7 @@ ORDER = ("E", "T")  # E whenever a GPU is lent; once it has run, T (continued as
 PHASE_TEXT = {
     "base": "this package's Python dependencies, gguf, transformers 5.19",
     "kernels": "the package, editable, its CUDA kernels built",
-    "sglang": "SGLang 0.5.23 and the stand-ins",
+    "sglang": f"SGLang {SGLANG_VERSION} and the stand-ins",
     "gemma": "Gemma-3 270M converted for SGLang from the GGUF",
     "tests": "the kernels' GPU tests (one process, known crashes alone at the end)",
     "bench": "bench kernels --lease: the head step against EAGLE3's, then the window round",

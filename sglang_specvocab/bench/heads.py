@@ -5,14 +5,14 @@ Per (d, V, draft kind, rows per request, batch) the sweep times, on the same inp
 - ``head`` (our ``DraftHead`` call and its top-k with probabilities, what the server runs per draft step), once per
   plan: ``per-request``, ``union-indexed``, ``union-gemm``, ``stock``; the plan ``auto`` picks for the shape (the cost
   model of this device, ``headcost.costs_for``) is recorded on every record as ``auto_mode``;
-- ``stock``: EAGLE3's own draft head step in SGLang 0.5.23 (``EagleDraftWorker.draft_forward``, ``eagle_worker_v2.py``):
+- ``stock``: EAGLE3's own draft head step in the pinned SGLang (``EagleDraftWorker.draft_forward``, ``eagle_worker_v2.py``):
   the dense GEMM over the draft's rows in the weight's dtype, the logits cast to fp32 (``LogitsProcessor._get_logits``),
   then for topk > 1 ``renorm_draft_probs`` (SGLang's sampling softmax: ``torch.softmax`` on every GPU but SM 10.3) and
   ``fast_topk`` (``torch.topk``); for topk = 1 on CUDA the Triton split argmax ``draft_topk1_postprocess`` (no
-  softmax; it advances ``positions`` and, for a full draft, writes the chain buffer; copied in ``copies/sglang-0.5.23/eagle3_topk1.py``),
+  softmax; it advances ``positions`` and, for a full draft, writes the chain buffer; copied in ``copies/from-sglang/eagle3_topk1.py``),
   ``torch.argmax`` on a CPU; for a d2t draft the ``hot_token_id`` remap. Where ``auto`` picks the plan ``stock`` the
   server runs this code path (``integration/logits.py``), so the reports take auto's time there from this op;
-- ``gemma4_mtp`` (full kind): the Gemma-4 MTP assistant's centroid head as SGLang 0.5.23 describes it, written from
+- ``gemma4_mtp`` (full kind): the Gemma-4 MTP assistant's centroid head as the pinned SGLang describes it, written from
   that description: per hidden row, centroid scores ``[N, 2048]``, their top 32 clusters, the rows of those clusters
   gathered per row (``32 x V/2048`` = 4096 of 262,144 tokens), one batched GEMV, the logits scattered into a
   full-vocabulary tensor filled with the dtype's minimum / 2, then the same draft top-k as the stock step.
@@ -67,7 +67,7 @@ def eagle3_stock(
     positions: torch.Tensor | None = None,
     chain: torch.Tensor | None = None,
 ):
-    """EAGLE3's draft head step in SGLang 0.5.23 (see the module doc): logits, fp32, then softmax + ``torch.topk``
+    """EAGLE3's draft head step in the pinned SGLang (see the module doc): logits, fp32, then softmax + ``torch.topk``
     (k > 1) or the split argmax (k = 1; ``positions [N]`` int64 advanced, ``chain [N, >= 2]`` int64 written in column 1
     for a full draft), then the d2t remap."""
     return eagle3_topk((hidden @ weight.T).float(), k, hot, positions, chain)

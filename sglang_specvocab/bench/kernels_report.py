@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from ..cache import write_whole
+from ..copies.upstream import SGLANG_VERSION
 from .kernels_targets import _us, evaluate_targets, head_table, targets_markdown, verdict, where
 
 # The sweep's case names (``bench kernels --ops``), here rather than in ``kernels`` so that the CLI's --help
@@ -98,7 +99,7 @@ def heads_markdown(result: dict) -> list[str]:
         (
             "One draft step's head and its top-k (k = rows per request) in microseconds (median), full sets; a "
             "batch's sets share a pool of the lab's measured union size (`pool`). `EAGLE3` = EAGLE3's own step in "
-            "SGLang 0.5.23 (GEMM, fp32 logits, then softmax + top-k, or for rows 1 its Triton split argmax; the d2t "
+            f"SGLang {SGLANG_VERSION} (GEMM, fp32 logits, then softmax + top-k, or for rows 1 its Triton split argmax; the d2t "
             f"remap) over the draft kind's head: d2t = {a.get('d2t_rows')} rows, full = V rows. Ours (kernel "
             f"{a.get('head_kernel')}): per-request, union (indexed: one pass over the live union; gemm: gathered + one "
             "GEMM), our stock plan. `auto` is the plan the cost model picks for the shape (constants: "

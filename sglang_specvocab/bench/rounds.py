@@ -67,7 +67,7 @@ LOAD_FLAGS = ("--load-format", "--speculative-draft-load-format")
 
 
 def dummy_refusal(names: list[str]) -> str:
-    """Why ``--load-format dummy`` cannot serve the d2t draft (facts of the installed SGLang 0.5.23).
+    """Why ``--load-format dummy`` cannot serve the d2t draft (facts of the pinned SGLang).
 
     The dummy loader (``model_loader/loader.py:1479`` ``DummyModelLoader``) builds the model and fills
     its floating-point state with ``initialize_dummy_weights`` (``model_loader/weight_utils.py:1740``);

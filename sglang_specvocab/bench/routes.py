@@ -9,7 +9,7 @@ A record: ``text``, ``ids`` (``/generate`` only), ``completion_tokens``, ``promp
 ``spec_verify_ct``, ``finish_reason`` and the telemetry fields the server sent. A streamed request
 also has ``events``; one the client left early (``stop_after``) has ``aborted: "disconnect"``.
 A prompt longer than the served context raises :class:`PromptTooLong` (SGLang answers HTTP 400).
-Streams are read as SGLang 0.5.23 sends them by default: OpenAI routes in deltas, ``/generate``
+Streams are read as the pinned SGLang sends them by default: OpenAI routes in deltas, ``/generate``
 with the whole text so far in each event (``--incremental-streaming-output`` is not supported here).
 """
 

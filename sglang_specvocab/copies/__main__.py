@@ -1,10 +1,12 @@
-"""``python -m sglang_specvocab.copies``: print the installed SGLang's signatures of the recorded targets.
+"""``python -m sglang_specvocab.copies``: print the installed SGLang's signatures and source hashes of the recorded
+targets, in ``upstream.py``'s format, each changed one marked ``# CHANGED``.
 
-Compare them with ``sglang-<version>/signatures.py`` after reading what changed in the SGLang source.
+Compare them with ``upstream.py`` after reading what changed in the SGLang source (a changed hash: port that body
+into its copy in ``from-sglang/`` first).
 A target whose module exists but fails to import (a missing optional dependency, say) is reported as
 ``# IMPORT FAILED``, not as a changed signature: its signature could not be read at all. On a machine
 without torchvision/vllm (a CPU machine) their empty stand-ins are served first, as the tests do.
-Exit status: 0 all recorded signatures match, 1 some changed or are missing, 2 some could not be imported
+Exit status: 0 all recorded signatures and hashes match, 1 some changed or are missing, 2 some could not be imported
 (3 both).
 """
 
@@ -16,7 +18,14 @@ import sys
 from typing import Any
 
 from ..testing.standins import install
-from . import installed_sglang_version, recorded_signatures, signature_text, supported_versions
+from . import (
+    installed_sglang_version,
+    recorded_bodies,
+    recorded_signatures,
+    signature_text,
+    source_hash,
+    supported_versions,
+)
 
 CHANGED, IMPORT_FAILED = 1, 2
 
@@ -53,17 +62,21 @@ def main() -> int:
     base = version if version in supported_versions() else supported_versions()[-1]
     print(f"# installed SGLang {version}; targets recorded for {base}")
     status, counts, first_failure = 0, {"unchanged": 0, "changed": 0, "import failed": 0}, None
-    for group, sigs in recorded_signatures(base).items():
+    groups = [(group, recorded, signature_text) for group, recorded in recorded_signatures(base).items()]
+    groups += [(group, recorded, source_hash) for group, recorded in recorded_bodies().items()]
+    for group, recorded, read in groups:
         print(f"{group} = {{")
-        for target, want in sigs.items():
+        for target, want in recorded.items():
             try:
-                got = signature_text(resolve(target))
+                got = read(resolve(target))
                 mark = "" if got == want else "  # CHANGED"
             except _ImportFailed as exc:
                 got, mark = f"<not checked: {exc}>", "  # IMPORT FAILED"
                 first_failure = first_failure or str(exc)
             except (ImportError, AttributeError, ValueError) as exc:
                 got, mark = f"<missing: {exc}>", "  # CHANGED"
+            except (OSError, TypeError) as exc:  # source_hash: no source to read, so not the recorded body
+                got, mark = f"<no source: {exc}>", "  # CHANGED"
             kind = {"": "unchanged", "  # CHANGED": "changed"}.get(mark, "import failed")
             counts[kind] += 1
             status |= {"unchanged": 0, "changed": CHANGED, "import failed": IMPORT_FAILED}[kind]

@@ -1,4 +1,4 @@
-"""The only package that imports SGLang (0.5.23): the DYNVOCAB plug-in.
+"""The only package that imports SGLang (the version in ``copies/upstream.py``): the DYNVOCAB plug-in.
 
 - ``plugin``: the entry point ``register()`` (``sglang.srt.plugins`` group), the
   ``--speculative-dynvocab-config`` flag and ``Engine``'s keyword; it imports SGLang only after its check;

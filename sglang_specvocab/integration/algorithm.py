@@ -167,7 +167,7 @@ def check_combinations(cfg: Any) -> None:
     check_adaptive(cfg)
 
 
-#: What SGLang 0.5.23's adaptive steps cannot run with (``adaptive_spec_params.adaptive_unsupported_reason``,
+#: What the pinned SGLang's adaptive steps cannot run with (``adaptive_spec_params.adaptive_unsupported_reason``,
 #: which for EAGLE3 turns adaptive off with a warning): refused for DYNVOCAB, with the flag to drop.
 #: (DP attention and multi-layer EAGLE, also on SGLang's list, are refused for DYNVOCAB by ``UNSUPPORTED``.)
 ADAPTIVE_CONFLICTS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (

@@ -1,10 +1,10 @@
-"""SGLang 0.5.23 verify / prefill tensors -> the policies' events (``policies/base.py``), on the device.
+"""The pinned SGLang's verify / prefill tensors -> the policies' events (``policies/base.py``), on the device.
 
 Pure torch functions for the worker (``integration/worker.py``). Per decode round they never
 sync with the host (no ``.item()``, ``.cpu()``, ``.tolist()``, no data-dependent shapes, no
 Python loop over requests or tokens): every output shape follows from input shapes.
 
-Where the worker calls them (SGLang 0.5.23):
+Where the worker calls them (the pinned SGLang):
 
 - ``verify_event``: in ``EAGLEWorkerV2.verify`` overridden as ``res = super().verify(...)``
   (``speculative/eagle_worker_v2.py``; both decode paths call it), right after it returns and
@@ -59,7 +59,7 @@ def verify_event(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """The ``on_verify`` event of one verify round: ``(draft_tokens, verify_topk, accepted)``.
 
-    Inputs as SGLang 0.5.23 has them after ``run_eagle_verify``:
+    Inputs as the pinned SGLang has them after ``run_eagle_verify``:
 
     - ``draft_token`` ``[bs * num_draft_tokens]``: the verify input's tree tokens, per request
       the root (the previous round's bonus token) first, then the tree nodes;

@@ -3,7 +3,7 @@
 SGLang's ``load_plugins()`` calls ``register()`` in every server process (launcher, tokenizer,
 detokenizer, each spawned scheduler), possibly more than once; ``register()`` is idempotent. It
 
-1. checks the installed SGLang (``sglang_specvocab.copies.check_sglang``: version 0.5.23 only, and
+1. checks the installed SGLang (``sglang_specvocab.copies.check_sglang``: ``copies/upstream.py``'s version only, and
    the recorded signatures of everything the plug-in subclasses, overrides or calls privately). On any
    other SGLang it logs one warning line and returns: the plug-in stays out (no algorithm, flag or hook)
    and the process runs as without it. This module imports no SGLang before that check (``names``
@@ -24,7 +24,7 @@ so every record, whenever it was built, is of SGLang's class (its ``isinstance``
 ``/server_info`` are unchanged). The visible additions are the flag in every parser (it does nothing
 unless given) and DYNVOCAB among the algorithms.
 
-How the flag is added (the least fragile way in 0.5.23): ``ServerArgs`` is a ``msgspec`` Struct whose
+How the flag is added (the least fragile way in the pinned SGLang): ``ServerArgs`` is a ``msgspec`` Struct whose
 fields are collected from the ``arg_groups/fields`` namespaces when ``sglang.srt.server_args`` is
 first imported, which happens before any plug-in runs, so a plug-in cannot add a *field* to it. The
 parser, though, is built by the static method ``ServerArgs.add_cli_args(parser)`` and the record by

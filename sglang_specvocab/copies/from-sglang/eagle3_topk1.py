@@ -1,4 +1,4 @@
-"""EAGLE3's top-1 draft step on CUDA, copied from SGLang 0.5.23 (Apache-2.0, Copyright the SGLang Team):
+"""EAGLE3's top-1 draft step on CUDA, copied from the pinned SGLang (Apache-2.0, Copyright the SGLang Team):
 ``sglang/kernels/ops/speculative/topk1.py``, its two Triton kernels and ``draft_topk1_postprocess`` unchanged but for
 the formatting (the same syntax tree: ``tests/test_bench_targets.py``).
 

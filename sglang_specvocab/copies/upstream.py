@@ -1,13 +1,28 @@
-"""SGLang 0.5.23: the signatures of every SGLang callable the plug-in subclasses, overrides, wraps or
-calls by a private name, as ``inspect.signature`` prints them with annotations removed
-(``sglang_specvocab.copies.signature_text``).
+"""The seam between this plug-in and SGLang: everything that names the SGLang it was written for.
+
+Supporting another SGLang starts here (then ``pyproject.toml``'s ``[sglang]`` extra and
+``scripts/requirements-sglang-light.txt``, which ``tests/test_upstream_seam.py`` holds to this file):
+
+- ``SGLANG_VERSION``: the one SGLang version the plug-in runs on (``check_sglang_version``);
+- ``PLUGIN``, ``WORKER``, ``HOOK``: the signature of every SGLang callable the plug-in subclasses,
+  overrides, wraps or calls by a private name, as ``inspect.signature`` prints it with annotations
+  removed (``sglang_specvocab.copies.signature_text``);
+- ``BODIES``, ``KERNEL_BODIES``: for every SGLang function whose body a copy in ``from-sglang/``
+  reproduces, a hash of its source (``sglang_specvocab.copies.source_hash``), because a signature
+  cannot see a changed body.
 
 ``PLUGIN`` is checked when the plug-in loads (these modules are imported by registration anyway);
-``WORKER`` is checked the first time the worker classes are needed (``create_worker``, in the
-scheduler process, before any weights load), or at plug-in load where the worker modules are
-already imported. Regenerate with ``python -m sglang_specvocab.copies`` after reading the new
+``WORKER`` and then ``BODIES`` are checked the first time the worker classes are needed
+(``create_worker``, in the scheduler process, before any weights load), or at plug-in load where the
+worker modules are already imported; ``BODIES`` only where the copies run (no draft top-k hook).
+``KERNEL_BODIES`` (the bench's copy of EAGLE3's Triton step, never run by the worker) is checked by
+the tests. Regenerate with ``python -m sglang_specvocab.copies`` after porting the copies to the new
 SGLang source, never blindly.
+
+Pure data, no imports: ``scripts/device/stage.py`` reads ``SGLANG_VERSION`` with ``ast``.
 """
+
+SGLANG_VERSION = "0.5.23"
 
 PLUGIN = {
     # registration (integration/plugin.py, integration/algorithm.py)
@@ -44,7 +59,7 @@ PLUGIN = {
 }
 
 WORKER = {
-    # integration/worker.py subclasses; the __init__ copy is in eagle_worker_v2.py next to this file
+    # integration/worker.py subclasses; the __init__ copy is from-sglang/eagle_worker_v2.py
     "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.__init__": (
         "(self, server_args, gpu_id, nccl_port, target_worker)"
     ),
@@ -134,11 +149,31 @@ WORKER = {
     ),
 }
 
-# The hooks of patches/sglang-0.5.23-draft-topk-hook.diff (at the repository's top level): checked where the
+# The hooks of patches/sglang-draft-topk-hook.diff (at the repository's top level): checked where the
 # installed SGLang has them (``has_draft_topk_hook``), and then the copies above are not used.
 HOOK = {
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.set_draft_topk_hook": "(self, hook)",
     "sglang.srt.speculative.eagle_worker_v2.DraftTopKHook.before_draft_forward": "(self, forward_batch, step)",
     "sglang.srt.speculative.eagle_worker_v2.DraftTopKHook.draft_topk": "(self, logits, topk, forward_batch, step, head_shape)",
     "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.on_target_prefill_complete": "(self, batch, batch_output)",
+}
+
+# sha256 of each target's dedented source, first 16 hex digits (``source_hash``). The copies that reproduce
+# them run only without the hook, so only there does a changed body refuse to start.
+BODIES = {
+    # from-sglang/eagle_worker_v2.py: worker_init
+    "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.__init__": "c2a239d611ea574d",
+    # from-sglang/dynvocab_worker.py: forward_prefill_batch
+    "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2._forward_prefill_batch": "02f54d97c0583548",
+    # from-sglang/dynvocab_draft.py: draft_forward, draft_extend_for_prefill, draft_extend_for_decode
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft_forward": "cb3401a611401763",
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_prefill": "e40d5d998c164b16",
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode": "d7858851c429dd62",
+}
+
+# from-sglang/eagle3_topk1.py (bench/heads.py's stock EAGLE3 step; the worker never runs it, so no start-up check)
+KERNEL_BODIES = {
+    "sglang.kernels.ops.speculative.topk1._draft_topk1_partial_argmax_kernel": "5022e764848cebd1",
+    "sglang.kernels.ops.speculative.topk1._draft_topk1_finalize_kernel": "0b454a3d45d6c383",
+    "sglang.kernels.ops.speculative.topk1.draft_topk1_postprocess": "b6e0dd2a22f40684",
 }

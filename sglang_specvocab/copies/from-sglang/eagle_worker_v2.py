@@ -1,4 +1,4 @@
-"""Copied-and-trimmed from SGLang 0.5.23, ``sglang/srt/speculative/eagle_worker_v2.py``
+"""Copied-and-trimmed from the pinned SGLang (``copies/upstream.py``), ``sglang/srt/speculative/eagle_worker_v2.py``
 (Apache-2.0, Copyright the SGLang Team). Loaded by path through
 ``sglang_specvocab.copies.load_copy("eagle_worker_v2")``.
 
