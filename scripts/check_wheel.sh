@@ -49,7 +49,7 @@ first=$("$vpy" -c "from importlib import resources; print(resources.files('sglan
 import contextlib, io, sys
 from importlib import resources
 
-from sglang_specvocab.cli import main
+from sglang_specvocab.tools.cli import main
 
 configs = sorted(p for p in resources.files("sglang_specvocab.configs").iterdir() if p.name.endswith(".yaml"))
 for cfg in configs:
@@ -96,7 +96,7 @@ import sys
 from importlib.metadata import distribution, entry_points
 
 site = sys.argv[1]
-from sglang_specvocab.testing.standins import install
+from sglang_specvocab.tools.testing.standins import install
 
 install(("torchvision",))  # SGLang imports torchvision, which has no CPU build here
 (ep,) = [e for e in entry_points(group="sglang.srt.plugins") if e.name == "dynvocab"]

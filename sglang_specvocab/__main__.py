@@ -1,5 +1,5 @@
 """``python -m sglang_specvocab``: the ``sglang-specvocab`` command (``cli.main``)."""
 
-from .cli import main
+from .tools.cli import main
 
 raise SystemExit(main())

@@ -57,7 +57,7 @@ def llama():
 @pytest.fixture(scope="session")
 def gemma():
     """Gemma-3 270M from the PyPI GGUF (dequantized once, then cached)."""
-    from sglang_specvocab.models import load_model
+    from sglang_specvocab.tools.models import load_model
 
     return load_model("gemma3-270m")
 
@@ -65,7 +65,7 @@ def gemma():
 @pytest.fixture(scope="session")
 def torchvision_standin():
     """SGLang imported in this process: an empty torchvision where it is missing (vllm stays absent here)."""
-    from sglang_specvocab.testing.standins import install
+    from sglang_specvocab.tools.testing.standins import install
 
     install(("torchvision",))
 
@@ -74,7 +74,7 @@ def torchvision_standin():
 def sg(torchvision_standin, tmp_path_factory):
     """SGLang with DYNVOCAB registered in this process, and tiny checkpoints (``SG_VOCAB``, ``SG_DRAFT_VOCAB``)."""
     from sglang_specvocab.integration import plugin
-    from sglang_specvocab.testing.tiny import make_tiny_checkpoints
+    from sglang_specvocab.tools.testing.tiny import make_tiny_checkpoints
 
     tiny = make_tiny_checkpoints(tmp_path_factory.mktemp("tiny"), vocab_size=SG_VOCAB, draft_vocab_size=SG_DRAFT_VOCAB)
     plugin.register()

@@ -1,5 +1,5 @@
 """What several test modules share: tiny models, padding, free ports, fake HTTP servers and fakes of
-SGLang's verify round and request pool. (``sglang_specvocab.testing`` holds what package code uses too:
+SGLang's verify round and request pool. (``sglang_specvocab.tools.testing`` holds what package code uses too:
 tiny checkpoints and the stand-ins that let SGLang import on a CPU machine; ``literal.py`` the literal
 references of every policy.)"""
 

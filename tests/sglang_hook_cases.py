@@ -20,7 +20,7 @@ import torch
 from helpers import window_config
 
 from sglang_specvocab.copies import has_draft_topk_hook, load_copy
-from sglang_specvocab.testing.standins import install
+from sglang_specvocab.tools.testing.standins import install
 
 pytestmark = pytest.mark.sglang
 

@@ -27,8 +27,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_specvocab.bench import host
 from sglang_specvocab.copies.upstream import SGLANG_VERSION
+from sglang_specvocab.tools.bench import host
 
 VERIFY_HOOK_OPS = (
     3  # aten launches of the window policy's verify hook: top-k + window_verify (+ SGLang's own); was 101, then 46

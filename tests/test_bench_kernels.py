@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from sglang_specvocab import ops
-from sglang_specvocab.bench import kernels as bench
-from sglang_specvocab.bench import kernels_report
-from sglang_specvocab.cli import main, parser
+from sglang_specvocab.tools.bench import kernels as bench
+from sglang_specvocab.tools.bench import kernels_report
+from sglang_specvocab.tools.cli import main, parser
 
 
 def parse(argv):
@@ -202,7 +202,7 @@ def test_head_sweep_on_a_tiny_grid(tmp_path):
     """The draft-step heads: every plan, the EAGLE3 stock step and the Gemma-4 MTP head on the same inputs, auto's
     plan recorded, the verdict table, the head targets, the plot; --fit writes the cost model's constants."""
     from sglang_specvocab import headcost
-    from sglang_specvocab.bench import fit as bench_fit
+    from sglang_specvocab.tools.bench import fit as bench_fit
 
     ops_ = "head,stock,gemma4_mtp,indexed,dense_static,dense_full,topk"
     out, res = run(
@@ -262,7 +262,7 @@ def test_fit_reads_the_committed_h100_markdown(tmp_path):
     from pathlib import Path
 
     from sglang_specvocab import headcost
-    from sglang_specvocab.bench import fit as bench_fit
+    from sglang_specvocab.tools.bench import fit as bench_fit
 
     root = Path(__file__).resolve().parents[1]
     md = root / "benchmarks" / "kernels-h100-8a4c739.md"

@@ -2,8 +2,8 @@
 
 import json
 
-from sglang_specvocab import cli
-from sglang_specvocab.bench import plans
+from sglang_specvocab.tools import cli
+from sglang_specvocab.tools.bench import plans
 
 
 def test_sweep_times_every_plan_and_writes_its_report(tmp_path):

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_specvocab.bench import fit as bench_fit
-from sglang_specvocab.bench import heads as hb
-from sglang_specvocab.bench import kernels as bench
-from sglang_specvocab.bench import kernels_report as report
-from sglang_specvocab.bench import kernels_sweep as sweep
-from sglang_specvocab.bench import kernels_targets as kt
-from sglang_specvocab.cli import parser
 from sglang_specvocab.copies.upstream import SGLANG_VERSION
+from sglang_specvocab.tools.bench import fit as bench_fit
+from sglang_specvocab.tools.bench import heads as hb
+from sglang_specvocab.tools.bench import kernels as bench
+from sglang_specvocab.tools.bench import kernels_report as report
+from sglang_specvocab.tools.bench import kernels_sweep as sweep
+from sglang_specvocab.tools.bench import kernels_targets as kt
+from sglang_specvocab.tools.cli import parser
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = {"target_d": 4096, "target_head_width": 3072, "target_head_batch": 1, "target_rows": 10,

@@ -14,7 +14,7 @@ import torch
 import yaml
 from test_vocab_data import literal_counts
 
-from sglang_specvocab.cli import main
+from sglang_specvocab.tools.cli import main
 from sglang_specvocab.vocab_data import load_successors
 
 SPECIAL = ["[PAD]", "[UNK]", "<s>", "</s>", "<u>", "</u>", "<a>"]
@@ -108,7 +108,7 @@ def cache(tmp_path, monkeypatch):
 
 
 def shipped():
-    from sglang_specvocab.lab.build_data import shipped_configs
+    from sglang_specvocab.tools.lab.build_data import shipped_configs
 
     return dict(shipped_configs())
 
@@ -117,7 +117,7 @@ def shipped():
 def stand_ins(monkeypatch):
     """The code documents, coding requests and multilingual requests replaced by their stand-ins; answers to the
     multilingual requests cut to 3 tokens."""
-    from sglang_specvocab.lab import build_data, frequency
+    from sglang_specvocab.tools.lab import build_data, frequency
 
     monkeypatch.setattr(frequency, "code_documents", lambda: iter(code()))
     monkeypatch.setattr(frequency, "code_prompts", lambda: iter(code(seed=2)))
@@ -126,7 +126,7 @@ def stand_ins(monkeypatch):
 
 
 def test_build_data_files_configs_and_lab(target, sharegpt, stand_ins, cache, tmp_path, capsys, one_thread):
-    from sglang_specvocab.models import load_model
+    from sglang_specvocab.tools.models import load_model
 
     out = tmp_path / "data"
     args = ["--target", str(target), "--out-dir", str(out), "--conversations", "20", "--successors", "4"]
@@ -277,8 +277,8 @@ def test_build_data_refuses_bad_input_before_any_work(target, tmp_path, cache, m
 def test_named_models_without_their_package(tmp_path, monkeypatch):
     import importlib.util
 
-    from sglang_specvocab import models
     from sglang_specvocab.errors import SpecVocabError
+    from sglang_specvocab.tools import models
 
     monkeypatch.setenv("SGLANG_SPECVOCAB_CACHE", str(tmp_path))  # nothing cached
     real = importlib.util.find_spec
@@ -367,7 +367,7 @@ def test_whitened_ranker_on_the_targets_own_states(target, sharegpt, cache, tmp_
     assert set(file) == {"w_down", "w_proj", "recording"} and file["w_proj"].shape == (128, 8)
     assert json.loads(file["recording"]) == json.loads(saved["meta"]) | {"fit": "whitened"}
     assert json.loads(saved["meta"])["draft"] == "target"
-    from sglang_specvocab.models import load_model
+    from sglang_specvocab.tools.models import load_model
 
     head = load_model(str(target)).model.get_output_embeddings().weight.detach()
     w_down, w_proj, _ = whitened_ranker(head, saved["hidden"], 8)

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from sglang_specvocab import cli
 from sglang_specvocab.errors import SpecVocabError
+from sglang_specvocab.tools import cli
 
 SUBCOMMANDS = {  # subcommand -> an option its help must list
     ("lab",): "--per-category",
@@ -110,7 +110,7 @@ def test_the_command_line_is_recorded_as_typed(monkeypatch):
 def test_the_trained_modes_default_to_the_measured_recipe():
     """train-ranker/train-router with no recording flags: teacher-forced text of 2,000 conversations, and the
     steps that made benchmarks/lab-gemma3-270m-trained (ranker 1500, router 800); decode keeps 32 prompts."""
-    from sglang_specvocab.lab.rankers import DEFAULT_PROMPTS
+    from sglang_specvocab.tools.lab.rankers import DEFAULT_PROMPTS
 
     ranker = cli.parser().parse_args(["train-ranker", "--rank", "64", "--out", "r.pt"])
     router = cli.parser().parse_args(["train-router", "--config", "c.yaml", "--out", "r.pt"])
@@ -120,8 +120,8 @@ def test_the_trained_modes_default_to_the_measured_recipe():
 
 
 def test_the_dtype_choices_are_the_trainers():
-    """cli/train.py names the dtypes without importing torch (for --help); they are the trainer's, no more."""
-    from sglang_specvocab.cli import train as cli_train
-    from sglang_specvocab.train.command import DTYPES
+    """tools/cli/train.py names the dtypes without importing torch (for --help); they are the trainer's, no more."""
+    from sglang_specvocab.tools.cli import train as cli_train
+    from sglang_specvocab.tools.train.command import DTYPES
 
     assert set(cli_train.DTYPES) == set(DTYPES)

@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from sglang_specvocab import ConfigError
-from sglang_specvocab.cli import main
 from sglang_specvocab.config import default_union_columns
 from sglang_specvocab.policies import load_config
+from sglang_specvocab.tools.cli import main
 from sglang_specvocab.vocab import VocabSpace
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_specvocab.cli import main
-from sglang_specvocab.testing.standins import child_preamble
+from sglang_specvocab.tools.cli import main
+from sglang_specvocab.tools.testing.standins import child_preamble
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULE = "sglang_specvocab.lab.convert_gemma3"
+MODULE = "sglang_specvocab.tools.lab.convert_gemma3"
 PROMPTS = [
     "Question: What is the capital of France?\nAnswer:",
     "Translate German to English: Der Hund spielt im Garten mit einem roten Ball.\nEnglish:",

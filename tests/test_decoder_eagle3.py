@@ -8,13 +8,13 @@ import torch
 from helpers import tiny_llama
 
 from sglang_specvocab.errors import SpecVocabError
-from sglang_specvocab.lab.decoder import CausalLM, DraftShape, Eagle3LM, SpeculativeDecoder, greedy_generate
 from sglang_specvocab.policies import parse_config
-from sglang_specvocab.train import checkpoint as C
-from sglang_specvocab.train import data as D
-from sglang_specvocab.train import loss as L
-from sglang_specvocab.train import model as M
-from sglang_specvocab.train import train as T
+from sglang_specvocab.tools.lab.decoder import CausalLM, DraftShape, Eagle3LM, SpeculativeDecoder, greedy_generate
+from sglang_specvocab.tools.train import checkpoint as C
+from sglang_specvocab.tools.train import data as D
+from sglang_specvocab.tools.train import loss as L
+from sglang_specvocab.tools.train import model as M
+from sglang_specvocab.tools.train import train as T
 
 VOCAB, LAYERS, EOS = 512, 8, 2
 pytestmark = pytest.mark.usefixtures("one_thread")

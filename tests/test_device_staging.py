@@ -726,7 +726,7 @@ def test_env_command_prints_the_device_switches(capsys):
 SANDBOX = """
 import importlib, sys
 sys.path[:0] = [sys.argv[1]]
-from sglang_specvocab.testing.standins import install
+from sglang_specvocab.tools.testing.standins import install
 install(("torchvision", "vllm"))
 try:
     importlib.import_module("sglang.kernels.ops.gemm.cutedsl_dual_gemm")
@@ -1254,7 +1254,7 @@ def test_every_plans_settings_parse_with_the_commands_they_are_for():
     option fails here, not on a lent GPU."""
     import shlex as sh
 
-    from sglang_specvocab import cli
+    from sglang_specvocab.tools import cli
 
     commands = {
         "SV_BENCH_ARGS": ["bench", "kernels", "--out", "k.json", "--time-budget-s", "60"],

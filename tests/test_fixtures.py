@@ -1,4 +1,4 @@
-"""Tiny checkpoints (sglang_specvocab.testing.tiny, sglang-specvocab tiny-checkpoints): the files, the
+"""Tiny checkpoints (sglang_specvocab.tools.testing.tiny, sglang-specvocab tiny-checkpoints): the files, the
 target through transformers offline, the drafts' d2t and capture layers, determinism, and SGLang's
 ModelConfig / server-argument resolution on CPU (in a child process)."""
 
@@ -14,10 +14,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from sglang_specvocab.cli import main
 from sglang_specvocab.errors import SpecVocabError
-from sglang_specvocab.testing import tiny as F
-from sglang_specvocab.testing.standins import CHILD_PREAMBLE
+from sglang_specvocab.tools.cli import main
+from sglang_specvocab.tools.testing import tiny as F
+from sglang_specvocab.tools.testing.standins import CHILD_PREAMBLE
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 128256

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_specvocab.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
 from sglang_specvocab.policies import load_config
+from sglang_specvocab.tools.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

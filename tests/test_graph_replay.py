@@ -2,7 +2,7 @@
 
 SGLang captures the draft decode (``draft_forward``, head and top-k inside the graph) and the decode draft extend
 (the forward and the head inside the graph, the top-k eagerly after the replay) for each batch bucket, largest
-first, and at run time pads a batch to its bucket and replays. ``sglang_specvocab.testing.graphs`` emulates that on
+first, and at run time pads a batch to its bucket and replays. ``sglang_specvocab.tools.testing.graphs`` emulates that on
 a CPU: a captured function's Python runs once, at capture; a replay re-runs only its recorded tensor ops. With
 ``head.batch: auto`` each bucket may run another plan (per-request, union, stock), so the top-k after a replay must
 read the column map of the call the graph made, never Python state a later capture or an eager call left behind.
@@ -25,7 +25,7 @@ import test_integration_draft_loop as loop
 import torch
 from helpers import REVIEW_PROBES
 
-from sglang_specvocab.testing.graphs import HostSyncInCapture, capture
+from sglang_specvocab.tools.testing.graphs import HostSyncInCapture, capture
 from sglang_specvocab.vocab import VocabSpace
 
 pytestmark = pytest.mark.sglang

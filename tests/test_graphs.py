@@ -16,7 +16,7 @@ from torch.utils._pytree import tree_leaves
 from sglang_specvocab import ops
 from sglang_specvocab.head import PLANS, DraftHead, head_options
 from sglang_specvocab.table import CandidateTable
-from sglang_specvocab.testing.graphs import HostSyncInCapture, capture
+from sglang_specvocab.tools.testing.graphs import HostSyncInCapture, capture
 from sglang_specvocab.vocab import VocabSpace
 
 # Device stand-ins: tensors made outside any capture.

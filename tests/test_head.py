@@ -8,12 +8,12 @@ import torch
 from literal import literal_head_topk, literal_logits
 
 from sglang_specvocab import headcost
-from sglang_specvocab.bench.host import LaunchCounter
 from sglang_specvocab.config import HeadSection, default_union_columns
 from sglang_specvocab.head import DraftHead, HeadOutput, head_options
 from sglang_specvocab.ops import indexed_logits
 from sglang_specvocab.ops.topk import local_topk, vocab_shard
 from sglang_specvocab.table import CandidateTable
+from sglang_specvocab.tools.bench.host import LaunchCounter
 from sglang_specvocab.vocab import VocabSpace
 
 NEG_INF = float("-inf")

@@ -9,6 +9,7 @@ module-level imports (what runs at import time) and all imports, function-local 
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 import pytest
@@ -95,7 +96,7 @@ def graph(module_level: bool) -> dict[str, set[str]]:
 
 def test_the_walker_sees_the_package():
     g = graph(module_level=True)
-    assert {f"{NAME}.policies", f"{NAME}.integration.worker", f"{NAME}.lab.decoder"} <= set(g)
+    assert {f"{NAME}.policies", f"{NAME}.integration.worker", f"{NAME}.tools.lab.decoder"} <= set(g)
     assert f"{NAME}.table" in g[f"{NAME}.head"] and f"{NAME}.ops" in g[f"{NAME}.head"]
 
 
@@ -113,13 +114,20 @@ def test_no_import_cycle(module_level):
 # The plug-in and its copies of SGLang methods; and the CPU harness, which builds SGLang's objects (over the
 # stand-ins or SGLang itself) around the plug-in's real worker methods for the host benchmark and the loop tests.
 SGLANG_ROOMS = (f"{NAME}.integration", f"{NAME}.copies")
-SGLANG_DRIVERS = (f"{NAME}.bench.harness",)
+SGLANG_DRIVERS = (f"{NAME}.tools.bench.harness",)
+
+
+TOOLS = f"{NAME}.tools"  # the tools' wing; every other module is the core, what a server process may load
+
+
+def is_tool(module: str) -> bool:
+    return module == TOOLS or module.startswith(TOOLS + ".")
 
 
 def room(module: str) -> str:
-    """The room a module lives in: a subpackage (``lab``, ``ops``, ``cli`` ...) is one room, each top-level module
-    (``head``, ``table`` ...) its own."""
-    return ".".join(module.split(".")[:2])
+    """The room a module lives in: a subpackage (``ops``, ``policies``, ``tools.lab``, ``tools.cli`` ...) is one
+    room, each module at a wing's top (``head``, ``table``, ``tools.models`` ...) its own."""
+    return ".".join(module.split(".")[: 3 if is_tool(module) and module != TOOLS else 2])
 
 
 def rooms() -> dict[str, set[str]]:
@@ -134,11 +142,65 @@ def test_rooms_import_one_way():
     """No folder-level cycle: ``lab`` may use ``train`` (its drafts) but not the other way round, and so on for
     every pair of rooms; the command line sits on top, only ``python -m sglang_specvocab`` imports it."""
     g = rooms()
-    assert f"{NAME}.train" in g[f"{NAME}.lab"] and f"{NAME}.models" in g[f"{NAME}.train"]  # the walker sees rooms
+    lab, train = f"{TOOLS}.lab", f"{TOOLS}.train"
+    assert train in g[lab] and f"{TOOLS}.models" in g[train]  # the walker sees rooms
     cycle = find_cycle(g)
     assert cycle is None, "rooms import each other: " + " -> ".join(cycle)
-    users = [r for r, targets in g.items() if f"{NAME}.cli" in targets]
+    users = [r for r, targets in g.items() if f"{TOOLS}.cli" in targets]
     assert users == [f"{NAME}.__main__"], f"{users} import the command line"
+
+
+# The one door from the core's side into the tools: ``python -m sglang_specvocab`` runs the command line. No module
+# imports it, so no server process loads it.
+DOORS = (f"{NAME}.__main__",)
+
+
+def test_the_core_imports_no_tool():
+    """The two wings: no core module imports a tool module, at module level or inside a function."""
+    g = graph(module_level=False)
+    assert f"{TOOLS}.lab.decoder" in g and f"{NAME}.head" in g[f"{TOOLS}.lab.decoder"]  # the walker sees both wings
+    leaks = sorted(f"{a} -> {b}" for a, targets in g.items() if not is_tool(a) and a not in DOORS for b in targets
+                   if is_tool(b))  # fmt: skip
+    assert not leaks, "core modules import tools:\n" + "\n".join(leaks)
+    assert not [a for a, targets in g.items() if set(DOORS) & targets], "a module imports the command-line door"
+
+
+_SERVER_PROCESS = """
+import sys
+from sglang_specvocab.tools.testing.standins import install
+
+install(("torchvision",))  # SGLang imports torchvision, which has no CPU build here
+before = {m for m in sys.modules if m.startswith("sglang_specvocab.tools")}  # the stand-ins' own modules
+
+from sglang_specvocab.integration import plugin
+
+plugin.register()  # as SGLang's load_plugins() does in every server process
+from sglang_specvocab.integration import algorithm, logits, worker  # the scheduler's worker, with the copies
+from importlib import resources
+
+from sglang_specvocab.policies import load_config
+
+for path in sorted(resources.files("sglang_specvocab.configs").iterdir()):
+    if path.name.endswith(".yaml"):
+        load_config(str(path))  # every shipped config's policy classes
+loaded = sorted(m for m in sys.modules if m.startswith("sglang_specvocab.") and m not in before)
+print(" ".join(loaded))
+"""
+
+
+@pytest.mark.sglang
+def test_a_server_process_loads_no_tool(tmp_path):
+    """What an SGLang server process imports of the package (the plug-in's registration, the worker and its copies of
+    SGLang methods, every shipped config) is core only: the tools' wing stays on disk."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _SERVER_PROCESS], capture_output=True, text=True, timeout=600,
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)})  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    loaded = run.stdout.split()
+    assert f"{NAME}.integration.worker" in loaded and f"{NAME}.head" in loaded  # the child saw the server's modules
+    assert [m for m in loaded if is_tool(m)] == []
 
 
 def test_only_integration_imports_sglang():

@@ -1,5 +1,5 @@
 """The real ``install_dynvocab_head`` on a real d2t draft: SGLang's ``LlamaForCausalLMEagle3`` loaded from the
-tiny ``draft-d2t`` checkpoint (``sglang_specvocab.testing.tiny``), its ``hot_token_id`` from the file's
+tiny ``draft-d2t`` checkpoint (``sglang_specvocab.tools.testing.tiny``), its ``hot_token_id`` from the file's
 ``d2t``, as ``EagleDraftWorker.init_lm_head`` leaves it. ``DynVocabDraftWorker.build_dynvocab_policy`` and
 ``install_dynvocab_head`` then run unchanged; prefill and verify events full of ids outside the draft
 vocabulary go through the policy. Checked: every live table id has a head row (``check_table``), no
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from helpers import free_port
 
-from sglang_specvocab.testing.standins import CHILD_PREAMBLE
+from sglang_specvocab.tools.testing.standins import CHILD_PREAMBLE
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB, DRAFT_VOCAB = 4096, 512
@@ -110,7 +110,7 @@ _CHILD = CHILD_PREAMBLE + textwrap.dedent(
 
 
 def test_real_install_on_a_d2t_eagle3_draft(tmp_path):
-    from sglang_specvocab.testing.tiny import make_tiny_checkpoints
+    from sglang_specvocab.tools.testing.tiny import make_tiny_checkpoints
 
     tiny = make_tiny_checkpoints(tmp_path / "tiny", vocab_size=VOCAB, draft_vocab_size=DRAFT_VOCAB)
     script = tmp_path / "child.py"

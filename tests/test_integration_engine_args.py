@@ -252,7 +252,7 @@ def test_sglang_engine_call_in_a_fresh_process(sg, tmp_path):
     from sglang.srt.server_args import prepare_server_args
 
     from sglang_specvocab.integration.algorithm import FLAG
-    from sglang_specvocab.testing.standins import child_preamble
+    from sglang_specvocab.tools.testing.standins import child_preamble
 
     missing = tmp_path / "missing.yaml"
     run = subprocess.run(

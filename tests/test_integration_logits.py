@@ -19,7 +19,7 @@ from helpers import free_port
 
 from sglang_specvocab.head import DraftHead, head_options
 from sglang_specvocab.table import CandidateTable
-from sglang_specvocab.testing.standins import CHILD_PREAMBLE
+from sglang_specvocab.tools.testing.standins import CHILD_PREAMBLE
 from sglang_specvocab.vocab import VocabSpace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,7 +166,7 @@ _CHILD = CHILD_PREAMBLE + textwrap.dedent(
         from sglang.srt.speculative.spec_utils import renorm_draft_probs
         from sglang.srt.utils.common import fast_topk
 
-        from sglang_specvocab.bench.host import LaunchCounter as Ops
+        from sglang_specvocab.tools.bench.host import LaunchCounter as Ops
 
         model = draft(space)
         original = model.logits_processor

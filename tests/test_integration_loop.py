@@ -3,7 +3,7 @@ round), the compact topk=1 chain path (equal to the general path, fewer ops), th
 top-k in place (no vocabulary-wide copy), the window's one-pass repeats, the prefill top-K chunk
 (config key, validated) and the hidden states released after the prefill event.
 
-Driven through ``sglang_specvocab.bench.harness`` (the real DYNVOCAB worker methods over a toy
+Driven through ``sglang_specvocab.tools.bench.harness`` (the real DYNVOCAB worker methods over a toy
 draft; see its doc) and the fake draft of ``test_integration_draft_loop``."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class Ops(TorchDispatchMode):
 
 @pytest.fixture(scope="module")
 def H(torchvision_standin):
-    from sglang_specvocab.bench import harness
+    from sglang_specvocab.tools.bench import harness
 
     return harness
 

@@ -99,7 +99,7 @@ print("REPORT " + json.dumps({
 @pytest.fixture(scope="module")
 def report(sg, tmp_path_factory):
     """``report(mode, **env)``: the child's report and its stderr (each asked once per module)."""
-    from sglang_specvocab.testing.standins import child_preamble
+    from sglang_specvocab.tools.testing.standins import child_preamble
 
     # a fixed seed: resolution draws one otherwise
     fields = dict(model_path=str(sg.target), device="cpu", log_level="error", random_seed=7)
@@ -187,7 +187,9 @@ def test_register_on_another_sglang_logs_one_line_and_registers_nothing(sg, monk
     (message,) = caplog.messages
     assert "\n" not in message and message.endswith("; the DYNVOCAB plug-in is not loaded")
     if failing == "signatures":
-        assert message.startswith("these SGLang callables changed (python -m sglang_specvocab.copies lists them)")
+        assert message.startswith(
+            "these SGLang callables changed (python -m sglang_specvocab.tools.record_sglang lists them)"
+        )
     assert spec_registry._REGISTRY == {} and hr.HookRegistry._hooks == {} and plugin._registered is False
 
 

@@ -430,9 +430,9 @@ def test_version_and_signature_checks(sg, monkeypatch):
 
 
 def test_copies_checker_tells_an_import_failure_from_a_change(sg, monkeypatch, tmp_path, capsys):
-    """``python -m sglang_specvocab.copies``: every recorded target (signatures and bodies) matches here; a module
+    """``python -m sglang_specvocab.tools.record_sglang``: every recorded target (signatures and bodies) matches here; a module
     that fails to import is reported as such (exit bit 2), apart from a changed or missing target (exit bit 1)."""
-    import sglang_specvocab.copies.__main__ as checker
+    import sglang_specvocab.tools.record_sglang as checker
 
     assert checker.main() == 0
     out = capsys.readouterr().out
@@ -597,7 +597,7 @@ def test_a_refused_launch_exits_2_with_one_line_and_no_traceback(sg, tmp_path, e
     import subprocess
     import sys
 
-    from sglang_specvocab.testing.standins import child_preamble
+    from sglang_specvocab.tools.testing.standins import child_preamble
 
     config = CONFIGS / "microspec.yaml"
     if config_text is not None:

@@ -56,9 +56,9 @@ def _prepare(tmp):
     """The tiny checkpoints, the hybrid with a ranker fit for them, the events and hidden states of the round."""
     from safetensors.torch import load_file, save_file
 
-    from sglang_specvocab.lab.rankers import save_trained
     from sglang_specvocab.policies.lowrank import whitened_ranker
-    from sglang_specvocab.testing.tiny import NUM_FIXED, make_tiny_checkpoints
+    from sglang_specvocab.tools.lab.rankers import save_trained
+    from sglang_specvocab.tools.testing.tiny import NUM_FIXED, make_tiny_checkpoints
 
     tiny = make_tiny_checkpoints(tmp / "tiny", vocab_size=V, draft_vocab_size=HOT, dtype=torch.float32)
     head = load_file(str(tiny.target / "model.safetensors"))["lm_head.weight"]
@@ -178,7 +178,7 @@ def _round(name, space, inp, tmp):
 def _run(rank, worlds, inp_path, tmp, cases):
     os.environ.pop("SGLANG_USE_CPU_ENGINE", None)  # its import chain needs the CPU sgl_kernel
     os.environ["SGLANG_SPECVOCAB_CACHE"] = str(Path(tmp) / "cache")  # rankers and clusters: built once, shared
-    from sglang_specvocab.testing.standins import install as standins
+    from sglang_specvocab.tools.testing.standins import install as standins
 
     standins()
     torch.set_num_threads(1)

@@ -117,7 +117,7 @@ def _run(rank, worlds, inp_path):
     batch) through the processor, then SGLang's teardown. (Rank 0 runs the tp=1 world after the tp=2 one: one SGLang
     import less on a small machine.) A case that raises records its traceback (the test shows it)."""
     os.environ.pop("SGLANG_USE_CPU_ENGINE", None)  # its import chain needs the CPU sgl_kernel (module docstring)
-    from sglang_specvocab.testing.standins import install as standins
+    from sglang_specvocab.tools.testing.standins import install as standins
 
     standins()
     torch.set_num_threads(1)

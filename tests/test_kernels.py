@@ -23,11 +23,11 @@ from sglang_specvocab.csrc import recipe
 
 from sglang_specvocab import ops
 from sglang_specvocab.errors import ConfigError
-from sglang_specvocab.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
 from sglang_specvocab.ops import _backend, _ext
 from sglang_specvocab.ops.indexed_logits import reference_indexed_logits, reference_packed_logits
 from sglang_specvocab.ops.window_update import reference_window_update
 from sglang_specvocab.policies import build_policy, parse_config
+from sglang_specvocab.tools.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = {

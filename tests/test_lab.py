@@ -6,8 +6,8 @@ import pytest
 import torch
 from helpers import tiny_llama
 
-from sglang_specvocab.cli import main
-from sglang_specvocab.prompts import format_prompt, load_questions
+from sglang_specvocab.tools.cli import main
+from sglang_specvocab.tools.prompts import format_prompt, load_questions
 
 
 @pytest.fixture(scope="module")
@@ -15,7 +15,7 @@ def tiny_checkpoint(tmp_path_factory):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from sglang_specvocab.prompts import load_questions
+    from sglang_specvocab.tools.prompts import load_questions
 
     corpus = [t for q in load_questions() for t in q.turns] * 3
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -193,8 +193,8 @@ def test_lab_with_an_eagle3_draft(tiny_checkpoint, tmp_path, monkeypatch):
     --draft, the full-vocabulary draft the trainer leaves in the cache for the model is the default."""
     from transformers import AutoModelForCausalLM
 
-    from sglang_specvocab.train import checkpoint as C
-    from sglang_specvocab.train import model as M
+    from sglang_specvocab.tools.train import checkpoint as C
+    from sglang_specvocab.tools.train import model as M
 
     model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
     cache = tmp_path / "cache"
@@ -264,7 +264,7 @@ def test_prompt_format_without_chat_template():
 
 
 def test_interrupted_lab_keeps_the_finished_turns(tiny_checkpoint, tmp_path, monkeypatch, capsys):
-    from sglang_specvocab.lab.decoder import SpeculativeDecoder
+    from sglang_specvocab.tools.lab.decoder import SpeculativeDecoder
 
     real = SpeculativeDecoder.generate
     calls = {"n": 0}
@@ -352,7 +352,7 @@ def test_lab_refuses_a_lockstep_batch_with_online_lora_before_loading(tmp_path, 
 def test_union_stats_count_distinct_ids_of_distinct_questions():
     import numpy as np
 
-    from sglang_specvocab.lab.unions import union_stats
+    from sglang_specvocab.tools.lab.unions import union_stats
 
     # question q's sets are {q, 100} and {q, 101}: a batch of b distinct questions has b + (1 or 2) distinct ids
     sets = [[np.array([q, 100]), np.array([q, 101])] for q in range(6)]
@@ -402,7 +402,7 @@ def test_multilingual_prompts_are_held_out_from_the_requests_the_data_learns_fro
     language's script; build-data's requests: eighteen per language, in turn, none of them an evaluation prompt."""
     import unicodedata
 
-    from sglang_specvocab.prompts import LANGUAGES, multilingual_requests
+    from sglang_specvocab.tools.prompts import LANGUAGES, multilingual_requests
 
     def letters_in(text, script):
         names = [unicodedata.name(c, "") for c in text if c.isalpha()]
@@ -428,7 +428,7 @@ def test_multilingual_prompts_are_held_out_from_the_requests_the_data_learns_fro
 def test_code_corpus_is_the_standard_librarys_python():
     import itertools
 
-    from sglang_specvocab.prompts import code_documents, code_prompts
+    from sglang_specvocab.tools.prompts import code_documents, code_prompts
 
     docs = [d for [d] in itertools.islice(code_documents(), 200)]
     assert len(docs) == 200 and all(len(d) <= 4000 or "\n" not in d.rstrip("\n") for d in docs)
@@ -441,7 +441,7 @@ def test_code_corpus_is_the_standard_librarys_python():
 
 
 def test_mix_spreads_the_extra_documents_at_their_share():
-    from sglang_specvocab.lab.frequency import mix
+    from sglang_specvocab.tools.lab.frequency import mix
 
     def docs(p, n):
         return ([f"{p}{i}"] for i in range(n))

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 from fake_http import FakeServer, JsonHandler
 
-from sglang_specvocab.bench.loadtest import LoadSettings, load_plan
-from sglang_specvocab.bench.lossless import TINY_SET, controls, tiny_configs
-from sglang_specvocab.bench.sampling import homogeneity
-from sglang_specvocab.bench.server import ServerConfig, SpecBenchError
-from sglang_specvocab.cli import main
 from sglang_specvocab.errors import SpecVocabError
-from sglang_specvocab.prompts import round_robin_prompts
+from sglang_specvocab.tools.bench.loadtest import LoadSettings, load_plan
+from sglang_specvocab.tools.bench.lossless import TINY_SET, controls, tiny_configs
+from sglang_specvocab.tools.bench.sampling import homogeneity
+from sglang_specvocab.tools.bench.server import ServerConfig, SpecBenchError
+from sglang_specvocab.tools.cli import main
+from sglang_specvocab.tools.prompts import round_robin_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 CATEGORIES = ["writing", "translation", "qa", "math_reasoning"]  # 'writing' folds into mt_bench
@@ -836,7 +836,7 @@ def tiny(tmp_path_factory, torchvision_standin):
     import torch  # not at the top: the launched fakes import this module
 
     from sglang_specvocab.integration.plugin import register
-    from sglang_specvocab.testing.tiny import make_tiny_checkpoints
+    from sglang_specvocab.tools.testing.tiny import make_tiny_checkpoints
 
     register()
     root = tmp_path_factory.mktemp("tiny")

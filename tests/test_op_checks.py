@@ -210,7 +210,7 @@ def test_what_the_server_calls_refuses_in_python_before_the_extension(op, i, req
     before the compiled op: every refusal is that ValueError and the extension is never entered, so no C++
     exception has to cross out of it (one crashed the process on the GPU machines: csrc/binding.cpp)."""
     from sglang_specvocab import ops
-    from sglang_specvocab.bench.host import LaunchCounter
+    from sglang_specvocab.tools.bench.host import LaunchCounter
 
     if not _ext.available():
         pytest.skip(_ext.reason())

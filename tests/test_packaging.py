@@ -29,8 +29,8 @@ def test_every_sub_package_and_data_file_is_declared_for_the_wheel():
     }
     declared = {"sglang_specvocab.configs", "sglang_specvocab.configs.data", "sglang_specvocab.csrc"}
     assert on_disk | declared == set(tool["packages"])
-    assert "prompts.jsonl" in tool["package-data"]["sglang_specvocab"]
-    assert (ROOT / "sglang_specvocab" / "prompts.jsonl").is_file()
+    assert "prompts.jsonl" in tool["package-data"]["sglang_specvocab.tools"]
+    assert (ROOT / "sglang_specvocab" / "tools" / "prompts.jsonl").is_file()
 
 
 def test_pre_commit_pins_the_lint_gate_versions():

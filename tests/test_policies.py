@@ -11,10 +11,10 @@ from literal import LiteralRetrieval, cluster_budget, cluster_set, frequent_set,
 
 from sglang_specvocab import SpecVocabError
 from sglang_specvocab.errors import ConfigError
-from sglang_specvocab.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
 from sglang_specvocab.policies import ModelContext, build_policy, parse_config
 from sglang_specvocab.policies.cluster import step_budget
 from sglang_specvocab.policies.lowrank import head_times, read_ranker, svd_ranker, whitened_ranker
+from sglang_specvocab.tools.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
 from sglang_specvocab.vocab import VocabSpace
 from sglang_specvocab.vocab_data import save_frequency_table, save_successors
 
@@ -442,7 +442,7 @@ def test_stepwise_coverage_checks_a_late_bonus_at_the_next_round(cache, monkeypa
 def test_replay_runs_event_policies_and_refuses_rankers(files, tmp_path, capsys):
     import json
 
-    from sglang_specvocab.cli import main
+    from sglang_specvocab.tools.cli import main
 
     trace = tmp_path / "t.jsonl"
     trace.write_text(
@@ -498,7 +498,7 @@ def test_per_step_and_per_round_paths_capture_without_a_host_sync(files, cache, 
     ``select`` runs inside SGLang's captured draft graphs), which refuses data-dependent shapes and copies between
     host and device too, not all of which meta tensors show. ``d2t``: a draft head of 256 of the ids, in shuffled
     order (the rankers map their rows to target ids inside the step)."""
-    from sglang_specvocab.testing.graphs import capture
+    from sglang_specvocab.tools.testing.graphs import capture
 
     g = torch.Generator().manual_seed(0)
     rows = torch.tensor([1, 3])

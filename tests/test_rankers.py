@@ -10,8 +10,9 @@ import torch
 from helpers import tiny_llama
 
 from sglang_specvocab.errors import SpecVocabError
-from sglang_specvocab.lab.decoder import CausalLM, DraftShape, Eagle3LM, SpeculativeDecoder, greedy_generate
-from sglang_specvocab.lab.rankers import (
+from sglang_specvocab.policies import ModelContext, build_policy, parse_config
+from sglang_specvocab.tools.lab.decoder import CausalLM, DraftShape, Eagle3LM, SpeculativeDecoder, greedy_generate
+from sglang_specvocab.tools.lab.rankers import (
     parse_draft,
     record_draft_states,
     record_text_states,
@@ -20,7 +21,6 @@ from sglang_specvocab.lab.rankers import (
     train_ranker,
     train_router,
 )
-from sglang_specvocab.policies import ModelContext, build_policy, parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,8 +54,8 @@ def _first_draft_state(target, draft, prompt):
 @pytest.fixture(scope="module")
 def eagle3_drafts(tmp_path_factory):
     """A tiny target with an untrained full-vocabulary and a d2t EAGLE-3 draft in SGLang's format."""
-    from sglang_specvocab.train import checkpoint as C
-    from sglang_specvocab.train import model as M
+    from sglang_specvocab.tools.train import checkpoint as C
+    from sglang_specvocab.tools.train import model as M
 
     m = tiny_llama(dtype=torch.float32, layers=8)
     out = {}

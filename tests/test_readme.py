@@ -9,7 +9,7 @@ import re
 import shlex
 from pathlib import Path
 
-from sglang_specvocab.cli import parser
+from sglang_specvocab.tools.cli import parser
 
 ROOT = Path(__file__).resolve().parents[1]
 INPUT_FLAGS = {"--config", "--questions", "--trace"}
@@ -68,15 +68,16 @@ def map_entries() -> tuple[list[str], list[str]]:
 
 
 def test_the_map_matches_the_tree():
-    """Every entry of the Map exists, and every module and folder of the package is on it."""
+    """Every entry of the Map exists, and every module and folder of the package (each wing's) is on it."""
     package, top = map_entries()
-    assert "sglang_specvocab/" in top and "table.py" in package  # the parser reads the map
+    assert "sglang_specvocab/" in top and "table.py" in package and "tools/lab/" in package  # the parser reads it
     missing = [n for n in package if not (ROOT / "sglang_specvocab" / n).exists()]
     missing += [n for n in top if not (ROOT / n).exists()]
     assert not missing, f"the Map (docs/README.md) names what the tree lacks: {missing}"
     tree = [
-        p.name + "/" if p.is_dir() else p.name
-        for p in (ROOT / "sglang_specvocab").iterdir()
+        str(p.relative_to(ROOT / "sglang_specvocab")) + ("/" if p.is_dir() else "")
+        for wing in (ROOT / "sglang_specvocab", ROOT / "sglang_specvocab" / "tools")
+        for p in wing.iterdir()
         if (p.suffix == ".py" and not p.name.startswith("__")) or (p / "__init__.py").is_file()
     ]
     unmapped = sorted(set(tree) - set(package))

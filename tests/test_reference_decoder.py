@@ -6,8 +6,8 @@ from helpers import tiny_llama
 
 from sglang_specvocab import SpecVocabError
 from sglang_specvocab.head import DraftHead, head_options
-from sglang_specvocab.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
 from sglang_specvocab.policies import parse_config
+from sglang_specvocab.tools.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder, greedy_generate
 
 CONFIGS = {
     "full": {"policy": "full"},

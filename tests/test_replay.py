@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from literal import LiteralWindow
 
-from sglang_specvocab.cli import main
+from sglang_specvocab.tools.cli import main
 
 
 @st.composite
@@ -233,8 +233,8 @@ def random_trace(rng: random.Random) -> dict:
 def test_replay_of_1000_random_traces_matches_literal():
     """1,000 random traces (window configs of every source, capacity 1-30, random batch sizes): every
     request's set after prefill and after every round equals the literal MicroSpec window's."""
-    from sglang_specvocab.lab.replay import Request, Round, replay, replay_policy
     from sglang_specvocab.policies import parse_config
+    from sglang_specvocab.tools.lab.replay import Request, Round, replay, replay_policy
 
     rng = random.Random(2026)
     for n in range(1000):

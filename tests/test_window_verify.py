@@ -186,7 +186,7 @@ def test_the_fused_round_syncs_nothing(kernel, hot):
     """The round under ``testing.graphs.capture``: no host read, no data-dependent shape, no copy between host and
     device, from a cold start (the reference's segment mask, cached per shape, is made on the device)."""
     from sglang_specvocab.table import _earlier_in_segment
-    from sglang_specvocab.testing.graphs import capture
+    from sglang_specvocab.tools.testing.graphs import capture
 
     V, cap, R, B, k, nd, S = 50, 16, 7, 4, 3, 6, 3
     g = torch.Generator().manual_seed(3)
@@ -206,7 +206,7 @@ def test_the_fused_round_syncs_nothing(kernel, hot):
 def test_bad_input_is_refused_naming_the_argument(backend):
     """Every backend refuses in Python (the op's check runs before the compiled op, so the extension is never
     entered with bad input: see ops/_backend.py), naming the argument."""
-    from sglang_specvocab.bench.host import LaunchCounter
+    from sglang_specvocab.tools.bench.host import LaunchCounter
 
     V, cap, R, B, nd, S = 30, 8, 5, 2, 4, 3
     g = torch.Generator().manual_seed(0)

@@ -18,7 +18,7 @@ import sys
 import types
 from array import array
 
-from sglang_specvocab.testing.standins import install
+from sglang_specvocab.tools.testing.standins import install
 
 install(("torchvision", "vllm"))  # stand-ins where they are missing (a CPU machine)
 

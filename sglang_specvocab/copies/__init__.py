@@ -15,7 +15,7 @@ hands out the worker class). The worker checks (``check_worker_signatures``, onc
 recorded and the installed signature; a changed body with the target and both hashes: port the copies,
 then re-record. The plug-in logs a refusal as one warning line and stays out of that SGLang.
 
-``python -m sglang_specvocab.copies`` prints the installed signatures and hashes in the recorded format.
+``python -m sglang_specvocab.tools.record_sglang`` prints the installed signatures and hashes in the recorded format.
 
 ``has_draft_topk_hook()``: whether the installed SGLang has the hooks of the repository's
 ``patches/sglang-draft-topk-hook.diff`` (a draft top-k supplied by the plug-in, a prefill event,
@@ -156,7 +156,7 @@ def check_bodies(recorded: dict[str, str]) -> None:
         raise SGLangCompatibilityError(
             f"the installed SGLang {installed_sglang_version()} changed the body of SGLang code that "
             "sglang-specvocab copies (sglang_specvocab/copies/from-sglang/); port each change into its copy, "
-            "then re-record the hashes in sglang_specvocab/copies/upstream.py (python -m sglang_specvocab.copies "
+            "then re-record the hashes in sglang_specvocab/copies/upstream.py (python -m sglang_specvocab.tools.record_sglang "
             "prints them), or use an SGLang with the draft top-k hook (patches/sglang-draft-topk-hook.diff):\n"
             + "\n".join(problems)
         )

@@ -16,7 +16,7 @@ Supporting another SGLang starts here (then ``pyproject.toml``'s ``[sglang]`` ex
 (``create_worker``, in the scheduler process, before any weights load), or at plug-in load where the
 worker modules are already imported; ``BODIES`` only where the copies run (no draft top-k hook).
 ``KERNEL_BODIES`` (the bench's copy of EAGLE3's Triton step, never run by the worker) is checked by
-the tests. Regenerate with ``python -m sglang_specvocab.copies`` after porting the copies to the new
+the tests. Regenerate with ``python -m sglang_specvocab.tools.record_sglang`` after porting the copies to the new
 SGLang source, never blindly.
 
 Pure data, no imports: ``scripts/device/stage.py`` reads ``SGLANG_VERSION`` with ``ast``.
@@ -171,7 +171,7 @@ BODIES = {
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode": "d7858851c429dd62",
 }
 
-# from-sglang/eagle3_topk1.py (bench/heads.py's stock EAGLE3 step; the worker never runs it, so no start-up check)
+# from-sglang/eagle3_topk1.py (tools/bench/heads.py's stock EAGLE3 step; the worker never runs it, so no start-up check)
 KERNEL_BODIES = {
     "sglang.kernels.ops.speculative.topk1._draft_topk1_partial_argmax_kernel": "5022e764848cebd1",
     "sglang.kernels.ops.speculative.topk1._draft_topk1_finalize_kernel": "0b454a3d45d6c383",

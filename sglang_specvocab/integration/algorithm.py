@@ -336,7 +336,7 @@ def check_config_for_models(config: PolicyConfig, draft: DraftInfo) -> None:
         lowrank = getattr(cfg, "lowrank", None)
         if lowrank is not None and lowrank.ranker != "svd" and draft.hidden_size is not None:
             read_ranker(cfg.resolve(lowrank.ranker), draft.head_size, draft.hidden_size, lowrank.rank, cfg.source)
-        if getattr(cfg, "align", None) is not None:  # lab/align.py runs in the reference decoder only
+        if getattr(cfg, "align", None) is not None:  # tools/lab/align.py runs in the reference decoder only
             raise ConfigError(
                 f"{cfg.source}: align = {dict(cfg.align)!r} is invalid for a server: EvoSpec's online alignment "
                 "runs in the reference decoder (sglang-specvocab lab) only; remove the align block"

@@ -124,7 +124,7 @@ def _one_line(exc: Exception) -> str:
     first, *rest = str(exc).splitlines()
     if not rest:
         return first
-    return f"{first.rstrip(':')} (python -m sglang_specvocab.copies lists them)"
+    return f"{first.rstrip(':')} (python -m sglang_specvocab.tools.record_sglang lists them)"
 
 
 def _install_refusal_hook() -> None:

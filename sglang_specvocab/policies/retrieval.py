@@ -15,7 +15,7 @@ already computed: the policy takes them from ``verify_topk``, an exact search at
 so no approximate index (HNSW) is needed. The co-occurrence graph comes from
 ``sglang-specvocab build-freq --cooccurrence``.
 
-``align:`` (opt-in) adds EvoSpec's online LoRA alignment of the draft (``lab/align.py``); the
+``align:`` (opt-in) adds EvoSpec's online LoRA alignment of the draft (``tools/lab/align.py``); the
 reference decoder runs it.
 """
 
@@ -54,7 +54,7 @@ class RetrievalSection(Section):
 
 
 class AlignSection(Section):
-    """EvoSpec's online LoRA alignment of the draft (run by the reference decoder, ``lab/align.py``)."""
+    """EvoSpec's online LoRA alignment of the draft (run by the reference decoder, ``tools/lab/align.py``)."""
 
     rank: int = Field(8, ge=1, description="LoRA rank")
     alpha: float = Field(16.0, gt=0, description="LoRA scale numerator (the update is scaled by alpha / rank)")

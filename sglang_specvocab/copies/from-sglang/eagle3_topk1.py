@@ -4,7 +4,7 @@ the formatting (the same syntax tree: ``tests/test_bench_targets.py``).
 
 ``EagleDraftWorker.draft_forward`` (``eagle_worker_v2.py``) runs it on every topk = 1 draft step on CUDA in place of
 softmax + ``fast_topk``: a split argmax over the fp32 logits that also advances ``positions`` and, for a
-full-vocabulary draft (no ``hot_token_id``), writes the token into the chain buffer. ``bench/heads.py``'s
+full-vocabulary draft (no ``hot_token_id``), writes the token into the chain buffer. ``tools/bench/heads.py``'s
 ``eagle3_stock`` times it as EAGLE3's step (``load_copy``), where SGLang may not be installed (a GPU machine's bench
 runs before or without it); kept here, beside the other copies of this SGLang version.
 """
