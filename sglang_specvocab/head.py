@@ -222,7 +222,7 @@ class DraftHead:
         self.union_ids: torch.Tensor | None = None  # the last union call's column map [C] (a static buffer)
         # The top-k has no Triton version: a Triton head (or auto) gets the extension's where it runs, else torch.
         kernel = head.kernel
-        self._topk = ops.implementation(ops.update_backend(kernel), dev, "compact_topk")
+        self._topk = ops.implementation(ops.backend_without_triton(kernel), dev, "compact_topk")
         if table is None:
             self.capacity = 0
             return
@@ -249,7 +249,7 @@ class DraftHead:
         R, W, d = table.num_rows, table.capacity, weight.shape[1]
         self.packed = weight.new_zeros((R, W, d))
         self.packed_ids = torch.full((R, W), -1, dtype=torch.int32, device=dev)
-        self._pack = ops.implementation(ops.update_backend(kernel), dev, "pack_update")
+        self._pack = ops.implementation(ops.backend_without_triton(kernel), dev, "pack_update")
         on_gpu = dev.type == "cuda"
         self._stream = torch.cuda.Stream(dev) if on_gpu else None
         self._ready = torch.cuda.Event() if on_gpu else None

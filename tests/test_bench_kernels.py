@@ -33,7 +33,7 @@ def test_full_sweep_expands_to_the_issue_grid():
     assert len(by_op["index_select_matmul"]) == grid
     assert len(by_op["dense_static"]) == 4 * 3 * 4 and {c.W for c in by_op["dense_static"]} == {32768}
     assert len(by_op["dense_full"]) == 3 * 4 * 3 * 4 and {c.W for c in by_op["dense_full"]} == {128256, 151936, 262144}
-    # no Triton window update (ops.update_backend): not timed, not recorded as an error
+    # no Triton window update (ops.backend_without_triton): not timed, not recorded as an error
     assert [(c.batch, c.backend) for c in by_op["window_round"]] == [(b, "cuda") for b in (1, 8, 64)]
     assert {c.W for c in by_op["window_round"]} == {3072} and {c.block for c in by_op["window_round"]} == {19}
     assert {(c.W, c.d, c.rows, c.batch) for c in by_op["indexed"]} == {

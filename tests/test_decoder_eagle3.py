@@ -44,7 +44,13 @@ def drafts(target, data, tmp_path_factory):
         cfg = M.Eagle3Config.for_target(target, draft_vocab_size=None if hot is None else 256)
         d = M.build_draft(target, cfg, hot, seed=1)
         states = D.compute_states(M.TargetTap(target, cfg.capture_layers), data, 64)
-        T.train_draft(d, data, states, L.Objective.for_target(target), steps=100, batch_size=8, lr=1e-2, ttt_steps=3)
+        T.train_draft(
+            d,
+            data,
+            states,
+            L.Objective.for_target(target),
+            T.TrainSettings(steps=100, batch_size=8, lr=1e-2, ttt_steps=3),
+        )
         path = tmp_path_factory.mktemp(head)
         C.save_checkpoint(d, path, torch.float32)
         out[head] = (d, path)

@@ -50,6 +50,12 @@ def data(target):
     )
 
 
+def train(draft, data, states, objective, **kw):
+    """``T.train_draft`` with its settings and run given as keywords, each to its dataclass."""
+    run = {k: kw.pop(k) for k in list(kw) if k in T.TrainRun.__dataclass_fields__}
+    return T.train_draft(draft, data, states, objective, T.TrainSettings(**kw), T.TrainRun(**run))
+
+
 def _draft(target, data, head, seed=0):
     dv = None if head == "full" else 128
     cfg = M.Eagle3Config.for_target(target, draft_vocab_size=dv)
@@ -213,7 +219,7 @@ def test_a_few_steps_lower_the_ttt_loss(target, data, head):
     states = D.compute_states(M.TargetTap(target, d.cfg.capture_layers), data, 64)
     loss_ids = torch.arange(0, VOCAB, 4) if head == "full-subset" else None  # plus the target's top-8 per row
     objective = L.Objective.for_target(target, loss_ids=loss_ids)
-    hist = T.train_draft(d, data, states, objective, steps=40, batch_size=8, lr=3e-3, ttt_steps=3)
+    hist = train(d, data, states, objective, steps=40, batch_size=8, lr=3e-3, ttt_steps=3)
     first, last = sum(h.loss for h in hist[:4]) / 4, sum(h.loss for h in hist[-4:]) / 4
     assert last < 0.75 * first, (first, last)
     assert len(hist[-1].accuracy) == 3 and hist[-1].accept_length >= 1.0
@@ -260,9 +266,7 @@ def test_training_is_deterministic(target, data):
     runs = []
     for _ in range(2):
         d = _draft(target, data, "d2t", seed=3)
-        T.train_draft(
-            d, data, states, L.Objective.for_target(target), steps=3, batch_size=4, lr=1e-3, ttt_steps=2, seed=3
-        )
+        train(d, data, states, L.Objective.for_target(target), steps=3, batch_size=4, lr=1e-3, ttt_steps=2, seed=3)
         runs.append(d.checkpoint_tensors())
     assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
 
@@ -332,7 +336,7 @@ def test_a_carried_data_pack_gives_the_trainer_the_same_batches(target, data, tm
     for d in (data, back):
         rec = _Recording(states)
         draft = _draft(target, data, "full", seed=1)
-        T.train_draft(draft, d, rec, L.Objective.for_target(target), steps=4, batch_size=3, lr=1e-3, ttt_steps=2)
+        train(draft, d, rec, L.Objective.for_target(target), steps=4, batch_size=3, lr=1e-3, ttt_steps=2)
         runs.append((rec.seen, draft.checkpoint_tensors()))
     (seen_a, w_a), (seen_b, w_b) = runs
     for a, b in zip(seen_a, seen_b, strict=True):
@@ -361,12 +365,12 @@ def test_training_stopped_and_resumed_ends_where_an_unbroken_run_does(target, da
     states = D.compute_states(M.TargetTap(target, M.sglang_default_capture_layers(LAYERS)), data, 48)
     kw = dict(steps=7, batch_size=3, lr=1e-3, ttt_steps=2, seed=2, warmup=2)
     ref = _draft(target, data, "full", seed=4)
-    ref_hist = T.train_draft(ref, data, states, L.Objective.for_target(target), **kw)
+    ref_hist = train(ref, data, states, L.Objective.for_target(target), **kw)
     state, calls, stops = tmp_path / "resume.pt", 0, []
 
     def one_call(extra):  # a "device call": a fresh draft and optimiser, stopped after 3 steps
         draft, done = _draft(target, data, "full", seed=4), []
-        hist = T.train_draft(
+        hist = train(
             draft,
             data,
             states,
@@ -400,14 +404,14 @@ def test_training_stopped_and_resumed_ends_where_an_unbroken_run_does(target, da
 
     periodic, obj = tmp_path / "periodic.pt", L.Objective.for_target(target)
     with pytest.raises(KeyboardInterrupt):
-        T.train_draft(_draft(target, data, "full", seed=4), data, states, obj, resume=periodic, save_every=2,
+        train(_draft(target, data, "full", seed=4), data, states, obj, resume=periodic, save_every=2,
                       on_step=killed_at_5, **kw)  # fmt: skip
     again = _draft(target, data, "full", seed=4)
-    T.train_draft(again, data, states, obj, resume=periodic, save_every=2, **kw)
+    train(again, data, states, obj, resume=periodic, save_every=2, **kw)
     w = again.checkpoint_tensors()
     assert all(torch.equal(w[k], r[k]) for k in r)
     with pytest.raises(SpecVocabError, match=r"other settings \(batch_size 3 -> 4\)"):
-        T.train_draft(
+        train(
             _draft(target, data, "full"),
             data,
             states,
@@ -459,7 +463,7 @@ def _cosine(lr, steps, warmup):  # the schedule as documented: linear warm-up, c
 def _timed_run(target, data, states, clock, **kw):
     """train_draft on a fresh full-head draft, ``clock`` ticking after every step."""
     objective = L.Objective.for_target(target)
-    return T.train_draft(_draft(target, data, "full"), data, states, objective, clock=clock, on_step=clock.tick, **kw)
+    return train(_draft(target, data, "full"), data, states, objective, clock=clock, on_step=clock.tick, **kw)
 
 
 def test_without_a_time_budget_the_schedule_is_unchanged_and_the_rate_is_printed(target, data, monkeypatch, capsys):
@@ -467,7 +471,7 @@ def test_without_a_time_budget_the_schedule_is_unchanged_and_the_rate_is_printed
     lrs, opts = _record_lr(monkeypatch)
     clock, plan = _Clock(lambda step: 3.0 if step == 1 else 0.25), {}
     kw = dict(steps=30, batch_size=8, lr=1e-3, ttt_steps=2, warmup=5, clock=clock, on_step=clock.tick, plan=plan)
-    hist = T.train_draft(_draft(target, data, "full"), data, states, L.Objective.for_target(target), **kw)
+    hist = train(_draft(target, data, "full"), data, states, L.Objective.for_target(target), **kw)
     assert len(hist) == 30 and lrs == pytest.approx(_cosine(1e-3, 30, 5))
     assert opts[0].param_groups[0]["lr"] == pytest.approx(1e-4) and not plan["fitted"]
     # The probe: the 20 steps after the first (which pays for compilation) take 5 s, 4 steps/s, at 8 s.
@@ -475,7 +479,7 @@ def test_without_a_time_budget_the_schedule_is_unchanged_and_the_rate_is_printed
     assert line + "the 9 of 30 steps left (ends at about 10 s)\n" in capsys.readouterr().err
     # A budget that fits the whole schedule changes nothing.
     clock.now = 0.0
-    T.train_draft(_draft(target, data, "full"), data, states, L.Objective.for_target(target), time_budget_s=100, **kw)
+    train(_draft(target, data, "full"), data, states, L.Objective.for_target(target), time_budget_s=100, **kw)
     assert lrs[30:] == lrs[:30] and plan["steps"] == 30 and plan["fitted"]
     assert "fitting 30 of 30 steps into the 92 s left (ends at about 10 s of 100 s)" in capsys.readouterr().err
 
@@ -849,7 +853,7 @@ def test_sglang_loads_the_checkpoint_and_computes_the_same_draft(target, data, t
         d = _draft(target, data, head, seed=1)
         tap = M.TargetTap(target, d.cfg.capture_layers)
         states = D.compute_states(tap, data, 48)
-        T.train_draft(d, data, states, L.Objective.for_target(target), steps=2, batch_size=4, lr=1e-3, ttt_steps=2)
+        train(d, data, states, L.Objective.for_target(target), steps=2, batch_size=4, lr=1e-3, ttt_steps=2)
         C.save_checkpoint(d, tmp_path / head / "ckpt", torch.float32)
         aux, _ = tap(ids[None])
         inputs = {"embed": target.model.embed_tokens.weight.detach(), "head": target.lm_head.weight.detach()}

@@ -13,6 +13,7 @@ from sglang_specvocab.errors import SpecVocabError
 from sglang_specvocab.policies import ModelContext, build_policy, parse_config
 from sglang_specvocab.tools.lab.decoder import CausalLM, DraftShape, Eagle3LM, SpeculativeDecoder, greedy_generate
 from sglang_specvocab.tools.lab.rankers import (
+    RouterSettings,
     parse_draft,
     record_draft_states,
     record_text_states,
@@ -190,11 +191,7 @@ def test_a_few_router_steps_lower_the_bce(recorded, tmp_path):
         tokens,
         pol.perm,
         pol.offsets,
-        top_l=4,
-        width=64,
-        steps=60,
-        lr=3e-3,
-        batch_size=32,
+        RouterSettings(top_l=4, width=64, steps=60, lr=3e-3, batch_size=32),
     )
     assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
 
@@ -210,7 +207,9 @@ def test_trained_files_drive_the_policies_losslessly(recorded, tmp_path, monkeyp
         2,
         model=ModelContext(weight=d.weight.detach()),
     )
-    router, _ = train_router(d.weight, d.embedding, hidden, tokens, pol.perm, pol.offsets, width=32, steps=5)
+    router, _ = train_router(
+        d.weight, d.embedding, hidden, tokens, pol.perm, pol.offsets, RouterSettings(width=32, steps=5)
+    )
     torch.save(
         {"state": router.state_dict(), "clusters_key": pol.clusters_key, "width": 32, "clusters": 16},
         tmp_path / "router.pt",

@@ -37,11 +37,11 @@ from __future__ import annotations
 from ._backend import (
     BackendError,
     available_backends,
+    backend_without_triton,
     bad_entries,
     implementation,
     resolve,
     set_debug_checks,
-    update_backend,
 )
 from .compact_topk import compact_topk
 from .indexed_logits import indexed_logits, packed_logits
@@ -53,6 +53,7 @@ __all__ = [
     "BackendError",
     "WindowRound",
     "available_backends",
+    "backend_without_triton",
     "bad_entries",
     "compact_topk",
     "implementation",
@@ -61,7 +62,6 @@ __all__ = [
     "packed_logits",
     "resolve",
     "set_debug_checks",
-    "update_backend",
     "window_update",
     "window_verify",
 ]

@@ -123,9 +123,9 @@ def resolve(backend: str, device: torch.device | str, op: str) -> str:
     return backend
 
 
-def update_backend(kernel: str) -> str:
-    """The backend the set updates use for a configured ``head.kernel``: they have no Triton
-    version, so a Triton head (or ``auto``) gets the extension's update where it runs, else torch."""
+def backend_without_triton(kernel: str) -> str:
+    """The backend of an op with no Triton version (the window update and round, the top-k, the pack update) for a
+    configured ``head.kernel``: a Triton head (or ``auto``) gets the extension's op where it runs, else torch."""
     return kernel if kernel in ("cuda", "torch") else "auto"
 
 

@@ -89,8 +89,12 @@ class WindowPolicy(Policy):
         # Ids at or past the vocabulary are holes; without a model any int32 id is one.
         self.vocab_size = self.model.vocab_size or 2**31 - 1
         # Chosen once (an unavailable choice fails here), never per event.
-        self._window_update = ops.implementation(ops.update_backend(config.head.kernel), table.device, "window_update")
-        self._window_verify = ops.implementation(ops.update_backend(config.head.kernel), table.device, "window_verify")
+        self._window_update = ops.implementation(
+            ops.backend_without_triton(config.head.kernel), table.device, "window_update"
+        )
+        self._window_verify = ops.implementation(
+            ops.backend_without_triton(config.head.kernel), table.device, "window_verify"
+        )
         self._no_telemetry: torch.Tensor | None = None  # window_verify's accumulators when the caller keeps none
 
     @property

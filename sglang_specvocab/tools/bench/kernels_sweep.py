@@ -261,7 +261,7 @@ def lead_cases(args: argparse.Namespace) -> list[Case]:
 
 
 def window_backends(args: argparse.Namespace) -> list[str]:
-    """The backends of the window update: ours but Triton, which has none (``ops.update_backend``)."""
+    """The backends of the window update: ours but Triton, which has none (``ops.backend_without_triton``)."""
     return [b for b in args.backends if b != "triton"]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 
@@ -156,6 +157,20 @@ def cluster_targets(
     return out.scatter_(1, cluster_of[top], 1.0)
 
 
+@dataclass(frozen=True)
+class RouterSettings:
+    """How ``train_router`` fits DynaSpec's router (``train-router``'s options): the head's top-L targets, the MLP's
+    width, and the optimisation."""
+
+    top_l: int = 8
+    width: int = 512
+    steps: int = 200
+    lr: float = 1e-3
+    batch_size: int = 64
+    seed: int = 0
+    progress: bool = False
+
+
 def train_router(
     weight: torch.Tensor,
     embedding: torch.Tensor,
@@ -163,17 +178,11 @@ def train_router(
     tokens: torch.Tensor,
     perm: torch.Tensor,
     offsets: torch.Tensor,
-    *,
-    top_l: int = 8,
-    width: int = 512,
-    steps: int = 200,
-    lr: float = 1e-3,
-    batch_size: int = 64,
-    seed: int = 0,
-    progress: bool = False,
+    settings: RouterSettings = RouterSettings(),
 ):
     """DynaSpec's router, fitted with multi-label BCE; returns (router, loss per step)."""
-
+    top_l, width, steps, lr = settings.top_l, settings.width, settings.steps, settings.lr
+    batch_size, seed, progress = settings.batch_size, settings.seed, settings.progress
     torch.manual_seed(seed)
     router = Router(hidden.shape[1], width, len(offsets) - 1)
     opt = torch.optim.Adam(router.parameters(), lr=lr)
@@ -358,13 +367,7 @@ def run_train_router(args) -> int:
         tokens,
         policy.perm,
         policy.offsets,
-        top_l=args.top_l,
-        width=args.width,
-        steps=args.steps,
-        lr=args.lr,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        progress=True,
+        RouterSettings(args.top_l, args.width, args.steps, args.lr, args.batch_size, args.seed, progress=True),
     )
     data = {
         "state": router.state_dict(),

@@ -26,6 +26,8 @@ from .model import Eagle3Config, Eagle3Draft, TargetTap, build_draft, capture_la
 from .report import machine
 from .train import (
     Stopped,
+    TrainRun,
+    TrainSettings,
     cache_path,
     hot_ids,
     load_target,
@@ -59,7 +61,9 @@ def run(args) -> int:
     if args.prepare_data:
         print(f"[eagle3] --prepare-data: the training data is in {args.data}; stopping before training")
         return 0
-    ids, vocab_source = hot_ids(args, data, vocab)
+    ids, vocab_source = hot_ids(
+        data, vocab, head=args.head, draft_vocab=args.draft_vocab, freq=args.freq, target=args.target
+    )
     capture = (
         None
         if args.aux_layer_ids is None
@@ -148,9 +152,7 @@ def _objective(args, model, data: SelfDistillData, vocab: int, ids) -> Objective
     """The training loss: over the full vocabulary, or (a full head with --loss-vocab) its hot tokens."""
     loss_ids = None
     if ids is None and args.loss_vocab:
-        loss_ids, _ = hot_ids(
-            argparse.Namespace(**{**vars(args), "head": "d2t", "draft_vocab": args.loss_vocab}), data, vocab
-        )
+        loss_ids, _ = hot_ids(data, vocab, head="d2t", draft_vocab=args.loss_vocab, freq=args.freq, target=args.target)
     objective = Objective.for_target(model, loss_ids=loss_ids, dtype=DTYPES[args.train_dtype])
     objective.head = objective.head.float()
     return objective
@@ -224,11 +226,7 @@ def _train(job: _Run, data: SelfDistillData, states, objective: Objective, pad_t
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     job.t0, job.c0 = time.perf_counter(), time.process_time()
     try:
-        return train_draft(
-            job.draft,
-            data,
-            states,
-            objective,
+        settings = TrainSettings(
             steps=args.steps,
             batch_size=args.batch_size,
             lr=args.lr,
@@ -236,20 +234,23 @@ def _train(job: _Run, data: SelfDistillData, states, objective: Objective, pad_t
             seed=args.seed,
             pad_token_id=pad_token_id,
             warmup=args.warmup,
-            progress=True,
-            log_every=args.log_every,
-            on_step=job.on_step,
-            resume=resume,
-            should_stop=lambda: stop["asked"],
-            extra=job.kept,
             save_every=args.val_every,
             time_budget_s=getattr(args, "time_budget_s", None),
-            started=job.start,
             # The end: the last validation (as long as step 0's) and saving the draft and the state.
             reserve=val_seconds + END_SAVE_S,
             overhead_per_step=val_seconds / args.val_every,  # the validations every --val-every steps
-            plan=job.plan,
+            log_every=args.log_every,
+            progress=True,
         )
+        run = TrainRun(
+            on_step=job.on_step,
+            should_stop=lambda: stop["asked"],
+            resume=resume,
+            extra=job.kept,
+            plan=job.plan,
+            started=job.start,
+        )
+        return train_draft(job.draft, data, states, objective, settings, run)
     except Stopped as exc:
         out = save_checkpoint(job.draft, args.out, DTYPES[args.save_dtype], None)
         print(

@@ -1,4 +1,4 @@
-"""The EAGLE-3 draft as SGLang 0.5.23's ``LlamaForCausalLMEagle3`` computes it, and what it reads of the target.
+"""The EAGLE-3 draft as the pinned SGLang's ``LlamaForCausalLMEagle3`` computes it, and what it reads of the target.
 
 - **Model.** One Llama decoder layer (``num_hidden_layers: 1``) whose attention input is
   ``cat([input_layernorm(embed(token)), hidden_norm(h)])`` (``2*hidden`` wide); ``h`` is

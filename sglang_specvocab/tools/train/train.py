@@ -179,20 +179,21 @@ def pad_id(model, tokenizer=None) -> int:
     return 0  # right/left padding is masked out everywhere, any id will do
 
 
-def hot_ids(args, data, vocab: int):
-
-    if args.head == "full":
+def hot_ids(data, vocab: int, *, head: str, draft_vocab: int, freq: str, target: str):
+    """A d2t draft's hot ids (``train-eagle3 --head d2t --draft-vocab --freq``) and where they were counted; (None,
+    None) for a full head. ``freq``: a frequency table, ``data`` (the training responses) or ``auto`` (the shipped
+    Gemma-3 270M table for that target, else the data)."""
+    if head == "full":
         return None, None
-    freq = args.freq
     if freq == "auto":
         freq = (
             str(resources.files("sglang_specvocab.configs").joinpath("data/gemma3-270m-sharegpt.freq.npz"))
-            if args.target == GEMMA3_270M
+            if target == GEMMA3_270M
             else "data"
         )
     if freq == "data":
-        return hot_vocabulary(args.draft_vocab, vocab, data=data), "training responses"
-    return hot_vocabulary(args.draft_vocab, vocab, freq_path=freq), freq
+        return hot_vocabulary(draft_vocab, vocab, data=data), "training responses"
+    return hot_vocabulary(draft_vocab, vocab, freq_path=freq), freq
 
 
 def trainable(data: SelfDistillData, seq_len: int) -> list[int]:
@@ -217,35 +218,54 @@ PROBE_STEPS, PROBE_SECONDS, FIT_MARGIN_S = 20, 10.0, 15.0
 REFIT_STEPS, REFIT_SECONDS = 200, 60.0
 
 
+@dataclass(frozen=True)
+class TrainSettings:
+    """What a ``train_draft`` run is: the recipe (steps, batch, learning rate and warm-up, TTT depth, seed) and how a
+    call keeps to its device time (``time_budget_s`` and what the end needs), read by ``train-eagle3`` from its
+    command line once and kept in the resume state (``_TrainState``)."""
+
+    steps: int
+    batch_size: int
+    lr: float
+    ttt_steps: int
+    seed: int = 0
+    pad_token_id: int = 0
+    warmup: int | None = None  # steps of linear warm-up (default 5 %)
+    save_every: int = 0  # steps between saves of the resume state (0: only when stopped)
+    time_budget_s: float | None = None  # seconds from ``TrainRun.started``; None: run ``steps``
+    reserve: float = 0.0  # seconds the end needs (last validation, saving)
+    overhead_per_step: float = 0.0  # seconds a step costs beside the probe's (periodic validation)
+    log_every: int = 0
+    progress: bool = False
+
+
+@dataclass
+class TrainRun:
+    """What a ``train_draft`` call is handed besides its settings: callbacks, the resume file and the dicts it fills.
+
+    ``on_step(step, stats)`` after every step; ``should_stop()`` asks for a save and ``Stopped``; ``resume`` the
+    state file; ``extra`` a dict kept with the state; ``plan`` gets the schedule; ``started`` the ``clock()`` value
+    the budget counts from (default: now)."""
+
+    on_step: Callable[[int, StepStats], None] | None = None
+    should_stop: Callable[[], bool] | None = None
+    resume: str | Path | None = None
+    extra: dict | None = None
+    plan: dict | None = None
+    started: float | None = None
+    clock: Callable[[], float] = time.perf_counter
+
+
 def train_draft(
     draft: Eagle3Draft,
     data: SelfDistillData,
     states: TargetStates,
     objective: Objective,
-    *,
-    steps: int,
-    batch_size: int,
-    lr: float,
-    ttt_steps: int,
-    seed: int = 0,
-    pad_token_id: int = 0,
-    warmup: int | None = None,
-    progress: bool = False,
-    log_every: int = 0,
-    on_step: Callable[[int, StepStats], None] | None = None,
-    resume: str | Path | None = None,
-    should_stop: Callable[[], bool] | None = None,
-    extra: dict | None = None,
-    save_every: int = 0,
-    time_budget_s: float | None = None,
-    started: float | None = None,
-    reserve: float = 0.0,
-    overhead_per_step: float = 0.0,
-    plan: dict | None = None,
-    clock: Callable[[], float] = time.perf_counter,
+    settings: TrainSettings,
+    run: TrainRun | None = None,
 ) -> list[StepStats]:
-    """AdamW on the draft's parameters over shuffled passes through the data; linear warm-up
-    (``warmup`` steps, default 5 %), then cosine decay to a tenth of ``lr``; gradients clipped at 1.
+    """AdamW on the draft's parameters over shuffled passes through the data, as ``settings`` say (their fields are
+    named below as they are, as are ``run``'s); linear warm-up (``warmup`` steps, default 5 %), then cosine decay to a tenth of ``lr``; gradients clipped at 1.
     The draft's forward runs under bfloat16 autocast when ``objective.dtype`` is bfloat16.
     ``states`` is a :class:`TargetStates` or an :class:`OnlineStates` (anything with ``meta`` and
     ``batch(data, idx, pad_token_id)``). ``on_step(step, stats)`` runs after every step
@@ -269,39 +289,49 @@ def train_draft(
     ``steps`` (total), ``warmup``, ``fitted`` and ``probe`` (the rate measured)."""
     from tqdm import tqdm  # the lab extra (progress bars)
 
+    c, run = settings, run or TrainRun()
     seq_len = int(states.meta.get("seq_len", max(len(x) for x in data.sequences)))
     pool = trainable(data, seq_len)
     if not pool:
         raise SpecVocabError(f"no training sequence has a response within the states' seq_len {seq_len}")
     params = [p for p in draft.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    warmup = max(1, steps // 20 if warmup is None else warmup)
-    plan = {} if plan is None else plan
+    opt = torch.optim.AdamW(params, lr=c.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    warmup = max(1, c.steps // 20 if c.warmup is None else c.warmup)
+    plan = {} if run.plan is None else run.plan
     # A resumed run's plan comes from its state: the fitted total, and the reserve that the first call measured.
     plan.update(
-        steps=steps, warmup=warmup, fitted=False, probe=None, refit=None, reserve=reserve, per_step=overhead_per_step
+        steps=c.steps,
+        warmup=warmup,
+        fitted=False,
+        probe=None,
+        refit=None,
+        reserve=c.reserve,
+        per_step=c.overhead_per_step,
     )
-    schedule = _Schedule(plan, steps, clock() if started is None else started, time_budget_s)
+    clock = run.clock
+    schedule = _Schedule(plan, c.steps, clock() if run.started is None else run.started, c.time_budget_s)
     # A function, not the bound method: LambdaLR's state_dict would keep a callable object's __dict__.
     schedule.sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: schedule.factor(step))
-    settings = {
-        "steps": steps,
-        "batch_size": batch_size,
-        "lr": lr,
-        "ttt_steps": ttt_steps,
-        "seed": seed,
+    kept = {
+        "steps": c.steps,
+        "batch_size": c.batch_size,
+        "lr": c.lr,
+        "ttt_steps": c.ttt_steps,
+        "seed": c.seed,
         "warmup": warmup,
         "sequences": len(data),
         "trainable": len(pool),
         "seq_len": seq_len,
         "dtype": str(objective.dtype),
     }
-    g = torch.Generator().manual_seed(seed)
-    state = _TrainState(settings, params, opt, schedule.sched, g, extra, plan, resume, save_every)
+    g = torch.Generator().manual_seed(c.seed)
+    state = _TrainState(kept, params, opt, schedule.sched, g, run.extra, plan, run.resume, c.save_every)
     first = state.resume()
-    bar = tqdm(desc="train", unit="step", disable=not progress, initial=first, total=plan["steps"])
-    loop = _Loop(draft, data, states, objective, pool, seq_len, batch_size, ttt_steps, pad_token_id, state, schedule)
-    return loop.run(first, bar, clock, log_every=log_every, on_step=on_step, should_stop=should_stop)
+    bar = tqdm(desc="train", unit="step", disable=not c.progress, initial=first, total=plan["steps"])
+    loop = _Loop(
+        draft, data, states, objective, pool, seq_len, c.batch_size, c.ttt_steps, c.pad_token_id, state, schedule
+    )
+    return loop.run(first, bar, clock, log_every=c.log_every, on_step=run.on_step, should_stop=run.should_stop)
 
 
 @dataclass
