@@ -15,7 +15,7 @@ from sglang_specvocab.tools.cli import main, parser
 def parse(argv):
     """The command's arguments, resolved as its run resolves them (presets, device, backends)."""
     args = parser().parse_args(["bench", "kernels", *argv])
-    bench.resolve(args)
+    args = bench.resolve(args)
     return args
 
 

@@ -164,7 +164,7 @@ def lease_args(monkeypatch, plan="per-request"):
     monkeypatch.setattr(sweep, "auto_plan_of", lambda args, W, d, r, b, V, kind: plan(W, b, kind) if callable(plan)
                         else plan)  # fmt: skip
     args = parser().parse_args(["bench", "kernels", "--lease", "--device", "cpu", "--backends", "cuda,triton"])
-    bench.resolve(args)
+    args = bench.resolve(args)
     return args
 
 
@@ -357,7 +357,7 @@ def test_a_small_d2t_head_rotates_over_weight_slices_so_replays_read_hbm():
     """EAGLE3's d2t step and our d2t head read another slice of the weight per input set where the head is smaller
     than 3x the L2 (as the other ops rotate their inputs), so neither is timed from L2."""
     args = parser().parse_args(["bench", "kernels", "--tiny", "--device", "cpu", "--ops", "head,stock"])
-    bench.resolve(args)
+    args = bench.resolve(args)
     timer = bench.make_timer(torch.device("cpu"), 2, 0, 10.0, graph=False)
     b = bench.Bench(args, torch.device("cpu"), torch.bfloat16, timer, 200_000, torch.Generator().manual_seed(0))
     stock = bench.Case("stock", "torch", 48, 32, 1, 1, 2048, kind="d2t", d2t_rows=512)

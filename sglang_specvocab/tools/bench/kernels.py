@@ -36,6 +36,7 @@ from .kernels_sweep import (  # noqa: F401 (the sweep's names, also read from he
     GRIDS,
     TOPK_K,
     Case,
+    KernelBench,
     auto_plan_of,
     case_bytes,
     expand,
@@ -57,7 +58,6 @@ except ImportError:  # progress bars are a convenience only
     tqdm = None
 
 SCHEMA = "bench_kernels/1"
-_NOT_CONFIG = ("out", "command", "command_line", "bench")  # argument namespace entries that are not settings
 CHECK_TOL = {"bf16": 5e-3, "fp16": 5e-3, "fp32": 1e-4}  # relative error of our output vs an fp32 oracle
 CHECK_MAX_ELEMENTS = 1 << 27  # skip the oracle where the fp32 gather would exceed this many elements
 SAVE_EVERY_S = 5.0  # a save at least this often while the sweep runs (and at every change of d)
@@ -90,7 +90,7 @@ def cold_sets(nbytes: int, l2_bytes: int | None, hot: bool, most: int = 12) -> i
 
 @dataclass
 class Bench:
-    args: argparse.Namespace
+    args: KernelBench
     device: torch.device
     dtype: torch.dtype
     timer: Callable[[list[Callable[[], object]]], Timing]
@@ -480,7 +480,7 @@ def record_of(case: Case, **extra) -> dict:
     return rec
 
 
-def head_fields(args: argparse.Namespace, case: Case) -> dict:
+def head_fields(args: KernelBench, case: Case) -> dict:
     """A head op's plan ``auto`` picks for its shape on this device and the pool its sets are drawn from."""
     if case.op not in HEAD_OPS:
         return {}
@@ -554,10 +554,11 @@ def _terminate(signum, frame) -> None:
     raise Terminated
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     """``sglang-specvocab bench kernels``: the sweep, saved as it goes; 1 if an output check failed, 143 after a
-    SIGTERM, 130 after Ctrl-C (the results saved either way)."""
+    SIGTERM, 130 after Ctrl-C (the results saved either way). The command line is read once, into ``KernelBench``."""
     started = time.perf_counter()
+    args = resolve(args)
     bench, result, cases, out = _setup(args)
     try:
         previous = signal.signal(signal.SIGTERM, _terminate)
@@ -589,9 +590,8 @@ def run(args) -> int:
     return 1 if wrong else 0
 
 
-def _setup(args) -> tuple[Bench, dict, list[Case], Path]:
+def _setup(args: KernelBench) -> tuple[Bench, dict, list[Case], Path]:
     """The device, the environment, the bandwidth and launch measurements, the result's skeleton and the cases."""
-    resolve(args)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SpecVocabError("--device cuda but torch sees no GPU (use --device cpu)")
@@ -601,7 +601,7 @@ def _setup(args) -> tuple[Bench, dict, list[Case], Path]:
         torch.cuda.set_device(device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    env = environment(device, getattr(args, "git", None))
+    env = environment(device, args.git)
     out = args.out or Path("benchmarks") / f"kernels-{device_slug(env)}.json"
     torch.manual_seed(args.seed)
     gen = torch.Generator(device=device)
@@ -616,7 +616,7 @@ def _setup(args) -> tuple[Bench, dict, list[Case], Path]:
         peak, source = None, "none for a CPU: use --peak-bw"
     copy = measure_copy(bench)
     launch = measure_launch(bench)
-    config = {k: v for k, v in vars(args).items() if k not in _NOT_CONFIG and not callable(v)}
+    config = args.config()
     cases = expand(args)
     result = {
         "schema": SCHEMA,
@@ -677,12 +677,12 @@ def _sweep(bench: Bench, result: dict, cases: list[Case], out: Path, started: fl
             bar.close()
 
 
-def not_run(args: argparse.Namespace, case: Case, why: str) -> dict:
+def not_run(args: KernelBench, case: Case, why: str) -> dict:
     """The record of a case the run did not reach (time budget, SIGTERM): skipped, ``not_run``."""
     return record_of(case, status="skipped", reason=why, not_run=True, **head_fields(args, case))
 
 
-def save_progress(args: argparse.Namespace, result: dict, cases: list[Case], out: Path, final: bool = False) -> None:
+def save_progress(args: KernelBench, result: dict, cases: list[Case], out: Path, final: bool = False) -> None:
     """Save what was measured: the targets on it and on the cases still to run (``pending``), ``partial`` while
     any case has no record or was not run; the plots with the ``final`` save."""
     done = len(result["records"])
@@ -699,7 +699,7 @@ def save_progress(args: argparse.Namespace, result: dict, cases: list[Case], out
     save(result, out, with_plot=final and not args.no_plot, pending=pending)
 
 
-def _finish(args: argparse.Namespace, result: dict, cases: list[Case], out: Path, why: str | None) -> None:
+def _finish(args: KernelBench, result: dict, cases: list[Case], out: Path, why: str | None) -> None:
     """The last save: the cases not reached recorded as not run (with ``why``), the plots."""
     if why is not None:
         done = len(result["records"])

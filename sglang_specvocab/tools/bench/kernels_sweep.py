@@ -37,14 +37,15 @@ that ``--fit`` has its measurements early) fills what the time budget leaves.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 
 import torch
 
 from ... import headcost, ops
 from . import heads as hb
 from .heads import D2T_ROWS, HEAD_PLANS
-from .kernels_report import HEAD_OPS, OURS, TOPK_OPS
+from .kernels_report import HEAD_OPS, OPS, OURS, TOPK_OPS
 
 TOPK_K = 4  # the draft tree's top-k of the top-k cases
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -134,31 +135,98 @@ PRESET_CHAIN = {"full": ("full",), "quick": ("full", "quick"), "lease": ("full",
                 "tiny": ("full", "tiny")}  # fmt: skip
 
 
-def resolve(args) -> None:
-    """Fill the sweep from the preset (``--tiny``/``--quick``/``--lease``, else the full grid) where no shape option
-    was given, and the device and backends from what this machine has."""
-    preset = (
-        "tiny"
-        if getattr(args, "tiny", False)
-        else "lease"
-        if getattr(args, "lease", False)
-        else "quick"
-        if args.quick
-        else "full"
-    )
+@dataclass
+class KernelBench:
+    """``bench kernels``' settings: its command line, read once (``from_args``), with the preset's shapes filled in
+    where no option gave them and the device, backends and head kernel this machine has (``resolve``). The sweep,
+    the bench and the report read these, never the argparse namespace."""
+
+    quick: bool = False
+    tiny: bool = False
+    lease: bool = False
+    device: str | None = None
+    git: str | None = None
+    ops: list[str] = field(default_factory=lambda: list(OPS))
+    backends: list[str] | None = None
+    dtype: str = "bf16"
+    iters: int = 200
+    warmup: int = 10
+    max_ms: float = 200.0
+    peak_bw: float | None = None
+    out: Path | None = None
+    seed: int = 0
+    hot: bool = False
+    no_graph: bool = False
+    max_mem_gb: float | None = None
+    time_budget_s: float | None = None
+    threads: int | None = None
+    fit: bool = False
+    head_kernel: str | None = None
+    no_plot: bool = False
+    no_progress: bool = False
+    command_line: str | None = None
+    preset: str = "full"
+    # the shapes (``GRIDS``); None: the preset's
+    widths: list[int] | None = None
+    dims: list[int] | None = None
+    rows: list[int] | None = None
+    batches: list[int] | None = None
+    full_vocabs: list[int] | None = None
+    index_vocab: int | None = None
+    dense_width: int | None = None
+    window_batches: list[int] | None = None
+    capacity: int | None = None
+    draft_tokens: int | None = None
+    topk_ids: int | None = None
+    target_widths: list[int] | None = None
+    target_d: int | None = None
+    target_window_batch: int | None = None
+    target_head_width: int | None = None
+    target_head_batch: int | None = None
+    target_rows: int | None = None
+    copy_mb: int | None = None
+    head_dims: list[int] | None = None
+    head_shapes: list[tuple[int, int]] | None = None
+    head_batches: list[int] | None = None
+    head_widths: list[int] | None = None
+    head_kinds: list[str] | None = None
+    d2t_rows: int | None = None
+    topk_widths: list[int] | None = None
+    topk_rows: list[int] | None = None
+    lead_shapes: list | None = None
+    lead_widths: list[int] | None = None
+    lead_batches: list[int] | None = None
+    lead_window_batches: list[int] | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> KernelBench:
+        """The settings the command line gave (what it does not name keeps its default)."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+    def config(self) -> dict:
+        """The settings recorded with the results (the output path apart)."""
+        return {k: v for k, v in asdict(self).items() if k not in ("out", "command_line")}
+
+
+def resolve(args: argparse.Namespace | KernelBench) -> KernelBench:
+    """The settings of a ``bench kernels`` command line: the sweep from the preset (``--tiny``/``--quick``/``--lease``,
+    else the full grid) where no shape option was given, and the device and backends from what this machine has."""
+    cfg = args if isinstance(args, KernelBench) else KernelBench.from_args(args)
+    preset = "tiny" if cfg.tiny else "lease" if cfg.lease else "quick" if cfg.quick else "full"
     merged: dict = {}
     for name in PRESET_CHAIN[preset]:
         merged.update(GRIDS[name])
     for key, value in merged.items():
-        if getattr(args, key, None) is None:
-            setattr(args, key, value)
-    args.preset = preset
-    if args.device is None:
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.backends is None:
-        args.backends = ["cuda", "triton"] if args.device.startswith("cuda") else ["cuda", "triton", "torch"]
-    if getattr(args, "head_kernel", None) is None:
-        args.head_kernel = ops.resolve("auto", torch.device(args.device), "indexed_logits")  # what the server runs
+        if getattr(cfg, key) is None:
+            setattr(cfg, key, value)
+    cfg.preset = preset
+    if cfg.device is None:
+        cfg.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if cfg.backends is None:
+        cfg.backends = ["cuda", "triton"] if cfg.device.startswith("cuda") else ["cuda", "triton", "torch"]
+    if cfg.head_kernel is None:
+        cfg.head_kernel = ops.resolve("auto", torch.device(cfg.device), "indexed_logits")  # what the server runs
+    return cfg
 
 
 @dataclass(frozen=True)
@@ -194,25 +262,25 @@ class Case:
         return (self.W, self.d, self.rows, self.batch) if self.op in (*OURS, "index_select_matmul") else (self.op, self)
 
 
-def head_shapes(args: argparse.Namespace) -> list[tuple[int, int]]:
+def head_shapes(args: KernelBench) -> list[tuple[int, int]]:
     """(d, V) of the head ops past the lead: ``head_shapes`` where set, else every head d with every full V; the
     target d first."""
     pairs = args.head_shapes or [(d, V) for d in args.head_dims for V in args.full_vocabs]
     return sorted(((int(d), int(V)) for d, V in pairs), key=lambda p: (p[0] != args.target_d, p[0]))
 
 
-def elem_size(args: argparse.Namespace) -> int:
+def elem_size(args: KernelBench) -> int:
     return torch.empty((), dtype=DTYPES[args.dtype]).element_size()
 
 
-def auto_plan_of(args: argparse.Namespace, W: int, d: int, r: int, b: int, V: int, kind: str) -> str:
+def auto_plan_of(args: KernelBench, W: int, d: int, r: int, b: int, V: int, kind: str) -> str:
     """The plan ``auto`` picks for a head case on this run's device."""
     H = args.d2t_rows if kind == "d2t" else V
     C = union_columns(Case("head", "", W, d, r, b, V, kind=kind, d2t_rows=args.d2t_rows))
     return hb.auto_plan(b, r, W, d, H, V, C, elem_size(args), torch.device(args.device))
 
 
-def lead_points(args: argparse.Namespace) -> list[tuple[int, int, int, int]]:
+def lead_points(args: KernelBench) -> list[tuple[int, int, int, int]]:
     """(d, V, W, batch) of the lead in the order they run: the headline point (the target d, W and batch), then every
     point of the other shapes, then the rest of the target d's."""
     pts = [
@@ -230,7 +298,7 @@ def lead_points(args: argparse.Namespace) -> list[tuple[int, int, int, int]]:
     return sorted(pts, key=rank)  # stable: each shape's own order kept
 
 
-def lead_cases(args: argparse.Namespace) -> list[Case]:
+def lead_cases(args: KernelBench) -> list[Case]:
     """The lease preset's must-have part (module doc): per lead point and draft kind, EAGLE3's step and our head
     per-request and in auto's plan (where auto picks stock the step is EAGLE3's: per-request shows what the other side
     of the crossover costs), rows 1 and the rows target's rows at the target W and batch; then the window round at
@@ -260,12 +328,12 @@ def lead_cases(args: argparse.Namespace) -> list[Case]:
     return out
 
 
-def window_backends(args: argparse.Namespace) -> list[str]:
+def window_backends(args: KernelBench) -> list[str]:
     """The backends of the window update: ours but Triton, which has none (``ops.backend_without_triton``)."""
     return [b for b in args.backends if b != "triton"]
 
 
-def expand(args: argparse.Namespace) -> list[Case]:
+def expand(args: KernelBench) -> list[Case]:
     """Every case of the sweep, in the order it runs: the lead (the lease preset's), then window rounds, top-k, per d
     (target d first) the dense static head, indexed / packed / index_select for each (W, rows, batch), the dense full
     heads, then the draft-step heads; a case already in the lead is not repeated."""
@@ -275,7 +343,7 @@ def expand(args: argparse.Namespace) -> list[Case]:
     return cases
 
 
-def _sweep(args: argparse.Namespace) -> list[Case]:
+def _sweep(args: KernelBench) -> list[Case]:
     cases: list[Case] = []
     sel = set(args.ops)
     if "window_round" in sel:
@@ -314,7 +382,7 @@ def _sweep(args: argparse.Namespace) -> list[Case]:
     return cases
 
 
-def _head_sweep(args: argparse.Namespace, sel: set) -> list[Case]:
+def _head_sweep(args: KernelBench, sel: set) -> list[Case]:
     cases = []
     H2 = args.d2t_rows
     for d, V in head_shapes(args):
@@ -334,7 +402,7 @@ def _head_sweep(args: argparse.Namespace, sel: set) -> list[Case]:
     return cases
 
 
-def weight_rows(args: argparse.Namespace, d: int | None = None) -> int:
+def weight_rows(args: KernelBench, d: int | None = None) -> int:
     """Rows of the one weight allocated per d (of ``d``; None: of any d): every op's vocabulary is a prefix of it."""
     sel = set(args.ops)
     need = []
