@@ -11,7 +11,6 @@ in ``sglang-specvocab bench kernels --help``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -554,9 +553,9 @@ def _terminate(signum, frame) -> None:
     raise Terminated
 
 
-def run(args: argparse.Namespace) -> int:
-    """``sglang-specvocab bench kernels``: the sweep, saved as it goes; 1 if an output check failed, 143 after a
-    SIGTERM, 130 after Ctrl-C (the results saved either way). The command line is read once, into ``KernelBench``."""
+def run(args: KernelBench) -> int:
+    """``sglang-specvocab bench kernels`` (its command line read once, ``KernelBench.from_args``): the sweep, saved
+    as it goes; 1 if an output check failed, 143 after a SIGTERM, 130 after Ctrl-C (the results saved either way)."""
     started = time.perf_counter()
     args = resolve(args)
     bench, result, cases, out = _setup(args)

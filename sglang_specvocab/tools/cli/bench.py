@@ -251,9 +251,9 @@ def _run_bench_plans(args) -> int:
 
 
 def _run_bench_kernels(args) -> int:
-    from ..bench.kernels import run  # heavy: torch, triton
+    from ..bench.kernels import KernelBench, run  # heavy: torch, triton
 
-    return run(args)
+    return run(KernelBench.from_args(args))
 
 
 HOST = """\

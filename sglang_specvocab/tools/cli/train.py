@@ -209,10 +209,13 @@ def _int_list_any(text: str) -> list[int]:
 def _run_train_eagle3(args) -> int:
     from time import perf_counter  # the clock only: the command's start, before the heavy imports
 
-    args.started = perf_counter()  # --time-budget-s counts from here
+    started = perf_counter()  # --time-budget-s counts from here
     from ..train.command import run  # heavy: transformers
+    from ..train.settings import TrainEagle3
 
-    return run(args)
+    settings = TrainEagle3.from_args(args)
+    settings.started = started
+    return run(settings)
 
 
 def _add_report_eagle3(sub) -> None:

@@ -8,7 +8,6 @@ as SGLang loads it (``checkpoint``). ``sglang-specvocab train-eagle3 --help`` de
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 import time
@@ -24,6 +23,7 @@ from .data import OnlineStates, SelfDistillData, batch_of, compute_states
 from .loss import Objective, StepStats, evaluate
 from .model import Eagle3Config, Eagle3Draft, TargetTap, build_draft, capture_layers_from_ids, init_from_target
 from .report import machine
+from .settings import TrainEagle3
 from .train import (
     Stopped,
     TrainRun,
@@ -42,11 +42,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 END_SAVE_S = 5.0  # --time-budget-s: writing the draft and the training state at the end
 
 
-def run(args) -> int:
+def run(args: TrainEagle3) -> int:
     """``sglang-specvocab train-eagle3``: data and target states (cached), the draft, training with
     held-out validation, the checkpoint (with ``training.json``: the curves, timings and command)."""
     # --time-budget-s counts from the command's start (the CLI notes it before importing torch).
-    start, cpu_start = getattr(args, "started", None) or time.perf_counter(), time.process_time()
+    start, cpu_start = args.started or time.perf_counter(), time.process_time()
     _settle_args(args)
     device = torch.device(args.device)
     model, with_tokenizer = load_target(args.target, DTYPES[args.dtype])
@@ -93,7 +93,7 @@ def run(args) -> int:
     return _finish(job, data, history, vocab_source, tap.style)
 
 
-def _settle_args(args) -> None:
+def _settle_args(args: TrainEagle3) -> None:
     """--device, --dtype and --out where left to the command; --device and --val checked."""
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -112,7 +112,12 @@ def _settle_args(args) -> None:
 
 
 def _target_states(
-    args, cfg: Eagle3Config, tap: TargetTap, data: SelfDistillData, val: SelfDistillData | None, device: torch.device
+    args: TrainEagle3,
+    cfg: Eagle3Config,
+    tap: TargetTap,
+    data: SelfDistillData,
+    val: SelfDistillData | None,
+    device: torch.device,
 ):
     """The target's states on the training data (cached, or computed at every step with --states online), and
     the validation batches on ``device`` (None without --val)."""
@@ -137,7 +142,7 @@ def _target_states(
     return states, val_batches
 
 
-def _new_draft(args, model, cfg: Eagle3Config, ids, device: torch.device) -> Eagle3Draft:
+def _new_draft(args: TrainEagle3, model, cfg: Eagle3Config, ids, device: torch.device) -> Eagle3Draft:
     """The draft, initialised as --init and --init-from say, on ``device``."""
     draft = build_draft(model, cfg, ids, seed=args.seed)
     if args.init == "target":
@@ -148,7 +153,7 @@ def _new_draft(args, model, cfg: Eagle3Config, ids, device: torch.device) -> Eag
     return draft
 
 
-def _objective(args, model, data: SelfDistillData, vocab: int, ids) -> Objective:
+def _objective(args: TrainEagle3, model, data: SelfDistillData, vocab: int, ids) -> Objective:
     """The training loss: over the full vocabulary, or (a full head with --loss-vocab) its hot tokens."""
     loss_ids = None
     if ids is None and args.loss_vocab:
@@ -163,7 +168,7 @@ class _Run:
     """One train-eagle3 command once its draft is built: its clocks, what validation and the training time keep,
     and the schedule train_draft follows."""
 
-    args: argparse.Namespace
+    args: TrainEagle3
     start: float  # time.perf_counter() at the command's start
     cpu_start: float  # time.process_time() then
     device: torch.device
@@ -235,7 +240,7 @@ def _train(job: _Run, data: SelfDistillData, states, objective: Objective, pad_t
             pad_token_id=pad_token_id,
             warmup=args.warmup,
             save_every=args.val_every,
-            time_budget_s=getattr(args, "time_budget_s", None),
+            time_budget_s=args.time_budget_s,
             # The end: the last validation (as long as step 0's) and saving the draft and the state.
             reserve=val_seconds + END_SAVE_S,
             overhead_per_step=val_seconds / args.val_every,  # the validations every --val-every steps
@@ -263,7 +268,7 @@ def _train(job: _Run, data: SelfDistillData, states, objective: Objective, pad_t
         signal.signal(signal.SIGTERM, previous)
 
 
-def _final_stats(args, history: list[StepStats]) -> tuple[list[float], float]:
+def _final_stats(args: TrainEagle3, history: list[StepStats]) -> tuple[list[float], float]:
     """Prints how the loss moved and the last tenth of the steps' agreement; returns that agreement per draft
     step and the estimated accept length."""
     k = max(1, len(history) // 10)
@@ -288,8 +293,8 @@ def _finish(job: _Run, data: SelfDistillData, history: list[StepStats], vocab_so
 
     acc, accept = _final_stats(args, history)
     extra = {
-        "args": {k_: v for k_, v in vars(args).items() if not callable(v) and k_ != "started"},
-        "command": getattr(args, "command_line", None),
+        "args": args.record(),
+        "command": args.command_line,
         "sequences": len(data),
         "tokens": sum(min(len(x), args.seq_len) for x in data.sequences),
         "data_source": data.meta.get("source"),
@@ -299,7 +304,7 @@ def _finish(job: _Run, data: SelfDistillData, history: list[StepStats], vocab_so
         "train_top1": [h.accuracy for h in history],
         "train_accept_length": [h.accept_length for h in history],
         "validation": job.kept["curve"],
-        "time_budget_s": getattr(args, "time_budget_s", None),
+        "time_budget_s": args.time_budget_s,
         "probe": plan["probe"],  # the rate that fitted the steps (or the last call's)
         "refit": plan.get("refit"),  # the rate after the probe that fitted them again
         "fitted_steps": plan["steps"] if plan["fitted"] else None,

@@ -23,6 +23,7 @@ from ..prompts import format_prompt, sharegpt_conversations
 from .data import OnlineStates, SelfDistillData, TargetStates, build_data, hot_vocabulary
 from .loss import Objective, StepStats, ttt_loss
 from .model import Eagle3Draft
+from .settings import TrainEagle3
 
 
 def load_target(name: str, dtype: torch.dtype):
@@ -88,11 +89,11 @@ def sharegpt_sequences(lm, skip: int, count: int, seq_len: int) -> SelfDistillDa
     return SelfDistillData(seqs, prompt_lens)
 
 
-def cache_path(args, kind: str) -> Path:
+def cache_path(args: TrainEagle3, kind: str) -> Path:
     return cache_dir() / "eagle3" / Path(args.target).name / kind
 
 
-def training_data(args, model, with_tokenizer) -> SelfDistillData:
+def training_data(args: TrainEagle3, model, with_tokenizer) -> SelfDistillData:
     """The training token ids: read from --data when it exists, else built (ShareGPT text, or the
     target's answers) and written there (default: the package cache, named by source and size)."""
     vocab = model.get_input_embeddings().weight.shape[0]
@@ -126,7 +127,7 @@ def training_data(args, model, with_tokenizer) -> SelfDistillData:
     return data
 
 
-def generated_data(args, model, lm, skip: int, count: int, max_new_tokens: int) -> SelfDistillData:
+def generated_data(args: TrainEagle3, model, lm, skip: int, count: int, max_new_tokens: int) -> SelfDistillData:
     """The target's greedy answers to the first user turns of ``count`` conversations after ``skip``."""
     prompts, dropped = sharegpt_prompts(lm, skip, count, args.prompt_tokens)
     if not prompts:
@@ -154,7 +155,7 @@ def generated_data(args, model, lm, skip: int, count: int, max_new_tokens: int) 
     )
 
 
-def validation_data(args, model, with_tokenizer) -> SelfDistillData | None:
+def validation_data(args: TrainEagle3, model, with_tokenizer) -> SelfDistillData | None:
     """Held-out prompts (the first --val conversations, never trained on) with the target's greedy
     answers: the draft's agreement on them estimates its accept length in decoding."""
     if not args.val:
@@ -162,7 +163,7 @@ def validation_data(args, model, with_tokenizer) -> SelfDistillData | None:
     vocab = model.get_input_embeddings().weight.shape[0]
     path = (
         Path(args.val_data)
-        if getattr(args, "val_data", None)
+        if args.val_data
         else cache_path(args, f"val-generated-{args.val}-new{args.val_new_tokens}.pt")
     )
     if path.is_file():
