@@ -128,18 +128,25 @@ def test_the_dtype_choices_are_the_trainers():
 
 
 def test_typed_settings_take_every_option_with_the_command_lines_defaults():
-    """train-eagle3 and bench kernels read their command lines into dataclasses once (``from_args``): each has a
-    field for every option, with the same default, so no option is dropped on the way in."""
+    """train-eagle3, bench kernels and build-freq read their command lines into dataclasses once (``from_args``):
+    each has a field for every option, with the same default, so no option is dropped on the way in."""
     from dataclasses import asdict, fields
+    from pathlib import Path
 
     from sglang_specvocab.tools.bench.kernels_sweep import KernelBench
+    from sglang_specvocab.tools.lab.frequency import FrequencyCount
     from sglang_specvocab.tools.train.settings import TrainEagle3
 
-    for argv, cls in ((["train-eagle3"], TrainEagle3), (["bench", "kernels"], KernelBench)):
+    cases = (
+        (["train-eagle3"], TrainEagle3, {}),
+        (["bench", "kernels"], KernelBench, {}),
+        (["build-freq", "--sharegpt", "--out", "x.npz"], FrequencyCount, {"out": Path("x.npz"), "sharegpt": True}),
+    )
+    for argv, cls, required in cases:
         given = {k: v for k, v in vars(cli.parser().parse_args(argv)).items() if not callable(v)}
         given.pop("bench", None)  # the subcommand's name under bench
         names = {f.name for f in fields(cls)}
         assert set(given) - {"command"} <= names, f"{cls.__name__} lacks {set(given) - names}"
-        defaults = asdict(cls())
+        defaults = asdict(cls(**required))
         assert {k: v for k, v in given.items() if k in defaults and v != defaults[k]} == {}, cls.__name__
         assert cls.from_args(cli.parser().parse_args(argv)) == cls(**{k: given[k] for k in given if k in names})

@@ -274,9 +274,9 @@ def _add_build_freq(sub) -> None:
 
 
 def _run_build_freq(args) -> int:
-    from ..lab.frequency import run  # heavy: transformers, datasets
+    from ..lab.frequency import FrequencyCount, run  # heavy: transformers, datasets
 
-    return run(args)
+    return run(FrequencyCount.from_args(args))
 
 
 BUILD_DATA = """\

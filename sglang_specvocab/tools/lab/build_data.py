@@ -26,7 +26,6 @@ import itertools
 import os
 import tempfile
 import time
-from argparse import Namespace
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -140,7 +139,7 @@ def run(args) -> int:
     share = args.multilingual_share
     print("== ShareGPT text: frequency table and successor graph", flush=True)
     frequency.run(
-        Namespace(
+        frequency.FrequencyCount(
             **count,
             limit=args.conversations,
             generate=None,
@@ -152,7 +151,7 @@ def run(args) -> int:
     )
     print("== the target's answers to ShareGPT first turns: frequency table", flush=True)
     frequency.run(
-        Namespace(
+        frequency.FrequencyCount(
             **count,
             limit=None,
             generate=args.generate,

@@ -9,11 +9,13 @@ languages (``multilingual``, at ``multilingual_share``); the streams and the cou
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import platform
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +24,7 @@ from tqdm import tqdm
 from ...errors import SpecVocabError
 from ...vocab_data import save_frequency_table, save_successors
 from ..counting import count_tokens, generated_streams, text_streams
-from ..models import checkpoint_dir, load_model
+from ..models import GEMMA3_270M, checkpoint_dir, load_model
 from ..prompts import MULTILINGUAL_SOURCE, code_documents, code_prompts, sharegpt_conversations
 
 # Each source with its licence: the data files' records name them.
@@ -32,8 +34,37 @@ _SHAREGPT_SOURCE = (
 )
 
 
-def run(args) -> int:
-    """Count, write the files, print a summary (the arguments of ``sglang-specvocab build-freq``)."""
+@dataclass
+class FrequencyCount:
+    """What ``build-freq`` counts and writes (its options, ``from_args``; ``build-data`` builds two of these): the
+    documents (``text`` files or ``sharegpt`` with a ``code_share`` of code, and build-data's ``multilingual``
+    documents at ``multilingual_share``), counted as text or as the target's ``generate``d answers, into ``out``
+    and, with ``cooccurrence``, a successor graph of ``successors`` per id."""
+
+    out: Path
+    model: str = GEMMA3_270M
+    text: list[Path] | None = None
+    sharegpt: bool = False
+    field: str = "text"
+    limit: int | None = None
+    code_share: float = 0.25
+    generate: int | None = None
+    prompt_tokens: int = 128
+    max_new_tokens: int = 64
+    batch_size: int = 16
+    device: str | None = None
+    cooccurrence: Path | None = None
+    successors: int = 8
+    multilingual: list[list[str]] | None = None  # build-data's: the target's answers in ten languages
+    multilingual_share: float = 0.0
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> FrequencyCount:
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+
+def run(args: FrequencyCount) -> int:
+    """Count, write the files, print a summary."""
     start = time.perf_counter()
     docs, total, source = read_documents(args)  # before the model: a bad file fails fast
     if args.generate:
@@ -84,11 +115,11 @@ class _Counted:
             yield doc
 
 
-def read_documents(args) -> tuple[Iterator[list[str]], int | None, str]:
+def read_documents(args: FrequencyCount) -> tuple[Iterator[list[str]], int | None, str]:
     """(documents, how many if known, description); a document is a list of text segments."""
     if args.sharegpt:
         docs, source = sharegpt_documents(args.code_share, bool(args.generate))
-        extra = getattr(args, "multilingual", None)  # build-data's: the target's answers in ten languages
+        extra = args.multilingual
         if extra:
             docs = mix(docs, extra, args.multilingual_share)
             source += f", and a share {args.multilingual_share:g} of {len(extra)} documents in ten languages " + (
@@ -175,7 +206,9 @@ def load_tokenizer(model: str) -> tuple[object, int]:
     return tokenizer, int(vocab_size)
 
 
-def print_summary(args, documents: int, counts: np.ndarray, successors: np.ndarray | None, seconds: float) -> None:
+def print_summary(
+    args: FrequencyCount, documents: int, counts: np.ndarray, successors: np.ndarray | None, seconds: float
+) -> None:
     tokens = int(counts.sum())
     distinct = int((counts > 0).sum())
     cumulative = np.cumsum(np.sort(counts)[::-1])
