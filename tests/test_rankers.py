@@ -1,6 +1,5 @@
 """Trained modes: a few optimiser steps lower the loss, and the trained files drive the policies."""
 
-import argparse
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,6 +12,7 @@ from sglang_specvocab.errors import SpecVocabError
 from sglang_specvocab.policies import ModelContext, build_policy, parse_config
 from sglang_specvocab.tools.lab.decoder import CausalLM, DraftShape, Eagle3LM, SpeculativeDecoder, greedy_generate
 from sglang_specvocab.tools.lab.rankers import (
+    Recording,
     RouterSettings,
     parse_draft,
     record_draft_states,
@@ -124,7 +124,7 @@ def _recording_args(**over):
         max_new_tokens=8,
         states=None,
     )
-    return argparse.Namespace(**(base | over))
+    return Recording(**(base | over))
 
 
 def test_one_draft_spec_parser_for_the_lab_and_the_training_commands():

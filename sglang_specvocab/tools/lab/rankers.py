@@ -9,10 +9,11 @@ thousands of conversations fit in minutes on a CPU).
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from itertools import islice
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from ...policies import ModelContext, build_policy, load_config, parse_config
 from ...policies.cluster import Router
 from ...policies.lowrank import svd_ranker, whitened_ranker
 from ...vocab import VocabSpace
-from ..models import load_model
+from ..models import GEMMA3_270M, load_model
 from ..prompts import format_prompt, sharegpt_conversations
 from ..train.model import TargetTap
 from .decoder import CausalLM, DraftShape, Eagle3LM, SpeculativeDecoder
@@ -226,10 +227,43 @@ def parse_draft(spec: str, kinds: Sequence[str]) -> tuple[str, int | str | None]
     raise SpecVocabError(f"--draft = {spec!r} is invalid: must be {must}")
 
 
-def recording_draft(args, lm) -> CausalLM | Eagle3LM:
+@dataclass(frozen=True)
+class Recording:
+    """Which draft states ``train-ranker`` and ``train-router`` fit on (their shared recording options, read once with
+    ``from_args``): the model and draft, the ShareGPT text (``source`` text: teacher-forced sequences; decode: the
+    draft's own states while the target answers first turns) and the cache file ``states``."""
+
+    model: str = GEMMA3_270M
+    draft: str | None = None  # None: layers:draft_layers
+    draft_layers: int = 12
+    source: str = "text"
+    prompts: int | None = None  # None: DEFAULT_PROMPTS of the source
+    skip: int = 1000
+    prompt_tokens: int = 256
+    max_new_tokens: int = 64
+    seq_len: int = 512
+    positions: int = 64
+    seed: int = 0
+    states: str | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Recording:
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+    @property
+    def draft_spec(self) -> str:
+        return self.draft or f"layers:{self.draft_layers}"
+
+    @property
+    def prompt_count(self) -> int:
+        """``prompts``, else the source's default (the command line's default depends on the source)."""
+        return DEFAULT_PROMPTS[self.source] if self.prompts is None else self.prompts
+
+
+def recording_draft(args: Recording, lm) -> CausalLM | Eagle3LM:
     """The draft whose states the commands record: ``--draft layers:N`` or ``eagle3:DIR`` (default
     ``layers:`` ``--draft-layers``). A d2t EAGLE-3 draft is refused: its head is not the full vocabulary's."""
-    spec = args.draft or f"layers:{args.draft_layers}"
+    spec = args.draft_spec
     kind, value = parse_draft(spec, ("layers", "eagle3", "target"))
     if kind == "target":  # the oracle draft: the target's own final states
         return CausalLM(lm.model)
@@ -250,13 +284,13 @@ def draft_spec(spec: str) -> str:
     return f"eagle3:{Path(value).resolve()}" if kind == "eagle3" and value else spec
 
 
-def recording_meta(args) -> dict:
+def recording_meta(args: Recording) -> dict:
     """What the recorded states depend on: a cache made with other values is refused, not reused."""
     meta = {
         "model": str(args.model),
-        "draft": draft_spec(args.draft or f"layers:{args.draft_layers}"),
+        "draft": draft_spec(args.draft_spec),
         "source": args.source,
-        "prompts": args.prompts,
+        "prompts": args.prompt_count,
         "skip": args.skip,
     }
     if args.source == "text":
@@ -266,10 +300,8 @@ def recording_meta(args) -> dict:
     return meta
 
 
-def recorded_states(args, lm=None):
+def recorded_states(args: Recording, lm=None):
     """(loaded model, draft, hidden [N, d], tokens [N]) for the commands' recording arguments."""
-    if args.prompts is None:  # the command line's default depends on the source
-        args.prompts = DEFAULT_PROMPTS[args.source]
     lm = lm or load_model(args.model)
     target = CausalLM(lm.model)
     draft = recording_draft(args, lm)
@@ -288,7 +320,7 @@ def recorded_states(args, lm=None):
     if args.source == "text":
         from ..train.train import sharegpt_sequences  # the EAGLE-3 trainer's ShareGPT text, same turns
 
-        data = sharegpt_sequences(lm, args.skip, args.prompts, args.seq_len)
+        data = sharegpt_sequences(lm, args.skip, args.prompt_count, args.seq_len)
         print(
             f"[recording] {len(data)} ShareGPT conversations, {sum(map(len, data.sequences)):,} tokens",
             file=sys.stderr,
@@ -297,7 +329,7 @@ def recorded_states(args, lm=None):
             target, draft, data.sequences, args.positions, seed=args.seed, progress=True
         )
     else:
-        convs = islice(sharegpt_conversations(), args.skip, args.skip + args.prompts)
+        convs = islice(sharegpt_conversations(), args.skip, args.skip + args.prompt_count)
         prompts = [lm.encode(format_prompt(lm.tokenizer, [turns[0]], []))[: args.prompt_tokens] for turns in convs]
         hidden, tokens = record_draft_states(
             target, draft, prompts, args.max_new_tokens, eos_token_ids=lm.eos_token_ids, progress=True
@@ -325,13 +357,14 @@ def save_trained(path, data: dict, name: str, recording: dict | None = None) -> 
 
 def run_train_ranker(args) -> int:
     """``sglang-specvocab train-ranker``: record draft states, fit a SpecVocab ranker, write it."""
-    _, draft, hidden, _ = recorded_states(args)
+    recording = Recording.from_args(args)
+    _, draft, hidden, _ = recorded_states(recording)
     print(f"[train-ranker] {len(hidden)} recorded draft states", file=sys.stderr)
     if args.fit == "whitened":
         w_down, w_proj, share = whitened_ranker(draft.weight, hidden, args.rank)
         print(f"[train-ranker] whitened SVD: keeps {share:.2%} of the states' E||W h||^2 at rank {args.rank}")
         data = {"w_down": w_down.float(), "w_proj": w_proj.float()}  # the policy computes W_vocab = W P at load
-        save_trained(args.out, data, "train-ranker", recording_meta(args) | {"fit": "whitened"})
+        save_trained(args.out, data, "train-ranker", recording_meta(recording) | {"fit": "whitened"})
         return 0
     w_down, w_vocab, losses = train_ranker(
         draft.weight,
@@ -345,7 +378,7 @@ def run_train_ranker(args) -> int:
     )
     data = {"w_down": w_down, "w_vocab": w_vocab}
     print_losses("train-ranker", "KL", losses)
-    save_trained(args.out, data, "train-ranker", recording_meta(args))
+    save_trained(args.out, data, "train-ranker", recording_meta(recording))
     return 0
 
 
@@ -355,7 +388,8 @@ def run_train_router(args) -> int:
     if cfg.policy != "cluster":
         raise SpecVocabError(f"{args.config}: policy = {cfg.policy!r}, a router needs a 'cluster' config")
     cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"router": "centroid"})})
-    _, draft, hidden, tokens = recorded_states(args)
+    recording = Recording.from_args(args)
+    _, draft, hidden, tokens = recorded_states(recording)
     policy = build_policy(
         cfg, 1, model=ModelContext(weight=draft.weight.detach(), space=VocabSpace.build(draft.vocab_size))
     )
@@ -376,5 +410,5 @@ def run_train_router(args) -> int:
         "clusters": len(policy.offsets) - 1,
     }
     print_losses("train-router", "BCE", losses)
-    save_trained(args.out, data, "train-router", recording_meta(args))
+    save_trained(args.out, data, "train-router", recording_meta(recording))
     return 0
