@@ -1,10 +1,10 @@
 """The dynamic draft head: one implementation for the server and the lab.
 
-``DraftHead(weight, table, space, head)(hidden, rows)`` scores ``N = bs * n`` hidden rows, request-major (``n`` consecutive
-rows per request, ``rows[b]`` the table slot of request b), and returns a ``HeadOutput``: fp32 logits and the map from
-their columns to target token ids. ``HeadOutput.topk`` is the one top-k: value descending, then column ascending
-(columns run in ascending token id, so the lower id first); an entry of value ``-inf`` (only when k exceeds a row's
-live columns) is the table's fallback id. Logit scale then softcapping (Gemma-2 style, monotonic) apply to live
+``DraftHead(weight, table, space, head)(hidden, rows)`` scores ``N = bs * n`` hidden rows, request-major (``n``
+consecutive rows per request, ``rows[b]`` the table slot of request b), and returns a ``HeadOutput``: fp32 logits and
+the map from their columns to target token ids. ``HeadOutput.topk`` is the one top-k: value descending, then column
+ascending (columns run in ascending token id, so the lower id first); an entry of value ``-inf`` (only when k exceeds a
+row's live columns) is the table's fallback id. Logit scale then softcapping (Gemma-2 style, monotonic) apply to live
 columns only: a dead column stays ``-inf``.
 
 How a batch is scored (``head.batch``; ``auto`` picks per (bs, n) with ``headcost.choose``, a pure function of
@@ -19,13 +19,13 @@ shapes, so once per CUDA-graph batch bucket):
   logits and top-k are those of ``per-request``; with ``all`` every row sees the whole union;
 - ``stock``: the draft's own dense head over all its rows (what EAGLE3 runs); the dense policy ``full`` always.
 
-Vocabulary spaces (``vocab.VocabSpace``, built once by the caller). Table ids are target ids. A d2t draft's head row
-of id i is ``t2d[i]``, a tensor-parallel rank holds the rows ``shard = (start, end)``: the space's ``row_map`` maps ids
-to local rows, -1 where this rank (or the draft) has none. The logits op reads the ids through that map and each request's slot over
-its ``n`` rows itself (``indexed_logits(..., rows, row_map=...)``), so a per-request step is two launches (the logits
-and ``compact_topk``) and the kernel reads a request's rows once for all its hidden rows; an id with no local row is
-a dead column. With ``group`` (tp_size > 1) the top-k is a local top-k merged across ranks. The stock plan on one rank
-is EAGLE3's own code path in the server (``integration/logits.py``); here it is the head's dense GEMM.
+Vocabulary spaces (``vocab.VocabSpace``, built once by the caller). Table ids are target ids. A d2t draft's head row of
+id i is ``t2d[i]``, a tensor-parallel rank holds the rows ``shard = (start, end)``: the space's ``row_map`` maps ids to
+local rows, -1 where this rank (or the draft) has none. The logits op reads the ids through that map and each request's
+slot over its ``n`` rows itself (``indexed_logits(..., rows, row_map=...)``), so a per-request step is two launches (the
+logits and ``compact_topk``) and the kernel reads a request's rows once for all its hidden rows; an id with no local row
+is a dead column. With ``group`` (tp_size > 1) the top-k is a local top-k merged across ranks. The stock plan on one
+rank is EAGLE3's own code path in the server (``integration/logits.py``); here it is the head's dense GEMM.
 
 Bad table entries: one rule on every plan and backend (``table.head_reads``, which the logits ops follow). A request
 whose slot is outside ``[0, R)`` reads nothing; a count is clamped into ``[0, W]`` (so one ``<= 0`` reads nothing:

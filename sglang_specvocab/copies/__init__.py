@@ -138,41 +138,44 @@ def source_hash(obj) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
-def check_bodies(recorded: dict[str, str]) -> None:
-    """Compare each ``target -> source hash`` with the installed SGLang; raise listing every difference."""
+def _differences(recorded: dict[str, str], read, show, unreadable: tuple = ()) -> list[str]:
+    """One line per ``target -> value`` of ``recorded`` that the installed SGLang does not match: missing, unreadable
+    (``unreadable`` exceptions of ``read``) or other (``show(target, recorded, installed)``)."""
     problems = []
     for target, want in recorded.items():
         try:
-            got = source_hash(pkgutil.resolve_name(target))
+            got = read(pkgutil.resolve_name(target))
         except (ImportError, AttributeError, ValueError) as exc:
             problems.append(f"  {target}: not found in the installed SGLang ({type(exc).__name__}: {exc})")
             continue
-        except (OSError, TypeError) as exc:  # no source file: the body cannot be compared, so it is not trusted
+        except unreadable as exc:  # no source file: the body cannot be compared, so it is not trusted
             problems.append(f"  {target}: its source cannot be read ({type(exc).__name__}: {exc})")
             continue
         if got != want:
-            problems.append(f"  {target}: recorded {want}, installed {got}")
+            problems.append(show(target, want, got))
+    return problems
+
+
+def check_bodies(recorded: dict[str, str]) -> None:
+    """Compare each ``target -> source hash`` with the installed SGLang; raise listing every difference."""
+    problems = _differences(
+        recorded, source_hash, lambda t, want, got: f"  {t}: recorded {want}, installed {got}", (OSError, TypeError)
+    )
     if problems:
         raise SGLangCompatibilityError(
             f"the installed SGLang {installed_sglang_version()} changed the body of SGLang code that "
             "sglang-specvocab copies (sglang_specvocab/copies/from-sglang/); port each change into its copy, "
-            "then re-record the hashes in sglang_specvocab/copies/upstream.py (python -m sglang_specvocab.tools.record_sglang "
-            "prints them), or use an SGLang with the draft top-k hook (patches/sglang-draft-topk-hook.diff):\n"
-            + "\n".join(problems)
+            "then re-record the hashes in sglang_specvocab/copies/upstream.py "
+            "(python -m sglang_specvocab.tools.record_sglang prints them), or use an SGLang with the draft top-k "
+            "hook (patches/sglang-draft-topk-hook.diff):\n" + "\n".join(problems)
         )
 
 
 def check_signatures(recorded: dict[str, str]) -> None:
     """Compare each ``target -> signature`` with the installed SGLang; raise listing every difference."""
-    problems = []
-    for target, want in recorded.items():
-        try:
-            got = signature_text(pkgutil.resolve_name(target))
-        except (ImportError, AttributeError, ValueError) as exc:
-            problems.append(f"  {target}: not found in the installed SGLang ({type(exc).__name__}: {exc})")
-            continue
-        if got != want:
-            problems.append(f"  {target}:\n    recorded  {want}\n    installed {got}")
+    problems = _differences(
+        recorded, signature_text, lambda t, want, got: f"  {t}:\n    recorded  {want}\n    installed {got}"
+    )
     if problems:
         raise SGLangCompatibilityError(
             f"the installed SGLang {installed_sglang_version()} differs from what sglang-specvocab was written "

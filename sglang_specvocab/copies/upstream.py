@@ -16,8 +16,8 @@ Supporting another SGLang starts here (then ``pyproject.toml``'s ``[sglang]`` ex
 (``create_worker``, in the scheduler process, before any weights load), or at plug-in load where the
 worker modules are already imported; ``BODIES`` only where the copies run (no draft top-k hook).
 ``KERNEL_BODIES`` (the bench's copy of EAGLE3's Triton step, never run by the worker) is checked by
-the tests. Regenerate with ``python -m sglang_specvocab.tools.record_sglang`` after porting the copies to the new
-SGLang source, never blindly.
+the tests. Regenerate with ``python -m sglang_specvocab.tools.record_sglang`` after porting the copies to
+the new SGLang source, never blindly.
 
 Pure data, no imports: ``scripts/device/stage.py`` reads ``SGLANG_VERSION`` with ``ast``.
 """

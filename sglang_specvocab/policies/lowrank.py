@@ -1,11 +1,11 @@
 """``lowrank``: SpecVocab, a low-rank ranker on the draft hidden state picks each step's set.
 
-Approximate logits ``(hidden @ W_down.T) @ W_vocab.T`` (``W_down[d', d]``, ``W_vocab[V, d']``)
-rank the whole vocabulary; the ``topk`` best ids become the request's set and the head then
-computes exact logits over them. The ranker ranks the draft head's rows: a d2t draft's rows are mapped to their
-target ids (the ``ModelContext``'s ``space.head_ids``); a tensor-parallel head is ranked whole on every rank
-(``head_weight``), so the set is the same on every rank and at every TP size, with no collective in the draft step (each rank reads the
-whole ranker, ``V x d'``, a step: the head's cost at TP 1).
+Approximate logits ``(hidden @ W_down.T) @ W_vocab.T`` (``W_down[d', d]``, ``W_vocab[V, d']``) rank the whole
+vocabulary; the ``topk`` best ids become the request's set and the head then computes exact logits over them. The ranker
+ranks the draft head's rows: a d2t draft's rows are mapped to their target ids (the ``ModelContext``'s
+``space.head_ids``); a tensor-parallel head is ranked whole on every rank (``head_weight``), so the set is the same on
+every rank and at every TP size, with no collective in the draft step (each rank reads the whole ranker, ``V x d'``, a
+step: the head's cost at TP 1).
 
 Rows of one request (its beams) share one set: the top-k of the element-wise **maximum** of
 their approximate logits. That keeps the set exactly ``topk`` ids wide (no cap, no padding)
