@@ -141,7 +141,7 @@ _CHILD = CHILD_PREAMBLE + textwrap.dedent(
                 fb = batch(ForwardMode.DECODE, h.shape[0], rpi)
                 res["original"] = original(None, h, model.lm_head, fb).next_token_logits
             if space == "d2t":
-                res["in_vocab"] = proc.dv_space.contains(torch.arange(-1, inp["V"] + 1))
+                res["in_vocab"] = proc.dv_head.space.contains(torch.arange(-1, inp["V"] + 1))
             out[space, softcap] = res
         # Every batch mode through the processor (head.batch), the decode rows and the eager draft extend's
         # select_index rows (logits of several rows per request, then one row each).

@@ -118,7 +118,6 @@ class DynVocabLogitsProcessor(LogitsProcessor):
             raise ValueError(f"DynVocabLogitsProcessor: the space is for tp_size {space.tp_size}, the head {tp_size}")
         if tp_size > 1 and tp_group is None:  # the GroupCoordinator the head is sharded over
             tp_group = get_parallel().tp_group
-        self.dv_space = space
         self.dv_head = DraftHead(
             weight,
             table,
@@ -236,7 +235,7 @@ class DynVocabLogitsProcessor(LogitsProcessor):
         """Host-sync check (tests, debugging): every live table id is in the draft vocabulary."""
         t = self.dv_head.table
         live = torch.arange(t.capacity, device=t.ids.device)[None, :] < t.cnt[:, None]
-        bad = live & ~self.dv_space.contains(t.ids)
+        bad = live & ~self.dv_head.space.contains(t.ids)
         if bool(bad.any()):
             r, j = (int(x) for x in bad.nonzero()[0])
             raise ValueError(f"candidate table row {r} holds id {int(t.ids[r, j])} outside the draft vocabulary")

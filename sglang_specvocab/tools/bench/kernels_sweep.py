@@ -37,12 +37,13 @@ that ``--fit`` has its measurements early) fills what the time budget leaves.
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from ... import headcost, ops
+from ..options import FromArgs
 from . import heads as hb
 from .heads import D2T_ROWS, HEAD_PLANS
 from .kernels_report import HEAD_OPS, OPS, OURS, TOPK_OPS
@@ -136,7 +137,7 @@ PRESET_CHAIN = {"full": ("full",), "quick": ("full", "quick"), "lease": ("full",
 
 
 @dataclass
-class KernelBench:
+class KernelBench(FromArgs):
     """``bench kernels``' settings: its command line, read once (``from_args``), with the preset's shapes filled in
     where no option gave them and the device, backends and head kernel this machine has (``resolve``). The sweep,
     the bench and the report read these, never the argparse namespace."""
@@ -197,11 +198,6 @@ class KernelBench:
     lead_widths: list[int] | None = None
     lead_batches: list[int] | None = None
     lead_window_batches: list[int] | None = None
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> KernelBench:
-        """The settings the command line gave (what it does not name keeps its default)."""
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
 
     def config(self) -> dict:
         """The settings recorded with the results (the output path apart)."""

@@ -9,13 +9,12 @@ languages (``multilingual``, at ``multilingual_share``); the streams and the cou
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import platform
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ from ...errors import SpecVocabError
 from ...vocab_data import save_frequency_table, save_successors
 from ..counting import count_tokens, generated_streams, text_streams
 from ..models import GEMMA3_270M, checkpoint_dir, load_model
+from ..options import FromArgs
 from ..prompts import MULTILINGUAL_SOURCE, code_documents, code_prompts, sharegpt_conversations
 
 # Each source with its licence: the data files' records name them.
@@ -35,7 +35,7 @@ _SHAREGPT_SOURCE = (
 
 
 @dataclass
-class FrequencyCount:
+class FrequencyCount(FromArgs):
     """What ``build-freq`` counts and writes (its options, ``from_args``; ``build-data`` builds two of these): the
     documents (``text`` files or ``sharegpt`` with a ``code_share`` of code, and build-data's ``multilingual``
     documents at ``multilingual_share``), counted as text or as the target's ``generate``d answers, into ``out``
@@ -57,10 +57,6 @@ class FrequencyCount:
     successors: int = 8
     multilingual: list[list[str]] | None = None  # build-data's: the target's answers in ten languages
     multilingual_share: float = 0.0
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> FrequencyCount:
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
 
 
 def run(args: FrequencyCount) -> int:

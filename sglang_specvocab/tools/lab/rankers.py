@@ -9,11 +9,10 @@ thousands of conversations fit in minutes on a CPU).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from ...policies.cluster import Router
 from ...policies.lowrank import svd_ranker, whitened_ranker
 from ...vocab import VocabSpace
 from ..models import GEMMA3_270M, load_model
+from ..options import FromArgs
 from ..prompts import format_prompt, sharegpt_conversations
 from ..train.model import TargetTap
 from .decoder import CausalLM, DraftShape, Eagle3LM, SpeculativeDecoder
@@ -228,7 +228,7 @@ def parse_draft(spec: str, kinds: Sequence[str]) -> tuple[str, int | str | None]
 
 
 @dataclass(frozen=True)
-class Recording:
+class Recording(FromArgs):
     """Which draft states ``train-ranker`` and ``train-router`` fit on (their shared recording options, read once with
     ``from_args``): the model and draft, the ShareGPT text (``source`` text: teacher-forced sequences; decode: the
     draft's own states while the target answers first turns) and the cache file ``states``."""
@@ -246,12 +246,9 @@ class Recording:
     seed: int = 0
     states: str | None = None
 
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> Recording:
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
-
     @property
-    def draft_spec(self) -> str:
+    def draft_or_layers(self) -> str:
+        """``draft``, else the self-draft of ``draft_layers`` (``layers:N``)."""
         return self.draft or f"layers:{self.draft_layers}"
 
     @property
@@ -263,7 +260,7 @@ class Recording:
 def recording_draft(args: Recording, lm) -> CausalLM | Eagle3LM:
     """The draft whose states the commands record: ``--draft layers:N`` or ``eagle3:DIR`` (default
     ``layers:`` ``--draft-layers``). A d2t EAGLE-3 draft is refused: its head is not the full vocabulary's."""
-    spec = args.draft_spec
+    spec = args.draft_or_layers
     kind, value = parse_draft(spec, ("layers", "eagle3", "target"))
     if kind == "target":  # the oracle draft: the target's own final states
         return CausalLM(lm.model)
@@ -288,7 +285,7 @@ def recording_meta(args: Recording) -> dict:
     """What the recorded states depend on: a cache made with other values is refused, not reused."""
     meta = {
         "model": str(args.model),
-        "draft": draft_spec(args.draft_spec),
+        "draft": draft_spec(args.draft_or_layers),
         "source": args.source,
         "prompts": args.prompt_count,
         "skip": args.skip,

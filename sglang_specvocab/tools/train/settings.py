@@ -4,12 +4,13 @@ the command line's (``cli/train.py`` documents each option)."""
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
+
+from ..options import FromArgs
 
 
 @dataclass
-class TrainEagle3:
+class TrainEagle3(FromArgs):
     command: str = "train-eagle3"
     # the target, the draft vocabulary and the data
     target: str = "gemma3-270m"
@@ -52,11 +53,6 @@ class TrainEagle3:
     log_every: int = 100
     command_line: str | None = None
     started: float | None = None  # the command's start (perf_counter): --time-budget-s counts from it
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> TrainEagle3:
-        """The options the command line gave (what it does not name keeps its default)."""
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
 
     def record(self) -> dict:
         """The options as ``training.json`` keeps them (the start time apart)."""
