@@ -56,9 +56,9 @@ def train(draft, data, states, objective, **kw):
     return T.train_draft(draft, data, states, objective, T.TrainSettings(**kw), T.TrainRun(**run))
 
 
-def _draft(target, data, head, seed=0):
+def _draft(target, data, head, seed=0, fc_norm=False):
     dv = None if head == "full" else 128
-    cfg = M.Eagle3Config.for_target(target, draft_vocab_size=dv)
+    cfg = M.Eagle3Config.for_target(target, draft_vocab_size=dv, fc_norm=fc_norm)
     hot = None if dv is None else D.hot_vocabulary(dv, VOCAB, data=data)
     return M.build_draft(target, cfg, hot, seed=seed)
 
@@ -243,6 +243,60 @@ def test_validation_is_the_exact_training_statistic(target, data):
     real = torch.arange(batch.input_ids.shape[1])[None, :] < batch.lengths[:, None]
     want = target(batch.input_ids).logits.argmax(-1)  # right padding: the real positions are unaffected
     assert batch.topk.shape[-1] == 8 and torch.equal(batch.topk[..., 0][real], want[real])
+
+
+def test_step_weights_weigh_each_passs_kl(target, data):
+    """--step-weight G: pass k's KL weighs G^k, normalised; 1 is the plain mean over passes. The passes themselves
+    (their KL, top-1, chain estimate) do not change."""
+    d = _draft(target, data, "full", seed=2)
+    states = D.compute_states(M.TargetTap(target, d.cfg.capture_layers), data, 64)
+    batch = D.batch_of(data, states, range(8))
+    with torch.no_grad():
+        plain, a = L.ttt_loss(d, batch, 3, L.Objective.for_target(target))
+        weighted, b = L.ttt_loss(d, batch, 3, L.Objective.for_target(target, step_weight=0.8))
+    assert a.kl == b.kl and a.accuracy == b.accuracy and len(set(a.kl)) == 3
+    assert float(plain) == pytest.approx(sum(a.kl) / 3)
+    assert float(weighted) == pytest.approx((a.kl[0] + 0.8 * a.kl[1] + 0.64 * a.kl[2]) / (1 + 0.8 + 0.64))
+
+
+def test_lr_floor_is_where_the_cosine_ends(target, data, monkeypatch):
+    """--lr-floor F: the same warm-up and cosine, ending at F x lr (0: the published recipes' decay to zero)."""
+    states = D.compute_states(M.TargetTap(target, M.sglang_default_capture_layers(LAYERS)), data, 48)
+    lrs, opts = _record_lr(monkeypatch)
+    kw = dict(steps=20, batch_size=8, lr=1e-3, ttt_steps=2, warmup=4)
+    train(_draft(target, data, "full"), data, states, L.Objective.for_target(target), lr_floor=0.0, **kw)
+    cos = [0.5 * (1 + math.cos(math.pi * (k - 4) / 16)) for k in range(20)]
+    assert lrs == pytest.approx([1e-3 * ((k + 1) / 4 if k < 4 else cos[k]) for k in range(20)])
+    assert opts[0].param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_fc_norm_drafts_save_load_and_continue_only_as_they_were_trained(target, data, tmp_path):
+    """A draft with fc_norm writes SGLang's fc_norm: true and its fc_norm.i weights, and is read back as it was;
+    --init-from refuses to continue a draft across the change (its fc was fit to other features)."""
+    with_norm = _draft(target, data, "full", seed=1, fc_norm=True)
+    with torch.no_grad():
+        for norm in with_norm.fc_norm:
+            norm.weight.uniform_(0.5, 2.0)
+    path = C.save_checkpoint(with_norm, tmp_path / "n", torch.float32)
+    config = json.loads((path / "config.json").read_text())
+    assert config["fc_norm"] is True
+    loaded = C.load_checkpoint(path, target)
+    assert loaded.cfg.fc_norm and len(loaded.fc_norm) == 3
+    for k, norm in enumerate(with_norm.fc_norm):
+        assert torch.equal(loaded.fc_norm[k].weight, norm.weight)
+    ids = data.sequences[0][None, :16]
+    aux, _ = M.TargetTap(target, with_norm.cfg.capture_layers)(ids)
+    with torch.no_grad():
+        a, b = M.ttt_forward(with_norm, ids, aux, 2), M.ttt_forward(loaded, ids, aux, 2)
+        plain = M.ttt_forward(_draft(target, data, "full", seed=1), ids, aux, 2)
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not torch.allclose(a[0], plain[0])  # the norms are in the forward
+    assert "fc_norm" not in json.loads(C.save_checkpoint(_draft(target, data, "full"), tmp_path / "p").joinpath(
+        "config.json").read_text())  # fmt: skip
+    with pytest.raises(SpecVocabError, match="that draft has no fc_norm.*continue it without --fc-norm"):
+        C.load_into(_draft(target, data, "full", fc_norm=True), tmp_path / "p")
+    with pytest.raises(SpecVocabError, match="that draft norms its features before fc: continue it with --fc-norm"):
+        C.load_into(_draft(target, data, "full"), path)
 
 
 def test_states_cache_resumes_and_checks_its_tokens(target, data, tmp_path, monkeypatch):
@@ -723,6 +777,30 @@ def test_report_tabulates_and_plots_the_training_record(target_dir, data, tmp_pa
     assert "no readable training.json from train-eagle3" in capsys.readouterr().err
 
 
+def test_report_compares_recipe_arms_against_the_first(target_dir, data, tmp_path):
+    """report-eagle3 over several drafts (the recipe A/B): a row per draft against the first, naming the options it
+    changed, its last validation accept length and the change, from each draft's own training.json."""
+    data.save(tmp_path / "data.pt")
+    common = ["--target", str(target_dir), "--data", str(tmp_path / "data.pt"), "--val-data", str(tmp_path / "data.pt")]
+    common += ["--head", "full", "--steps", "4", "--batch-size", "4", "--seq-len", "48", "--ttt-steps", "3"]
+    common += ["--device", "cpu", "--val", "4", "--val-every", "2", "--log-every", "0"]
+    arms = {"base": [], "recipe": ["--step-weight", "0.8", "--lr-floor", "0", "--fc-norm"]}
+    for name, extra in arms.items():
+        assert _train_eagle3([*common, "--out", str(tmp_path / name), *extra]) == 0
+    assert main(["report-eagle3", *(str(tmp_path / n) for n in arms), "--out", str(tmp_path / "ab")]) == 0
+    last = {n: json.loads((tmp_path / n / "training.json").read_text())["validation"][-1] for n in arms}
+    assert last["base"]["step"] == 4
+    md = (tmp_path / "ab.md").read_text()
+    assert "## Against the baseline (base)" in md
+    assert f"| base | - | 4 x 4 | {last['base']['accept_length']:.3f} | +0.000 |" in md
+    change = last["recipe"]["accept_length"] - last["base"]["accept_length"]
+    row = "| recipe | lr_floor 0.0, step_weight 0.8, fc_norm True | 4 x 4 "
+    assert f"{row}| {last['recipe']['accept_length']:.3f} | {change:+.3f} |" in md
+    assert (
+        "- settings: steps 4, batch_size 4, lr 0.0003, warmup None, lr_floor 0.0, step_weight 0.8, fc_norm True" in md
+    )
+
+
 def expected_checkpoint_names(head):
     """Derived from reading sglang/srt/models/llama_eagle3.py (load_weights maps midlayer -> layers.0
     and q/k/v, gate/up onto the stacked parameters; the worker binds the embedding, and the head when
@@ -795,6 +873,9 @@ _SGLANG_CHECK = CHILD_PREAMBLE + textwrap.dedent(
             # LlamaForCausalLMEagle3's forward through its own modules (native paths); only the
             # attention kernel is written out: causal, over the cache.
             if hid.shape[-1] != m.embed_tokens.weight.shape[-1]:
+                if m.fc_norm is not None:  # each captured layer's features normed on their own
+                    chunks = hid.chunk(m.num_aux_hidden_states, dim=-1)
+                    hid = torch.cat([nm.forward_native(c) for nm, c in zip(m.fc_norm, chunks)], -1)
                 hid = m.fc(hid)
             residual = hid
             x = torch.cat(
@@ -829,6 +910,7 @@ _SGLANG_CHECK = CHILD_PREAMBLE + textwrap.dedent(
             "unloaded": unloaded,
             "load_lm_head_from_target": model.load_lm_head_from_target,
             "num_aux_hidden_states": m.num_aux_hidden_states,
+            "fc_norm": m.fc_norm is not None,
             "params": params,
         }
         with open(f"{job}/report.json", "w") as f:
@@ -843,14 +925,18 @@ _SGLANG_CHECK = CHILD_PREAMBLE + textwrap.dedent(
 
 @pytest.mark.sglang
 def test_sglang_loads_the_checkpoint_and_computes_the_same_draft(target, data, tmp_path):
-    """Both head modes: every SGLang parameter but the ones the worker binds from the target comes
-    from the checkpoint, d2t gives SGLang's hot_token_id, and SGLang's modules run the draft-extend
-    plus two decode steps to the same logits as the training-time test."""
+    """Both head modes, and a draft with fc_norm (train-eagle3 --fc-norm): every SGLang parameter but the ones
+    the worker binds from the target comes from the checkpoint, d2t gives SGLang's hot_token_id, and SGLang's
+    modules run the draft-extend plus two decode steps to the same logits as the training-time test."""
     ids = data.sequences[1][:24]
     p, steps = 9, 3
     drafts = {}
-    for head in ("d2t", "full"):
-        d = _draft(target, data, head, seed=1)
+    for head in ("d2t", "full", "full-fcnorm"):
+        d = _draft(target, data, head.removesuffix("-fcnorm"), seed=1, fc_norm=head.endswith("fcnorm"))
+        if d.fc_norm is not None:  # scales of their own, so a norm SGLang skipped or misplaced shows
+            with torch.no_grad():
+                for norm in d.fc_norm:
+                    norm.weight.uniform_(0.5, 2.0)
         tap = M.TargetTap(target, d.cfg.capture_layers)
         states = D.compute_states(tap, data, 48)
         train(d, data, states, L.Objective.for_target(target), steps=2, batch_size=4, lr=1e-3, ttt_steps=2)
@@ -868,12 +954,13 @@ def test_sglang_loads_the_checkpoint_and_computes_the_same_draft(target, data, t
     assert run.returncode == 0, run.stderr[-4000:]
     for head, (d, aux) in drafts.items():
         report = json.loads((tmp_path / head / "report.json").read_text())
-        bound = ["lm_head.weight", "model.embed_tokens.weight"] if head == "full" else ["model.embed_tokens.weight"]
+        full = head != "d2t"
+        bound = ["lm_head.weight", "model.embed_tokens.weight"] if full else ["model.embed_tokens.weight"]
         assert report["unloaded"] == bound  # everything else came from the checkpoint
-        assert report["load_lm_head_from_target"] == (head == "full")
-        assert report["num_aux_hidden_states"] == 3
+        assert report["load_lm_head_from_target"] == full
+        assert report["num_aux_hidden_states"] == 3 and report["fc_norm"] == (head == "full-fcnorm")
         assert report["params"]["model.fc.weight"] == [64, 192]
-        assert report["params"]["lm_head.weight"] == [VOCAB if head == "full" else 128, 64]
+        assert report["params"]["lm_head.weight"] == [VOCAB if full else 128, 64]
         got = torch.load(tmp_path / head / "out.pt")
         if head == "d2t":
             assert torch.equal(got["hot"], d.hot_ids)

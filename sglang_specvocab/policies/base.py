@@ -20,6 +20,7 @@ Per-round code is tensor code only: no Python loop over tokens or requests, no `
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -239,3 +240,31 @@ def load_trained(
         raise ConfigError(
             f"{where}: {what} file {path} is not a {what} from sglang-specvocab {command} ({exc!r})"
         ) from None
+
+
+def draft_fingerprint(fc_weight: torch.Tensor | None) -> str | None:
+    """An EAGLE-3 draft's identity as trained files record it: the sha256 (16 hex digits) of its ``fc`` weight (the
+    projection of the target's features that only that draft has) in bfloat16, so the same draft read in fp32, bf16
+    or from its file gives the same value wherever it lives; None for a draft without ``fc``. One copy to the host,
+    at start-up only."""
+    if fc_weight is None:
+        return None
+    data = fc_weight.detach().to("cpu", torch.bfloat16).contiguous().view(torch.int16).numpy().tobytes()
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def fit_mismatch(trained: dict | None, fingerprint: str | None) -> str | None:
+    """Why a policy's trained file (``Policy.trained``: what, file, recording) was not fit on the draft whose ``fc``
+    has ``fingerprint`` (None: not an EAGLE-3 draft), or None when it was, or when the file records nothing to compare
+    (files of earlier versions). A file fit on the target's own states or a self-draft's is another draft's."""
+    if trained is None or trained.get("recording") is None:
+        return None
+    rec = trained["recording"]
+    fit = rec.get("draft_fingerprint")
+    if fit is not None and fit == fingerprint:
+        return None
+    if fit is None and fingerprint is None:
+        return None  # neither is an EAGLE-3 draft: the caller compares its own spec (the lab's self-drafts)
+    served = "an EAGLE-3 draft with fc fingerprint " + fingerprint if fingerprint else "a draft that is not EAGLE-3"
+    made = str(rec.get("draft", "?")) + (f" (fc fingerprint {fit})" if fit else "")
+    return f"{trained['what']} {Path(trained['file']).name} was fit on {made} states, this one drafts with {served}"

@@ -11,6 +11,7 @@ from ._args import (
     POSITIVE,
     RAW,
     positive_float,
+    share,
 )
 
 TRAIN_EAGLE3 = """\
@@ -142,8 +143,31 @@ def _add_eagle3_training(p) -> None:
     g.add_argument("--val-every", type=POSITIVE, default=250, help="validate every N steps (and at the end)")
     g.add_argument("--steps", type=POSITIVE, default=2000, help="optimiser steps")
     g.add_argument("--batch-size", type=POSITIVE, default=8, help="sequences per step")
-    g.add_argument("--lr", type=positive_float, default=3e-4, help="peak learning rate (warm-up, then cosine to lr/10)")
+    g.add_argument(
+        "--lr", type=positive_float, default=3e-4, help="peak learning rate (warm-up, then cosine to --lr-floor x lr)"
+    )
     g.add_argument("--warmup", type=NON_NEGATIVE, default=None, help="warm-up steps (default: 5%% of --steps)")
+    g.add_argument(
+        "--lr-floor",
+        type=share,
+        default=0.1,
+        metavar="F",
+        help="where the cosine ends, as a fraction of --lr (the published recipes: about 0) (default: %(default)s)",
+    )
+    g.add_argument(
+        "--step-weight",
+        type=positive_float,
+        default=1.0,
+        metavar="G",
+        help="unrolled draft step k's KL weighs G^k, normalised (the published recipes: 0.8, the first steps "
+        "counting more; 1: all alike) (default: %(default)s)",
+    )
+    g.add_argument(
+        "--fc-norm",
+        action="store_true",
+        help="an RMSNorm per captured target layer before fc (SGLang's config fc_norm: true; reported +7 %% accept "
+        "length); a new draft only: --init-from refuses a draft trained without it",
+    )
     g.add_argument(
         "--time-budget-s",
         type=positive_float,

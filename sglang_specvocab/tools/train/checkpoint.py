@@ -15,9 +15,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from ...errors import SpecVocabError
+from ...policies.base import draft_fingerprint
 from .model import (
     SGLANG_ARCHITECTURE,
     Eagle3Config,
@@ -44,6 +46,17 @@ def save_checkpoint(
     if extra is not None:
         (out / "training.json").write_text(json.dumps(extra, indent=2) + "\n")
     return out
+
+
+def checkpoint_fingerprint(path: str | Path) -> str:
+    """The draft's identity as trained files record it (``policies.base.draft_fingerprint`` of its ``fc.weight``), read
+    from its ``model.safetensors`` alone."""
+    try:
+        with safe_open(str(Path(path) / "model.safetensors"), framework="pt") as f:
+            fc = f.get_tensor("fc.weight")
+    except (OSError, ValueError, KeyError) as exc:  # KeyError: a draft file without fc
+        raise SpecVocabError(f"EAGLE-3 draft {path}: cannot read fc.weight from model.safetensors: {exc}") from None
+    return draft_fingerprint(fc)
 
 
 def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -88,6 +101,8 @@ def load_checkpoint(path: str | Path, target) -> Eagle3Draft:
         if ids is None
         else capture_layers_from_ids(ids, tc.num_hidden_layers)
     )
+    if config.get("norm_before_fc") or (config.get("eagle_config") or {}).get("norm_before_fc"):
+        raise SpecVocabError(f"{where}: norm_before_fc (one norm over all captured layers) is not supported here")
     heads = config["num_attention_heads"]
     dvs = config.get("draft_vocab_size")
     if config.get("tie_word_embeddings") or dvs == vocab:
@@ -105,6 +120,7 @@ def load_checkpoint(path: str | Path, target) -> Eagle3Draft:
         max_position_embeddings=int(config.get("max_position_embeddings", 8192)),
         capture_layers=layers,
         draft_vocab_size=dvs,
+        fc_norm=bool(config.get("fc_norm") or config.get("use_aux_norm")),  # as SGLang reads them
     )
     hot = None
     if dvs is not None:
@@ -143,4 +159,11 @@ def load_into(draft: Eagle3Draft, path: str | Path) -> None:
         and "d2t" in tensors
         and torch.equal(tensors["d2t"].to(torch.int64) + torch.arange(len(tensors["d2t"])), draft.hot_ids.cpu())
     )
+    if draft.fc_norm is not None and "fc_norm.0.weight" not in tensors:
+        raise SpecVocabError(
+            f"--init-from {path}: that draft has no fc_norm, and its fc was fit to features that were not normed; "
+            "continue it without --fc-norm, or start a new draft with it"
+        )
+    if draft.fc_norm is None and "fc_norm.0.weight" in tensors:
+        raise SpecVocabError(f"--init-from {path}: that draft norms its features before fc: continue it with --fc-norm")
     _load_params(draft, tensors, f"--init-from {path}", with_head=same_head)

@@ -69,7 +69,9 @@ def run(args: TrainEagle3) -> int:
         if args.aux_layer_ids is None
         else capture_layers_from_ids(args.aux_layer_ids, model.config.num_hidden_layers)
     )
-    cfg = Eagle3Config.for_target(model, draft_vocab_size=None if ids is None else len(ids), capture_layers=capture)
+    cfg = Eagle3Config.for_target(
+        model, draft_vocab_size=None if ids is None else len(ids), capture_layers=capture, fc_norm=args.fc_norm
+    )
     tap = TargetTap(model, cfg.capture_layers)
     if len(trainable(data, args.seq_len)) == 0:
         raise SpecVocabError(f"no training sequence has a response within --seq-len {args.seq_len}")
@@ -158,7 +160,9 @@ def _objective(args: TrainEagle3, model, data: SelfDistillData, vocab: int, ids)
     loss_ids = None
     if ids is None and args.loss_vocab:
         loss_ids, _ = hot_ids(data, vocab, head="d2t", draft_vocab=args.loss_vocab, freq=args.freq, target=args.target)
-    objective = Objective.for_target(model, loss_ids=loss_ids, dtype=DTYPES[args.train_dtype])
+    objective = Objective.for_target(
+        model, loss_ids=loss_ids, dtype=DTYPES[args.train_dtype], step_weight=args.step_weight
+    )
     objective.head = objective.head.float()
     return objective
 
@@ -239,6 +243,7 @@ def _train(job: _Run, data: SelfDistillData, states, objective: Objective, pad_t
             seed=args.seed,
             pad_token_id=pad_token_id,
             warmup=args.warmup,
+            lr_floor=args.lr_floor,
             save_every=args.val_every,
             time_budget_s=args.time_budget_s,
             # The end: the last validation (as long as step 0's) and saving the draft and the state.

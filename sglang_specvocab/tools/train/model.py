@@ -152,6 +152,7 @@ class Eagle3Config:
     max_position_embeddings: int
     capture_layers: list[int]  # SGLang's layers_to_capture (the config stores them minus 1)
     draft_vocab_size: int | None = None  # None: the target's LM head (head mode 'full')
+    fc_norm: bool = False  # an RMSNorm per captured layer before fc (SGLang's config ``fc_norm: true``)
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
@@ -161,7 +162,9 @@ class Eagle3Config:
         return "full" if self.draft_vocab_size is None else "d2t"
 
     @classmethod
-    def for_target(cls, target, *, draft_vocab_size: int | None = None, capture_layers=None) -> Eagle3Config:
+    def for_target(
+        cls, target, *, draft_vocab_size: int | None = None, capture_layers=None, fc_norm: bool = False
+    ) -> Eagle3Config:
         """A draft as wide as the target (needed for SGLang to share the target's embedding)."""
         c = target.config
         hidden = c.hidden_size
@@ -190,6 +193,7 @@ class Eagle3Config:
             max_position_embeddings=int(getattr(c, "max_position_embeddings", 8192)),
             capture_layers=layers,
             draft_vocab_size=draft_vocab_size,
+            fc_norm=fc_norm,
             bos_token_id=getattr(c, "bos_token_id", None),
             eos_token_id=getattr(c, "eos_token_id", None),
             pad_token_id=getattr(c, "pad_token_id", None),
@@ -219,6 +223,8 @@ class Eagle3Config:
         cfg["dtype"] = str(dtype).removeprefix("torch.")
         cfg["draft_vocab_size"] = self.draft_vocab_size  # null: SGLang shares the target's LM head
         cfg["target_hidden_size"] = self.target_hidden_size
+        if self.fc_norm:  # SGLang 0.5.23 reads it from the top level; a draft without it loads no fc_norm weights
+            cfg["fc_norm"] = True
         cfg["eagle_config"] = {
             "use_aux_hidden_state": True,
             "eagle_aux_hidden_state_layer_ids": [i - 1 for i in self.capture_layers],
@@ -316,6 +322,12 @@ class Eagle3Draft(nn.Module):
             raise ValueError("hot_ids must be given exactly when the config has a draft vocabulary")
         self.cfg = cfg
         self.fc = nn.Linear(len(cfg.capture_layers) * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        # SGLang's fc_norm: each captured layer's features normed on their own (their scales differ by layer)
+        self.fc_norm = (
+            nn.ModuleList(RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in cfg.capture_layers)
+            if cfg.fc_norm
+            else None
+        )
         self.midlayer = _MidLayer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self._init_weights()
@@ -339,6 +351,14 @@ class Eagle3Draft(nn.Module):
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, std=0.02)
+
+    def project(self, aux: torch.Tensor) -> torch.Tensor:
+        """``fc`` of the target's captured features ``[..., k * target_hidden]`` (each layer's normed first with
+        ``fc_norm``), as SGLang's ``LlamaModel.forward`` of the EAGLE-3 draft does on draft extend."""
+        if self.fc_norm is not None:
+            chunks = aux.chunk(len(self.fc_norm), dim=-1)
+            aux = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks, strict=True)], dim=-1)
+        return self.fc(aux)
 
     @property
     def head_weight(self) -> torch.Tensor:
@@ -390,7 +410,7 @@ class Eagle3Draft(nn.Module):
         draft extend) or the draft's own previous pre-norm output (draft decode steps).
         Returns (pre-norm output, normed output), ``[B, n, hidden]`` each."""
         if hidden.shape[-1] != self.cfg.hidden_size:
-            hidden = self.fc(hidden)
+            hidden = self.project(hidden)
         q, k, v = self._qkv(tokens, hidden, positions)
         k, v = cache.update(k, v, 0)
         rep = q.shape[1] // k.shape[1]
@@ -473,7 +493,7 @@ def ttt_forward(draft: Eagle3Draft, input_ids: torch.Tensor, aux: torch.Tensor, 
     if steps < 1:
         raise SpecVocabError(f"ttt steps = {steps} is invalid: must be at least 1")
     positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-    hidden = draft.fc(aux)
+    hidden = draft.project(aux)
     cache: list[tuple[torch.Tensor, torch.Tensor]] = []
     outs = []
     for k in range(steps):

@@ -39,11 +39,25 @@ def summary(path: Path) -> dict:
         "machine",
     )
     args = t["args"]
-    settings = {k: args.get(k) for k in ("steps", "batch_size", "lr", "warmup", "seq_len", "ttt_steps", "init")}
+    names = (
+        "steps",
+        "batch_size",
+        "lr",
+        "warmup",
+        "lr_floor",
+        "step_weight",
+        "fc_norm",
+        "seq_len",
+        "ttt_steps",
+        "init",
+    )
+    settings = {k: args.get(k) for k in names if k in args}  # drafts of earlier versions lack the recipe's switches
     return {
         "draft": Path(path).name,
         "head": head,
         **{k: t.get(k) for k in keys},
+        "args": args,
+        "probe": t.get("probe"),
         "settings": settings,
         "loss": loss,
         "validation": t.get("validation", []),
@@ -78,8 +92,40 @@ def _fmt(x, digits: int = 0) -> str:
     return "-" if x is None else f"{x:,.{digits}f}"
 
 
+# Options that name files or the run, not the recipe: a comparison leaves them out.
+NOT_RECIPE = ("out", "command_line", "resume_state", "init_from", "data", "val_data", "states", "log_every")
+
+
+def comparison(runs: list[dict]) -> list[str]:
+    """Several drafts: one row each against the first (the baseline): the options it changed, the validation
+    accept length at the last check and its change, the training rate the probe measured."""
+    if len(runs) < 2:
+        return []
+    base = runs[0]
+    lines = [
+        f"## Against the baseline ({base['draft']})",
+        "",
+        "| draft | options changed | steps x batch | accept length (last check) | change | train tokens/s |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    first = base["validation"][-1]["accept_length"] if base["validation"] else float("nan")
+    for r in runs:
+        changed = [
+            f"{k} {r['args'].get(k)}"
+            for k in r["args"]
+            if k not in NOT_RECIPE and r["args"].get(k) != base["args"].get(k)
+        ]
+        last = r["validation"][-1]["accept_length"] if r["validation"] else float("nan")
+        rate = (r.get("probe") or {}).get("tokens_per_s")
+        lines.append(
+            f"| {r['draft']} | {', '.join(changed) or '-'} | {r['settings']['steps']} x {r['settings']['batch_size']} "
+            f"| {last:.3f} | {last - first:+.3f} | {_fmt(rate)} |"
+        )
+    return [*lines, ""]
+
+
 def markdown(runs: list[dict]) -> str:
-    lines = ["# EAGLE-3 draft training", ""]
+    lines = ["# EAGLE-3 draft training", "", *comparison(runs)]
     for r in runs:
         val = r["validation"]
         k = max(1, len(r["loss"]) // 10)

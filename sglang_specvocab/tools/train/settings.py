@@ -37,6 +37,9 @@ class TrainEagle3(FromArgs):
     batch_size: int = 8
     lr: float = 3e-4
     warmup: int | None = None
+    lr_floor: float = 0.1
+    step_weight: float = 1.0
+    fc_norm: bool = False
     time_budget_s: float | None = None
     loss_vocab: int = 32768
     init: str = "target"

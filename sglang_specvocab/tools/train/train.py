@@ -232,6 +232,7 @@ class TrainSettings:
     seed: int = 0
     pad_token_id: int = 0
     warmup: int | None = None  # steps of linear warm-up (default 5 %)
+    lr_floor: float = 0.1  # the cosine decays to lr_floor * lr (the published recipes: about 0)
     save_every: int = 0  # steps between saves of the resume state (0: only when stopped)
     time_budget_s: float | None = None  # seconds from ``TrainRun.started``; None: run ``steps``
     reserve: float = 0.0  # seconds the end needs (last validation, saving)
@@ -266,7 +267,8 @@ def train_draft(
     run: TrainRun | None = None,
 ) -> list[StepStats]:
     """AdamW on the draft's parameters over shuffled passes through the data, as ``settings`` say (their fields are
-    named below as they are, as are ``run``'s); linear warm-up (``warmup`` steps, default 5 %), then cosine decay to a tenth of ``lr``; gradients clipped at 1.
+    named below as they are, as are ``run``'s); linear warm-up (``warmup`` steps, default 5 %), then cosine decay to
+    ``lr_floor`` times ``lr``; gradients clipped at 1.
     The draft's forward runs under bfloat16 autocast when ``objective.dtype`` is bfloat16.
     ``states`` is a :class:`TargetStates` or an :class:`OnlineStates` (anything with ``meta`` and
     ``batch(data, idx, pad_token_id)``). ``on_step(step, stats)`` runs after every step
@@ -310,7 +312,7 @@ def train_draft(
         per_step=c.overhead_per_step,
     )
     clock = run.clock
-    schedule = _Schedule(plan, c.steps, clock() if run.started is None else run.started, c.time_budget_s)
+    schedule = _Schedule(plan, c.steps, clock() if run.started is None else run.started, c.time_budget_s, c.lr_floor)
     # A function, not the bound method: LambdaLR's state_dict would keep a callable object's __dict__.
     schedule.sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: schedule.factor(step))
     kept = {
@@ -320,6 +322,8 @@ def train_draft(
         "ttt_steps": c.ttt_steps,
         "seed": c.seed,
         "warmup": warmup,
+        "lr_floor": c.lr_floor,
+        "step_weight": objective.step_weight,
         "sequences": len(data),
         "trainable": len(pool),
         "seq_len": seq_len,
@@ -346,6 +350,7 @@ class _Schedule:
     steps: int
     started: float
     time_budget_s: float | None
+    floor: float = 0.1  # the cosine's end, as a fraction of lr
     sched: torch.optim.lr_scheduler.LambdaLR | None = None  # set once made: it calls ``factor``
     deadline: float | None = field(init=False)  # the budget's end, a ``clock()`` value
 
@@ -357,7 +362,7 @@ class _Schedule:
         total, warm = self.plan["steps"], self.plan["warmup"]
         if step < warm:
             return (step + 1) / warm
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+        return self.floor + (1 - self.floor) * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
 
     def fit(self, per_step: float, done: int, now: float) -> int:
         """Sets the total to the steps that fit before the budget's end less the reserve and FIT_MARGIN_S (at
