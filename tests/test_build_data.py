@@ -117,12 +117,12 @@ def shipped():
 def stand_ins(monkeypatch):
     """The code documents, coding requests and multilingual requests replaced by their stand-ins; answers to the
     multilingual requests cut to 3 tokens."""
-    from sglang_specvocab.tools.lab import build_data, frequency
+    from sglang_specvocab.tools.lab import documents, frequency
 
     monkeypatch.setattr(frequency, "code_documents", lambda: iter(code()))
     monkeypatch.setattr(frequency, "code_prompts", lambda: iter(code(seed=2)))
-    monkeypatch.setattr(build_data, "multilingual_requests", lambda: iter(REQUESTS))
-    monkeypatch.setattr(build_data, "MULTILINGUAL_NEW_TOKENS", 3)
+    monkeypatch.setattr(documents, "multilingual_requests", lambda: iter(REQUESTS))
+    monkeypatch.setattr(documents, "MULTILINGUAL_NEW_TOKENS", 3)
 
 
 def test_build_data_files_configs_and_lab(target, sharegpt, stand_ins, cache, tmp_path, capsys, one_thread):
@@ -379,3 +379,60 @@ def test_whitened_ranker_on_the_targets_own_states(target, sharegpt, cache, tmp_
     assert main([*argv, "--per-category", "1", "--out", str(lab), "--no-progress"]) == 0
     result = json.loads((lab / "lab.json").read_text())
     assert result["lossless"] is True and result["trained_on"]["sv"]["matches"] is True
+
+
+def test_a_ranker_fit_to_an_eagle3_draft_on_build_datas_documents(
+    target, sharegpt, stand_ins, cache, tmp_path, capsys, one_thread
+):
+    """train-ranker --draft eagle3:DIR --source mixed: the states of every draft step of a chain over build-data's
+    documents (ShareGPT, code and the target's multilingual answers), a file that records the draft by its fc
+    fingerprint; the lab finds it fit on that draft wherever the folder is, and warns with another draft."""
+    import shutil
+
+    from transformers import LlamaForCausalLM
+
+    from sglang_specvocab.tools.train import checkpoint as C
+    from sglang_specvocab.tools.train import model as M
+
+    tm = LlamaForCausalLM.from_pretrained(target)
+    drafts = []
+    for seed in (1, 2):
+        d = M.build_draft(tm, M.Eagle3Config.for_target(tm, capture_layers=[0, 1]), seed=seed)
+        drafts.append(C.save_checkpoint(d, tmp_path / f"draft{seed}", torch.float32))
+    states, ranker = tmp_path / "states.pt", tmp_path / "d.ranker.pt"
+    rec = ["--model", str(target), "--draft", f"eagle3:{drafts[0]}", "--source", "mixed", "--prompts", "12"]
+    rec += ["--seq-len", "24", "--positions", "0", "--draft-steps", "3", "--states", str(states)]
+    assert main(["train-ranker", *rec, "--rank", "8", "--fit", "whitened", "--out", str(ranker)]) == 0
+    err = capsys.readouterr().err
+    assert "[recording] 12 documents (ShareGPT, code and the target's answers in ten languages)" in err
+    saved = torch.load(states, weights_only=True)
+    meta = json.loads(saved["meta"])
+    assert meta["draft_fingerprint"] == C.checkpoint_fingerprint(drafts[0]) and meta["draft_steps"] == 3
+    assert (meta["source"], meta["code_share"], meta["multilingual_share"]) == ("mixed", 0.25, 0.5)
+    assert json.loads(torch.load(ranker, weights_only=True)["recording"]) == meta | {"fit": "whitened"}
+    from sglang_specvocab.tools.lab.documents import mixed_documents
+    from sglang_specvocab.tools.models import load_model
+
+    docs = mixed_documents(load_model(str(target)), 12, 24, 0.25, 0.5)
+    # every position of every document, at each of the 3 steps where the document goes on that far
+    assert len(saved["tokens"]) == sum(max(0, len(x) - 1 - k) for x in docs for k in range(3))
+    answered = {i for _, r in REQUESTS for i in ids_of(r)}
+    assert answered & set(saved["tokens"].tolist())  # the multilingual requests are among the documents
+    moved = shutil.copytree(drafts[0], tmp_path / "elsewhere" / "draft1")  # the same draft in another folder
+    cfg = tmp_path / "sv.yaml"
+    cfg.write_text(f"policy: lowrank\nlowrank: {{rank: 8, topk: 64, ranker: {ranker}}}\n")
+    lab = tmp_path / "lab"
+    argv = ["lab", "--model", str(target), "--draft", f"eagle3:{moved}", "--config", str(cfg)]
+    argv += ["--max-new-tokens", "6", "--per-category", "1", "--no-oracle", "--out", str(lab), "--no-progress"]
+    assert main(argv) == 0
+    assert "warning:" not in capsys.readouterr().err
+    result = json.loads((lab / "lab.json").read_text())
+    assert result["lossless"] is True and result["trained_on"]["sv"]["matches"] is True
+    fp = meta["draft_fingerprint"]
+    assert f"fit on EAGLE-3 draft draft1 (fc {fp}) states (mixed, 12 ShareGPT, code and ten-language documents, " \
+        "3 draft steps each, closed-form whitened fit)" in (lab / "lab.md").read_text()  # fmt: skip
+    argv[argv.index(f"eagle3:{moved}")] = f"eagle3:{drafts[1]}"
+    assert main(argv) == 0
+    assert f"warning: sv: ranker d.ranker.pt was fit on EAGLE-3 draft draft1 (fc {fp}) states, this run drafts with " \
+        f"eagle3:{drafts[1]}" in capsys.readouterr().err  # fmt: skip
+    assert json.loads((lab / "lab.json").read_text())["trained_on"]["sv"]["matches"] is False

@@ -109,14 +109,16 @@ def test_the_command_line_is_recorded_as_typed(monkeypatch):
 
 def test_the_trained_modes_default_to_the_measured_recipe():
     """train-ranker/train-router with no recording flags: teacher-forced text of 2,000 conversations, and the
-    steps that made benchmarks/lab-gemma3-270m-trained (ranker 1500, router 800); decode keeps 32 prompts."""
+    steps that made benchmarks/lab-gemma3-270m-trained (ranker 1500, router 800); decode keeps 32 prompts, build-data's
+    mixed documents 300 (its --ranker-texts), and an EAGLE-3 draft's chains are recorded 4 steps deep."""
     from sglang_specvocab.tools.lab.rankers import DEFAULT_PROMPTS
 
     ranker = cli.parser().parse_args(["train-ranker", "--rank", "64", "--out", "r.pt"])
     router = cli.parser().parse_args(["train-router", "--config", "c.yaml", "--out", "r.pt"])
     assert (ranker.source, ranker.steps, ranker.positions, ranker.seq_len) == ("text", 1500, 64, 512)
     assert (router.source, router.steps) == ("text", 800)
-    assert ranker.prompts is None and DEFAULT_PROMPTS == {"text": 2000, "decode": 32}
+    assert ranker.prompts is None and DEFAULT_PROMPTS == {"text": 2000, "mixed": 300, "decode": 32}
+    assert ranker.draft_steps == 4 and (ranker.code_share, ranker.multilingual_share) == (0.25, 0.5)
 
 
 def test_the_dtype_choices_are_the_trainers():

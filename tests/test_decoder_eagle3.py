@@ -166,6 +166,40 @@ def test_every_round_drafts_from_the_trainers_first_pass(target, drafts, prompts
     assert len(gen.rounds) > 1
 
 
+def test_text_recording_keeps_every_draft_step_of_a_chain(target, drafts):
+    """train-ranker's text recording with --draft-steps 3: at each kept position, the draft's state at steps 0, 1 and
+    2 of a chain that starts there (the trainer's unrolled passes, the text's tokens as the chain's), with the token
+    each step consumed; one step is the draft-extend state alone, as before."""
+    from sglang_specvocab.tools.lab.rankers import record_text_states
+
+    d, path = drafts["full"]
+    draft = Eagle3LM.load(path, target)
+    g = torch.Generator().manual_seed(7)
+    seqs = [torch.randint(3, VOCAB, (n,), generator=g) for n in (9, 2, 14)]
+    hidden, tokens = record_text_states(CausalLM(target), draft, seqs, steps=3)
+    want_h, want_t = [], []
+    for seq in seqs:
+        aux, _ = M.TargetTap(target, d.cfg.capture_layers)(seq[None])
+        with torch.no_grad():
+            outs = M.ttt_forward(d, seq[None], aux.float(), 3)
+        for k in range(3):  # pass k, row i: drafts from token i + k + 1, which must be in the text
+            rows = torch.arange(max(0, len(seq) - 1 - k))
+            want_h.append(outs[k][0, rows])
+            want_t.append(seq[rows + k + 1])
+    assert len(hidden) == sum(3 * n - 6 for n in (9, 14)) + 1  # the 2-token text has pass 0's one row only
+    torch.testing.assert_close(hidden, torch.cat(want_h), atol=1e-5, rtol=1e-5)
+    assert torch.equal(tokens, torch.cat(want_t))
+    one, one_tokens = record_text_states(CausalLM(target), draft, seqs, steps=1)
+    first = [torch.arange(len(s) - 1) for s in seqs]  # pass 0's rows of each text, in the order recorded above
+    starts = torch.tensor([0, 3 * 9 - 6, 3 * 9 - 6 + 1])
+    rows = torch.cat([s + r for s, r in zip(starts, first, strict=True)])
+    torch.testing.assert_close(one, hidden[rows], atol=1e-5, rtol=1e-5)
+    assert torch.equal(one_tokens, tokens[rows])
+    kept, _ = record_text_states(CausalLM(target), draft, seqs, per_sequence=4, seed=3, steps=3)
+    # 4 positions of each text, every step's state where the text goes on that far: positions past it drop out
+    assert 1 + 4 < len(kept) <= 4 * 3 + 1 + 4 * 3
+
+
 def test_bad_drafts_are_refused(target, drafts, tmp_path):
     _, path = drafts["full"]
     other = tiny_llama(vocab_size=VOCAB + 1, layers=LAYERS)

@@ -55,6 +55,7 @@ from .. import ops
 from ..copies import has_draft_topk_hook, load_copy
 from ..errors import SpecVocabError
 from ..policies import ModelContext, Policy, build_policy
+from ..policies.base import draft_fingerprint, fit_mismatch
 from ..vocab import VocabSpace
 from .algorithm import NAME, draft_info, load_server_config
 from .events import host_to_device, prefill_event, reset_rows, verify_event
@@ -319,6 +320,17 @@ class DynVocabDraftWorker(EagleDraftWorker):
             "none (dense head)" if table is None else f"{num_rows} rows x {table.capacity} ids on {self.device}",
             model.space.describe(),
         )
+        fc = getattr(getattr(self.draft_runner.model, "model", None), "fc", None)
+        why = fit_mismatch(policy.trained, draft_fingerprint(getattr(fc, "weight", None)))
+        if why is not None:  # it still serves (losslessly): the sets may just leave out more of this draft's choices
+            logger.warning(
+                "DYNVOCAB config %s: its %s; the sets were fit to another draft's states and may leave out more of "
+                "this draft's choices. Fit one to this draft: sglang-specvocab train-ranker --fit whitened --draft "
+                "eagle3:%s --rank R --out FILE (docs/policies.md, 'Fit to the draft that serves')",
+                self.dynvocab_config.source,
+                why,
+                draft_config.model_path,
+            )
         return policy
 
     def install_dynvocab_head(self) -> None:

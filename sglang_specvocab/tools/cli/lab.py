@@ -367,18 +367,36 @@ def _add_recording_args(p) -> None:
     p.add_argument("--draft-layers", type=POSITIVE, default=12, help="self-draft depth (the lab's default: 12)")
     p.add_argument(
         "--source",
-        choices=("decode", "text"),
+        choices=("decode", "text", "mixed"),
         default="text",
-        help="'text': whole conversations teacher-forced, the draft's state at --positions positions of each "
-        "(one forward per conversation: thousands in minutes); 'decode': the reference decoder answers the "
-        "conversations' first turns and every draft step's state is recorded (the states served, about 100x "
-        "slower per state) (default: text)",
+        help="'text': whole ShareGPT conversations teacher-forced, the draft's state at --positions positions of each "
+        "(one forward per conversation: thousands in minutes); 'mixed': build-data's documents the same way "
+        "(ShareGPT, --code-share of Python code and --multilingual-share of the target's answers in ten languages: "
+        "what the shipped rankers were fit on); 'decode': the reference decoder answers the conversations' first "
+        "turns and every draft step's state is recorded (the states served, about 100x slower per state) "
+        "(default: text)",
+    )
+    p.add_argument(
+        "--draft-steps",
+        type=POSITIVE,
+        default=4,
+        help="text and mixed with an EAGLE-3 draft: the draft steps of a chain recorded at each position (its own "
+        "hidden fed back, as served; the lab's chains are 4 steps) (default: %(default)s)",
+    )
+    _add_code_share(p)
+    p.add_argument(
+        "--multilingual-share",
+        type=share,
+        default=MULTILINGUAL_SHARE,
+        metavar="F",
+        help="mixed: the share of documents that are the target's answers in ten languages (default: %(default)s)",
     )
     p.add_argument(
         "--prompts",
         type=POSITIVE,
         default=None,
-        help="ShareGPT conversations to record from, never Spec-Bench (default: 2000 for text, 32 for decode)",
+        help="ShareGPT conversations (mixed: documents) to record from, never Spec-Bench (default: 2000 for text, "
+        "300 for mixed, 32 for decode)",
     )
     p.add_argument("--skip", type=NON_NEGATIVE, default=1000, help="ShareGPT conversations to skip first")
     p.add_argument("--prompt-tokens", type=POSITIVE, default=256, help="decode: prompt length cap")

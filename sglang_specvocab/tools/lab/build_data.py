@@ -22,16 +22,13 @@ The counting and the clustering are build-freq's and the policies' own code, cal
 
 from __future__ import annotations
 
-import itertools
 import os
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-import torch
 import yaml
 from tqdm import tqdm
 
@@ -40,18 +37,17 @@ from ...policies import ModelContext, build_policy, load_config
 from ...policies.lowrank import whitened_ranker
 from ...vocab import VocabSpace
 from ...vocab_data import read_npz
-from ..counting import generated_streams
 from ..models import MODELS, check_available, load_model
-from ..prompts import LANGUAGES, format_prompt, multilingual_requests
+from ..prompts import LANGUAGES
 from . import frequency
 from .decoder import CausalLM
+from .documents import Answered, document_ids, multilingual_answers
 from .rankers import record_text_states, save_trained
 
 #: Data files of the shipped configs, by the kind of file build-data makes in their place, and their suffix.
 KINDS = {"sharegpt.freq": ".npz", "sharegpt.succ": ".npz", "generated.freq": ".npz", "target.ranker": ".pt"}
 _SHIPPED_PREFIX = "data/gemma3-270m-"
 RANKER_SEQ_LEN = 512  # tokens kept per document for the ranker's states
-MULTILINGUAL_NEW_TOKENS = 96  # per answer to a multilingual request
 
 
 def data_name(target: str) -> str:
@@ -135,7 +131,10 @@ def run(args) -> int:
     answered: list[Answered] = []
     if args.multilingual_share:
         print(f"== the target's answers to requests in {len(LANGUAGES)} languages", flush=True)
-        answered = multilingual_answers(lm, args)
+        answered = multilingual_answers(
+            lm, prompt_tokens=args.prompt_tokens, batch_size=args.batch_size, device=args.device,
+            progress=not args.no_progress,
+        )  # fmt: skip
     share = args.multilingual_share
     print("== ShareGPT text: frequency table and successor graph", flush=True)
     frequency.run(
@@ -185,44 +184,11 @@ def ranker_rank() -> int:
     return ranks.pop()
 
 
-@dataclass(frozen=True)
-class Answered:
-    """One multilingual request and the target's greedy answer: ``ids`` is the prompt as the lab and a server
-    give it (the chat template, else the lab's transcript) followed by the answer, as the target saw them."""
-
-    language: str
-    request: str
-    answer: str
-    ids: list[int]
-
-
-def multilingual_answers(lm, args) -> list[Answered]:
-    """The target's greedy answers (at most MULTILINGUAL_NEW_TOKENS) to every request of ``multilingual_requests``."""
-    tok = lm.tokenizer
-    requests = list(multilingual_requests())
-    prompts = [format_prompt(tok, [r], []) for _, r in requests]
-    # generated_streams wraps a request in the chat template itself; a base model gets the lab's transcript here.
-    chat = bool(getattr(tok, "chat_template", None))
-    docs = tqdm([[r] if chat else [p] for (_, r), p in zip(requests, prompts, strict=True)], desc="answers",
-                unit="request", disable=args.no_progress)  # fmt: skip
-    answers = generated_streams(docs, lm, max_new_tokens=MULTILINGUAL_NEW_TOKENS, prompt_tokens=args.prompt_tokens,
-                                batch_size=args.batch_size, device=args.device)  # fmt: skip
-    out = []
-    for (language, request), prompt, answer in zip(requests, prompts, answers, strict=True):
-        text = tok.decode(answer, skip_special_tokens=True)
-        out.append(Answered(language, request, text, lm.encode(prompt) + list(answer)))
-    tokens = sum(len(a.ids) for a in out)
-    print(f"answers:         {len(out)} in {len(LANGUAGES)} languages, {tokens:,} tokens with their prompts")
-    return out
-
-
 def fit_ranker(args, lm, path: Path, answered: list[Answered]) -> None:
     """The whitened ranker on the target's final states at every position of the first ``--ranker-texts``
     documents (ShareGPT conversations and code chunks, and the multilingual answers, mixed as counted), each cut
     to RANKER_SEQ_LEN tokens."""
-    text = (lm.encode("\n".join(doc)) for doc in frequency.sharegpt_documents(args.code_share)[0])
-    docs = frequency.mix(text, (a.ids for a in answered), args.multilingual_share)
-    seqs = [torch.tensor(ids[:RANKER_SEQ_LEN]) for ids in itertools.islice(docs, args.ranker_texts)]
+    seqs = document_ids(lm, answered, args.ranker_texts, RANKER_SEQ_LEN, args.code_share, args.multilingual_share)
     target = CausalLM(lm.model)
     hidden, _ = record_text_states(target, target, seqs, progress=not args.no_progress)
     rank = ranker_rank()

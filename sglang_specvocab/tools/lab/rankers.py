@@ -26,8 +26,10 @@ from ...vocab import VocabSpace
 from ..models import GEMMA3_270M, load_model
 from ..options import FromArgs
 from ..prompts import format_prompt, sharegpt_conversations
-from ..train.model import TargetTap
+from ..train.checkpoint import checkpoint_fingerprint
+from ..train.model import TargetTap, ttt_forward
 from .decoder import CausalLM, DraftShape, Eagle3LM, SpeculativeDecoder
+from .documents import mixed_documents
 
 
 @torch.no_grad()
@@ -65,12 +67,16 @@ def record_text_states(
     per_sequence: int = 0,
     seed: int = 0,
     progress: bool = False,
+    steps: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(hidden ``[N, d]``, input tokens ``[N]``), teacher-forced over whole texts: at each position, the
     draft's state when it drafts the next token from there. A self-draft's is its hidden state over the
     text; an EAGLE-3 draft's is its draft-extend state (the target's features of the position before,
-    the token there), as ``decode`` records at a round's first draft step. ``per_sequence`` > 0 keeps
-    that many positions of each text (a seeded random choice, in order); 0 keeps every position."""
+    the token there), as ``decode`` records at a round's first draft step, and with ``steps`` > 1 also its
+    states at draft steps 1 .. steps-1 of a chain that starts there (the training-time test's unrolled passes:
+    the draft's own hidden fed back, the text's tokens as the chain's), which a served chain's later steps
+    rank from. ``per_sequence`` > 0 keeps that many positions of each text (a seeded random choice, in
+    order; every step's state at each); 0 keeps every position."""
     from tqdm import tqdm  # the lab extra
 
     eagle3 = isinstance(draft, Eagle3LM)
@@ -83,15 +89,22 @@ def record_text_states(
             if len(seq) < 2:
                 continue
             _, aux = target.hidden(seq[None], target.new_cache(), tap)
-            h, _ = draft.extend(seq[1:], aux[0, :-1], draft.new_cache())
+            if steps == 1:
+                h, _ = draft.extend(seq[1:], aux[0, :-1], draft.new_cache())
+                passes = [h]
+            else:  # pass k's row i drafts from token i + k + 1: rows past the text's end are cut
+                outs = ttt_forward(draft.module, seq[None], aux.float(), steps)
+                passes = [o[0, : max(0, len(seq) - 1 - k)] for k, o in enumerate(outs)]
             inputs = seq[1:]
         else:
-            h, inputs = draft.hidden(seq[None], draft.new_cache())[0], seq
+            passes, inputs = [draft.hidden(seq[None], draft.new_cache())[0]], seq
+        keep = torch.arange(len(inputs))
         if 0 < per_sequence < len(inputs):
             keep = torch.randperm(len(inputs), generator=g)[:per_sequence].sort().values
-            h, inputs = h[keep], inputs[keep]
-        hidden.append(h.detach().cpu())
-        tokens.append(inputs)
+        for k, h in enumerate(passes):
+            rows = keep[keep < len(h)]
+            hidden.append(h[rows].detach().cpu())
+            tokens.append(inputs[rows + k])
     if not hidden:
         raise SpecVocabError(
             "recording: no text to record states from (no sequence, or for an EAGLE-3 draft none of 2 tokens or more)"
@@ -204,7 +217,7 @@ def train_router(
 
 # --- the commands (sglang-specvocab train-ranker / train-router) ----------------------------------
 
-DEFAULT_PROMPTS = {"text": 2000, "decode": 32}  # ShareGPT conversations per source (--prompts)
+DEFAULT_PROMPTS = {"text": 2000, "mixed": 300, "decode": 32}  # conversations or documents per source (--prompts)
 
 
 DRAFT_FORMS = {"layers": "'layers:N'", "eagle3": "'eagle3:DIR'", "target": "'target'", "auto": "'auto'"}
@@ -243,6 +256,9 @@ class Recording(FromArgs):
     max_new_tokens: int = 64
     seq_len: int = 512
     positions: int = 64
+    draft_steps: int = 4  # text and mixed, EAGLE-3 drafts: the chain's steps recorded at each position
+    code_share: float = 0.25  # mixed: build-data's documents
+    multilingual_share: float = 0.5
     seed: int = 0
     states: str | None = None
 
@@ -283,15 +299,23 @@ def draft_spec(spec: str) -> str:
 
 def recording_meta(args: Recording) -> dict:
     """What the recorded states depend on: a cache made with other values is refused, not reused."""
+    spec = args.draft_or_layers
     meta = {
         "model": str(args.model),
-        "draft": draft_spec(args.draft_or_layers),
+        "draft": draft_spec(spec),
         "source": args.source,
         "prompts": args.prompt_count,
         "skip": args.skip,
     }
-    if args.source == "text":
+    kind, value = parse_draft(spec, ("layers", "eagle3", "target"))
+    if kind == "eagle3":  # the draft itself, wherever its folder is (the server compares it: fit_mismatch)
+        meta["draft_fingerprint"] = checkpoint_fingerprint(value)
+    if args.source in ("text", "mixed"):
         meta |= {"seq_len": args.seq_len, "positions": args.positions, "seed": args.seed}
+        if kind == "eagle3":
+            meta["draft_steps"] = args.draft_steps
+        if args.source == "mixed":
+            meta |= {"code_share": args.code_share, "multilingual_share": args.multilingual_share}
     else:
         meta |= {"prompt_tokens": args.prompt_tokens, "max_new_tokens": args.max_new_tokens}
     return meta
@@ -314,16 +338,18 @@ def recorded_states(args: Recording, lm=None):
                     f"--states {args.states} was recorded with other settings: {what}; delete it or pass another --states"
                 )
         return lm, draft, data["hidden"], data["tokens"]
-    if args.source == "text":
-        from ..train.train import sharegpt_sequences  # the EAGLE-3 trainer's ShareGPT text, same turns
+    if args.source in ("text", "mixed"):
+        if args.source == "text":
+            from ..train.train import sharegpt_sequences  # the EAGLE-3 trainer's ShareGPT text, same turns
 
-        data = sharegpt_sequences(lm, args.skip, args.prompt_count, args.seq_len)
-        print(
-            f"[recording] {len(data)} ShareGPT conversations, {sum(map(len, data.sequences)):,} tokens",
-            file=sys.stderr,
-        )
+            seqs = sharegpt_sequences(lm, args.skip, args.prompt_count, args.seq_len).sequences
+            what = "ShareGPT conversations"
+        else:
+            seqs = mixed_documents(lm, args.prompt_count, args.seq_len, args.code_share, args.multilingual_share)
+            what = "documents (ShareGPT, code and the target's answers in ten languages)"
+        print(f"[recording] {len(seqs)} {what}, {sum(map(len, seqs)):,} tokens", file=sys.stderr)
         hidden, tokens = record_text_states(
-            target, draft, data.sequences, args.positions, seed=args.seed, progress=True
+            target, draft, seqs, args.positions, seed=args.seed, progress=True, steps=args.draft_steps
         )
     else:
         convs = islice(sharegpt_conversations(), args.skip, args.skip + args.prompt_count)

@@ -25,8 +25,17 @@ def trained_label(name: str, t: dict) -> str:
             ["ten-language"] if rec.get("multilingual_share") else [])]  # fmt: skip
         docs = f"{', '.join(kinds[:-1])} and {kinds[-1]} documents" if len(kinds) > 1 else "ShareGPT conversations"
         fit = ", closed-form whitened fit" if rec.get("fit") == "whitened" else ""
-        return f"{head}, fit on {rec['draft']} states ({rec['source']}, {rec['prompts']} {docs}{fit})"
-    return f"{head} was fit on {model}{rec['draft']} states, this run drafts with {t['draft']}"
+        steps = f", {rec['draft_steps']} draft steps each" if rec.get("draft_steps", 1) > 1 else ""
+        return f"{head}, fit on {_fit_draft(rec)} states ({rec['source']}, {rec['prompts']} {docs}{steps}{fit})"
+    return f"{head} was fit on {model}{_fit_draft(rec)} states, this run drafts with {t['draft']}"
+
+
+def _fit_draft(rec: dict) -> str:
+    """The draft a trained file was fit on: an EAGLE-3 draft by its folder's name and fc fingerprint (the folder it
+    was fit in is another machine's), else its spec."""
+    if rec.get("draft_fingerprint") is None:
+        return str(rec["draft"])
+    return f"EAGLE-3 draft {Path(str(rec['draft']).partition(':')[2]).name} (fc {rec['draft_fingerprint']})"
 
 
 def sampling_label(result: dict) -> str:

@@ -31,9 +31,10 @@ from ...cache import cache_dir
 from ...config import PolicyConfig
 from ...errors import SpecVocabError
 from ...policies import load_config, parse_config
+from ...policies.base import fit_mismatch
 from ..models import GEMMA3_270M, load_model
 from ..prompts import DEFAULT_PROMPTS, format_prompt, load_questions
-from ..train.checkpoint import read_checkpoint
+from ..train.checkpoint import checkpoint_fingerprint, read_checkpoint
 from .decoder import CausalLM, DraftShape, Eagle3LM, Generation, SpeculativeDecoder, check_batch
 from .rankers import draft_spec
 from .report import trained_label
@@ -81,12 +82,19 @@ def trained_on(settings: LabSettings, decoders: dict) -> dict:
     spec = "target" if settings.draft_layers is None else f"layers:{settings.draft_layers}"
     if settings.eagle3 is not None:
         spec = draft_spec(f"eagle3:{settings.eagle3}")
+    # An EAGLE-3 draft is known by its fc weight, not its folder (a committed file names the folder it was fit in).
+    fingerprint = None if settings.eagle3 is None else checkpoint_fingerprint(settings.eagle3)
     out = {}
     for name, dec in decoders.items():
         if dec.policy.trained is None:
             continue
         rec = dec.policy.trained["recording"]
-        matches = None if rec is None else (rec.get("draft"), rec.get("model")) == (spec, settings.model)
+        if rec is None:
+            matches = None
+        elif fingerprint is not None or rec.get("draft_fingerprint") is not None:
+            matches = fit_mismatch(dec.policy.trained, fingerprint) is None and rec.get("model") == settings.model
+        else:
+            matches = (rec.get("draft"), rec.get("model")) == (spec, settings.model)
         out[name] = dec.policy.trained | {"matches": matches, "draft": spec, "model": settings.model}
         if matches is False:
             print(f"[lab] warning: {trained_label(name, out[name])}", file=sys.stderr)
