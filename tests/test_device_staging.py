@@ -320,7 +320,7 @@ def test_every_lease_plan_fits_the_lending(lease):
     assert all(c["carry"][0] == f".stage/{lease}/manifest.json" for c in calls if c["carry"])
     assert chunk_only == [True] * (len(calls) - 1) + [False]  # one working call, last
     work = calls[-1]
-    if lease == "T":  # the GGUF and the data, then one training call of at most 540 s
+    if lease in ("T", "T2"):  # the GGUF and the data, then one training call of at most 540 s
         assert work["phases"][1:] == ["base", "train"] and 400 <= work["timeout_s"] <= 540
         assert "sglang" not in " ".join(c["command"] for c in calls)
     else:  # E: every staged file in 8 calls (7 until issue 41's data: the checkout, the 15 MiB draft included,
@@ -440,7 +440,10 @@ def test_every_lease_plan_runs_in_order_on_a_dry_device(tmp_path, lease):
     assert [p["phase"] for p in status["phases"]] == [p.lstrip("+") for p in plan["calls"][-1]["phases"]]
     assert {p["state"] for p in status["phases"]} == {"passed"}
     text = "\n".join(out for _, _, out in ran)
-    if lease == "T":
+    if lease == "T2":  # T's run, continuing the committed draft with the recipe
+        assert "--init-from drafts/gemma3-270m-eagle3-full --init random --seed 1 " in text
+        assert "--lr-floor 0 --step-weight 0.8" in text
+    if lease in ("T", "T2"):
         m = re.search(r"would run \(timeout (\d+)s\): .* train-eagle3 .*--time-budget-s (\d+)", text)
         assert m and int(m.group(2)) == int(m.group(1)) - 20 <= plan["calls"][-1]["budget_s"] - 20
         assert f"--data {work}/files/train.pt.xz --val-data {work}/files/val.pt.xz" in text
@@ -1283,7 +1286,7 @@ def test_every_plans_settings_parse_with_the_commands_they_are_for():
                     args = cli.parser().parse_args([*commands[var], *extra, *sh.split(value)])
                     assert callable(args.run)
                     seen.add(var)
-    assert seen == {"SV_BENCH_ARGS", "SV_SPECBENCH_ARGS"}
+    assert seen == {"SV_BENCH_ARGS", "SV_SPECBENCH_ARGS", "SV_TRAIN_ARGS"}
     tests = stage.LEASES["E"].settings["tests"]
     for f in tests["SV_TESTS"].split():
         assert (ROOT / f).is_file()

@@ -749,6 +749,13 @@ KNOWN_CRASHES = (
 # Lease E's Spec-Bench servers, in order of value: EAGLE3 (the control every DYNVOCAB output is compared with), the
 # best shipped config, no speculation, MicroSpec.
 SPECBENCH_CONFIGS = "eagle3-full dynvocab-hybrid target dynvocab-microspec"
+# Lease T2 (issue 40): lease T's draft, committed, continued over the same data pack in a new order (seed 1) with the
+# recipe pieces a continued draft can take (benchmarks/recipe-ab.md; --fc-norm needs a new draft), the learning
+# rate warmed up again to half of T's and decayed to zero within the call's time.
+T2_TRAIN_ARGS = (
+    f"--init-from {DRAFT_IN_TREE} --init random --seed 1 --steps 20000 --batch-size 8 --seq-len 2048 --lr 5e-4 "
+    "--warmup 100 --lr-floor 0 --step-weight 0.8 --ttt-steps 4 --val 32 --val-every 500 --log-every 100"
+)
 LEASES = {
     "E": Lease(
         "E",
@@ -783,8 +790,19 @@ LEASES = {
         fill_min_s=400,
         fill_cap_s=540,
     ),
+    "T2": Lease(
+        "T2",
+        "the committed EAGLE-3 draft of Gemma-3 270M continued with the training recipe (issue 40)",
+        ("base", "data", "gguf"),
+        {"train": {"SV_TRAIN_ARGS": T2_TRAIN_ARGS}},
+        lambda n: [*_chunk_only(n - 1), Call(("base", "train"))],
+        fill_min_s=400,
+        fill_cap_s=540,
+    ),
 }
-ORDER = ("E", "T")  # E whenever a GPU is lent; once it has run, T (continued as T2 by the draft issue), then E again
+# E whenever a GPU is lent; once it has run, T2 (T ran on 2026-11-27: its draft is the one T2 continues), then E
+# again on the newer code.
+ORDER = ("E", "T2", "T")
 PHASE_TEXT = {
     "base": "this package's Python dependencies, gguf, transformers 5.19",
     "kernels": "the package, editable, its CUDA kernels built",
