@@ -83,7 +83,8 @@ def trained_on(settings: LabSettings, decoders: dict) -> dict:
     if settings.eagle3 is not None:
         spec = draft_spec(f"eagle3:{settings.eagle3}")
     # An EAGLE-3 draft is known by its fc weight, not its folder (a committed file names the folder it was fit in).
-    fingerprint = None if settings.eagle3 is None else checkpoint_fingerprint(settings.eagle3)
+    trained = any(dec.policy.trained is not None for dec in decoders.values())
+    fingerprint = None if settings.eagle3 is None or not trained else checkpoint_fingerprint(settings.eagle3)
     out = {}
     for name, dec in decoders.items():
         if dec.policy.trained is None:
