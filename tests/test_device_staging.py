@@ -442,7 +442,7 @@ def test_every_lease_plan_runs_in_order_on_a_dry_device(tmp_path, lease):
     text = "\n".join(out for _, _, out in ran)
     if lease == "T2":  # T's run, continuing the committed draft with the recipe
         assert "--init-from drafts/gemma3-270m-eagle3-full --init random --seed 1 " in text
-        assert "--lr-floor 0 --step-weight 0.8" in text
+        assert "--warmup 100 --step-weight 0.8 " in text
     if lease in ("T", "T2"):
         m = re.search(r"would run \(timeout (\d+)s\): .* train-eagle3 .*--time-budget-s (\d+)", text)
         assert m and int(m.group(2)) == int(m.group(1)) - 20 <= plan["calls"][-1]["budget_s"] - 20

@@ -750,11 +750,12 @@ KNOWN_CRASHES = (
 # best shipped config, no speculation, MicroSpec.
 SPECBENCH_CONFIGS = "eagle3-full dynvocab-hybrid target dynvocab-microspec"
 # Lease T2 (issue 40): lease T's draft, committed, continued over the same data pack in a new order (seed 1) with the
-# recipe pieces a continued draft can take (benchmarks/recipe-ab.md; --fc-norm needs a new draft), the learning
-# rate warmed up again to half of T's and decayed to zero within the call's time.
+# recipe piece the CPU A/B kept (benchmarks/recipe-ab.md: --step-weight 0.8 +0.019 alone; --lr-floor 0 -0.010 alone,
+# and a decay to zero at the end of each call suits a run spread over leases badly; --fc-norm needs a new draft), the
+# learning rate warmed up again to half of T's.
 T2_TRAIN_ARGS = (
     f"--init-from {DRAFT_IN_TREE} --init random --seed 1 --steps 20000 --batch-size 8 --seq-len 2048 --lr 5e-4 "
-    "--warmup 100 --lr-floor 0 --step-weight 0.8 --ttt-steps 4 --val 32 --val-every 500 --log-every 100"
+    "--warmup 100 --step-weight 0.8 --ttt-steps 4 --val 32 --val-every 500 --log-every 100"
 )
 LEASES = {
     "E": Lease(
