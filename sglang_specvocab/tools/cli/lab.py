@@ -236,6 +236,16 @@ def _add_code_share(p) -> None:
     )
 
 
+def _add_multilingual_share(p, what: str) -> None:
+    p.add_argument(
+        "--multilingual-share",
+        type=share,
+        default=MULTILINGUAL_SHARE,
+        metavar="F",
+        help=f"{what} to the project's requests in ten languages, while they last (default: %(default)s; 0: none)",
+    )
+
+
 def _add_build_freq(sub) -> None:
     p = sub.add_parser(
         "build-freq",
@@ -313,14 +323,7 @@ def _add_build_data(sub) -> None:
     p.add_argument("--out-dir", type=Path, required=True, metavar="DIR", help="where the files and configs go")
     p.add_argument("--conversations", type=POSITIVE, metavar="N", help="ShareGPT conversations counted (default: all)")
     _add_code_share(p)
-    p.add_argument(
-        "--multilingual-share",
-        type=share,
-        default=MULTILINGUAL_SHARE,
-        metavar="F",
-        help="the share of documents (counted, answered and fit) that are the target's answers to the project's "
-        "requests in ten languages, while they last (default: %(default)s; 0: none)",
-    )
+    _add_multilingual_share(p, "the share of documents (counted, answered and fit) that are the target's answers")
     p.add_argument(
         "--generate", type=POSITIVE, default=256, metavar="N", help="prompts answered for VocabTrim (default: 256)"
     )
@@ -384,13 +387,7 @@ def _add_recording_args(p) -> None:
         "hidden fed back, as served; the lab's chains are 4 steps) (default: %(default)s)",
     )
     _add_code_share(p)
-    p.add_argument(
-        "--multilingual-share",
-        type=share,
-        default=MULTILINGUAL_SHARE,
-        metavar="F",
-        help="mixed: the share of documents that are the target's answers in ten languages (default: %(default)s)",
-    )
+    _add_multilingual_share(p, "mixed: the share of documents that are the target's answers")
     p.add_argument(
         "--prompts",
         type=POSITIVE,
