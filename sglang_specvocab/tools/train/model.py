@@ -223,7 +223,7 @@ class Eagle3Config:
         cfg["dtype"] = str(dtype).removeprefix("torch.")
         cfg["draft_vocab_size"] = self.draft_vocab_size  # null: SGLang shares the target's LM head
         cfg["target_hidden_size"] = self.target_hidden_size
-        if self.fc_norm:  # SGLang 0.5.23 reads it from the top level; a draft without it loads no fc_norm weights
+        if self.fc_norm:  # SGLang reads it from the top level; a draft without it loads no fc_norm weights
             cfg["fc_norm"] = True
         cfg["eagle_config"] = {
             "use_aux_hidden_state": True,
